@@ -378,14 +378,15 @@ def _infer_value(v: Any) -> GGUFValue:
         return GGUFValue(GGUFValueType.ARRAY, v.tolist(), item_type)
     if isinstance(v, (list, tuple)):
         items = [_infer_value(x) for x in v]
-        types = {x.type for x in items}
+        ints = (GGUFValueType.INT32, GGUFValueType.UINT32, GGUFValueType.INT64, GGUFValueType.UINT64)
+        types = {GGUFValueType.INT64 if x.type in ints else x.type for x in items}
         if len(types) > 1:
             raise ValueError(f"array items must share one type, got {sorted(t.name for t in types)}")
         item_type = types.pop() if types else GGUFValueType.UINT8
         if item_type == GGUFValueType.ARRAY:
             return GGUFValue(GGUFValueType.ARRAY, items, item_type)
-        if item_type in (GGUFValueType.INT32, GGUFValueType.UINT32, GGUFValueType.INT64, GGUFValueType.UINT64):
-            item_type = _int_type(min(x.value for x in items), max(x.value for x in items))  # one type holds all
+        if item_type in ints:  # the narrowest integer type that holds every item
+            item_type = _int_type(min(x.value for x in items), max(x.value for x in items))
         return GGUFValue(GGUFValueType.ARRAY, [x.value for x in items], item_type)
     raise ValueError(f"cannot store a {type(v).__name__} as GGUF metadata")
 
