@@ -43,6 +43,7 @@ from .quants.types import GGMLType
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+_U64 = struct.Struct("<Q")
 MAX_ARRAY_NESTING = 8  # deeper nesting than this is refused (a hostile file could recurse without end)
 
 
@@ -156,6 +157,22 @@ class _Cursor:
         # surrogateescape keeps any byte sequence, so a file round-trips even with invalid UTF-8.
         return bytes(self.buf[start:start + n]).decode("utf-8", errors="surrogateescape")
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """`count` strings back to back: string() unrolled, since a vocabulary has ~250k of them."""
+        buf, size, pos, out = self.buf, self.size, self.pos, []
+        unpack_len = _U64.unpack_from
+        for i in range(count):
+            if size - pos < 8:
+                raise GGUFError(f"truncated file: {what}[{i}] length at offset {pos} needs 8 bytes, {size - pos} remain")
+            (n,) = unpack_len(buf, pos)
+            pos += 8
+            if n > size - pos:
+                raise GGUFError(f"{what}[{i}]: string length {n} at offset {pos - 8} is longer than the {size - pos} bytes left")
+            out.append(buf[pos:pos + n].decode("utf-8", errors="surrogateescape"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value_type(self, what: str) -> GGUFValueType:
         at = self.pos
         raw = self.u32(what)
@@ -199,7 +216,7 @@ class _Cursor:
                 return GGUFValue(GGUFValueType.ARRAY, items.astype(bool).tolist(), item_type)
             return GGUFValue(GGUFValueType.ARRAY, items.tolist(), item_type)
         if item_type == GGUFValueType.STRING:
-            return GGUFValue(GGUFValueType.ARRAY, [self.string(f"{what}[{i}]") for i in range(count)], item_type)
+            return GGUFValue(GGUFValueType.ARRAY, self.strings(count, what), item_type)
         items = [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
         return GGUFValue(GGUFValueType.ARRAY, items, item_type)
 

@@ -1,0 +1,22 @@
+"""The README's two set-up commands are the ones users and CI run: keep them true."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip().startswith("python3 -m venv .venv")]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    demo, tests = readme_commands()
+    assert demo.endswith("python -m tinyspec") or "python -m tinyspec" in demo
+    assert tests.endswith("python -m pytest")
+
+
+def test_ci_runs_the_readme_test_command():
+    _, tests = readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in [line.strip() for line in ci], ".ci/run must run exactly the README's test command"
