@@ -1,0 +1,75 @@
+"""Small pure NumPy functions every layer uses. float32 in, float32 out.
+
+    rms_norm(x, w)   x / sqrt(mean(x^2) + eps) * w          over the last axis
+    l2_norm(x)       x / sqrt(sum(x^2) + eps)               over the last axis (GDN q and k)
+    silu(x)          x * sigmoid(x)
+    softplus(x)      log(1 + exp(x)), computed without overflow
+    softmax(x)       exp(x - max) / sum                      over the last axis
+    linear(x, W)     y[t] = W @ x[t]                          W: [out, in] (NumPy shape of a GGUF weight)
+    rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
+
+Batch invariance: linear() computes every row with its own matrix-vector product, so row t of a
+T-row call is bitwise identical to a 1-row call on x[t]. A float32 BLAS gemm (`X @ W.T`) splits the
+reduction differently for different T (measured 7e-5 max difference here), which would break
+"greedy speculative == greedy plain". Everything else here is elementwise or reduces along the last
+axis of one row, which NumPy does the same way whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
+    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ms + np.float32(eps)) * w).astype(np.float32)
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:  # [..., K] -> [..., K]
+    ss = np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ss + np.float32(eps))).astype(np.float32)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return (x * sigmoid(x)).astype(np.float32)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large |x|
+    return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:  # [..., N] -> [..., N]
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # [T, in], [out, in] -> [T, out]
+    """y[t] = w @ x[t], one matrix-vector product per row (batch-invariant, see module docstring)."""
+    T = x.shape[0]
+    y = np.empty((T, w.shape[0]), dtype=np.float32)
+    for t in range(T):
+        y[t] = w @ x[t]
+    return y
+
+
+def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """Rotary embedding, NEOX pairing, on the first n_rot dims of each head; the rest pass through.
+
+    x: [T, H, d], positions: [T] ints. Pair i (< n_rot/2) is (x[i], x[i + n_rot/2]) rotated by
+    angle pos * base^(-2i / n_rot). For text tokens this equals qwen35's IMROPE (every section gets the
+    same position), see ../shared/reference/qwen35.md section 3.2.
+    """
+    half = n_rot // 2
+    inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]
+    angle = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # [T, 1, half]
+    x1, x2 = x[..., :half], x[..., half:n_rot]
+    out = x.copy()
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:n_rot] = x2 * cos + x1 * sin
+    return out.astype(np.float32)
