@@ -1,0 +1,201 @@
+"""Gated DeltaNet (GDN), the recurrent mixer of qwen35: causal conv, delta-rule memory, gated norm.
+
+For each new token (x is the input after attn_norm; value head j reads key head j % n_k):
+
+    m, z, b, a = attn_qkv @ x, attn_gate @ x, ssm_beta @ x, ssm_alpha @ x
+    beta  = sigmoid(b)                                  write strength, in (0, 1)
+    g     = ssm_a * softplus(a + ssm_dt.bias)           log decay, <= 0 (ssm_a is already -exp(A_log))
+    c     = silu(causal_conv(m))  = [q | k | v]         q, k: n_k heads of K;  v: HV heads of V
+    q, k  = l2_norm(q), l2_norm(k);  q = q / sqrt(K)
+    S_j   = exp(g_j) S_j                                decay the memory
+    S_j  += outer(k_j, beta_j (v_j - S_j^T k_j))        delta rule: write only what the memory mispredicts
+    o_j   = S_j^T q_j                                   read
+    out   = ssm_out @ concat_j(rms_norm(o_j, ssm_norm) * silu(z_j))
+
+Axes: T tokens, D model dim, C = 2 n_k K + HV V conv channels, w conv width, n_k key heads,
+HV value heads (= n_v), K key head dim, V value head dim, L chunk length.
+State layout: conv [C, w-1] (raw projections of the last w-1 tokens, oldest first), ssm [HV, K, V]
+(fla's and HF's layout; llama.cpp stores the transpose [HV, V, K]). "S^T k" sums over the K axis.
+
+Three forms of the same recurrence, each tested against the one before it (tests/test_gdn.py):
+delta_rule_step (one token), gdn_scan (a loop of steps) and gdn_chunked (the WY / UT-transform form
+that turns a chunk of steps into matrix products, used for long prefills).
+
+Batch invariance: with chunked=False, row t of a T-token call is bitwise identical to a one-token
+call from the state before token t. Projections use ops.linear (a matvec per row), the conv adds its
+taps one at a time, the scan is a per-token loop, and every other op is elementwise or reduces the
+last axis of one row. The chunked form reorders sums (matrix products over a chunk), so it agrees
+only to rounding (~1e-6); speculative verification therefore always uses the scan.
+
+Official implementation: llama.cpp src/models/qwen35.cpp (the linear-attention layer) and
+src/models/delta-net-base.cpp; HF transformers Qwen3_5GatedDeltaNet, torch_recurrent_gated_delta_rule
+and torch_chunk_gated_delta_rule (models/qwen3_5/modeling_qwen3_5.py); fla ops/gated_delta_rule/naive.py.
+Papers: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025);
+Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence Length" (NeurIPS 2024),
+for the WY / UT chunk form. Math reference: ../shared/reference/qwen35.md section 3.1.
+Does NOT include: batching of several sequences, qwen3next's fused qkvz / ba layouts, backward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .config import ModelConfig
+from .ops import l2_norm, linear, rms_norm, sigmoid, silu, softplus
+from .state import GDNState
+
+
+def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # [T, C], [C, w-1], [C, w] -> [T, C], [C, w-1]
+    """Depthwise causal convolution over time, no bias, no activation.
+
+    With the window [conv_state | x] (oldest first), y[t, c] = sum_k weight[c, k] * window[t + k, c]:
+    the last tap (k = w-1) multiplies the current token. This is a cross-correlation, the same as
+    torch conv1d(groups=C, padding=w-1)[:T] when the state is zero. The new state is the last w-1
+    raw inputs.
+    """
+    T, C = x.shape
+    w = weight.shape[1]
+    window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C]
+    y = np.zeros((T, C), np.float32)
+    for k in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
+        y += weight[:, k] * window[k : k + T]  # [C] * [T, C]
+    return y, np.ascontiguousarray(window[T:].T)  # [C, w-1]
+
+
+def delta_rule_step(
+    state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # [HV, K, V], [HV, K], [HV, K], [HV, V], [HV], [HV] -> [HV, V], [HV, K, V]
+    """One token of the gated delta rule for every value head. q, k are normalised and expanded to HV heads."""
+    S = np.exp(log_decay)[:, None, None] * state  # 1. decay (forget)
+    predicted = (S * k[:, :, None]).sum(axis=1)  # 2. predict: what the memory returns for k, S^T k  [HV, V]
+    delta = beta[:, None] * (v - predicted)  # 3. correct: the error, scaled by the write strength  [HV, V]
+    S = S + k[:, :, None] * delta[:, None, :]  # 4. write: rank-1 update outer(k, delta)
+    o = (S * q[:, :, None]).sum(axis=1)  # 5. read the updated memory with q, S^T q  [HV, V]
+    return o, S
+
+
+def gdn_scan(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # [T, HV, K] x2, [T, HV, V], [T, HV] x2, [HV, K, V] -> [T, HV, V], [HV, K, V]
+    """The recurrence token by token: the definition every faster form is checked against."""
+    T, HV, _ = q.shape
+    o = np.empty((T, HV, v.shape[2]), np.float32)
+    for t in range(T):
+        o[t], state = delta_rule_step(state, q[t], k[t], v[t], log_decay[t], beta[t])
+    return o, state
+
+
+def _solve_unit_lower(A: np.ndarray, B: np.ndarray) -> np.ndarray:  # [HV, L, L], [HV, L, V] -> [HV, L, V]
+    """X with (I + A) X = B, A strictly lower triangular: forward substitution, row r uses rows < r."""
+    X = B.copy()
+    for r in range(1, B.shape[1]):
+        X[:, r] -= (A[:, r : r + 1, :r] @ X[:, :r])[:, 0]  # [HV, 1, r] @ [HV, r, V]
+    return X
+
+
+def gdn_chunked(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    log_decay: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    chunk: int = 64,
+) -> tuple[np.ndarray, np.ndarray]:  # same shapes as gdn_scan
+    """The same recurrence, a chunk of L tokens at a time with matrix products (the WY / UT form).
+
+    Inside a chunk, number the tokens r = 1..L, let S0 be the state before the chunk and
+    G_r = g_1 + ... + g_r the cumulative log decay, so the decay from token i to token r is
+    exp(G_r - G_i). Call u_r = beta_r (v_r - S_{r-1}'^T k_r) the value token r writes (S' = decayed).
+    Unrolling the step, every state is the decayed S0 plus the decayed writes so far:
+
+        S_r = exp(G_r) S0 + sum_{i<=r} exp(G_r - G_i) outer(k_i, u_i)
+
+    Putting S_{r-1}' = exp(g_r) S_{r-1} (the same sum over i < r) into the definition of u_r gives
+    one linear equation per token:
+
+        u_r + beta_r sum_{i<r} exp(G_r - G_i) (k_r . k_i) u_i = beta_r (v_r - exp(G_r) S0^T k_r)
+
+    that is (I + A) U = B with A strictly lower triangular: the UT transform. A unit lower-triangular
+    system is solved row by row (forward substitution). With U known, outputs and the next state are
+    plain products:
+
+        o_r   = exp(G_r) S0^T q_r + sum_{i<=r} exp(G_r - G_i) (q_r . k_i) u_i
+        S_L   = exp(G_L) S0 + sum_i exp(G_L - G_i) outer(k_i, u_i)
+
+    The first term of o is the old memory read through the decay, the second a causal, decayed
+    attention over the chunk's own writes. Only the chunk loop stays sequential.
+    Differences from HF's torch_chunk_gated_delta_rule: HF solves (I + A) for all chunks before the
+    loop, once for beta V and once for beta exp(G) K, then subtracts the S0 part inside the loop
+    (k_cumdecay @ state); here S0 is known when the chunk is solved, so B includes it. HF and
+    llama.cpp zero-pad T to a multiple of the chunk; here the last chunk is simply shorter, which is
+    the same thing (a padded token has k = 0, beta = 0, g = 0 and changes nothing).
+    """
+    T, HV, K = q.shape
+    o = np.empty((T, HV, v.shape[2]), np.float32)
+    S = state  # [HV, K, V]
+    for start in range(0, T, chunk):
+        span = slice(start, min(start + chunk, T))
+        Q, Kc, Vc = (a[span].transpose(1, 0, 2) for a in (q, k, v))  # [HV, L, K], [HV, L, K], [HV, L, V]
+        G = np.cumsum(log_decay[span].T, axis=1)  # [HV, L]  log of the decay from chunk start to token r
+        b = beta[span].T[:, :, None]  # [HV, L, 1]
+        L = G.shape[1]
+        causal = np.tril(np.ones((L, L), dtype=bool))  # i <= r
+        log_gap = np.where(causal, G[:, :, None] - G[:, None, :], -np.inf)  # [HV, L, L]  G_r - G_i
+        decay_pair = np.exp(log_gap).astype(np.float32)  # exp(G_r - G_i) for i <= r, else 0
+        decay_in = np.exp(G)[:, :, None]  # [HV, L, 1]  exp(G_r): decay of S0 by token r
+
+        # 1. solve the UT system for the values each token writes
+        A = np.tril(b * (Kc @ Kc.transpose(0, 2, 1)) * decay_pair, -1)  # [HV, L, L]  strictly lower
+        B = b * (Vc - decay_in * (Kc @ S))  # [HV, L, V]
+        U = _solve_unit_lower(A, B)  # [HV, L, V]
+        # 2. outputs: old memory, decayed, plus causal attention over this chunk's writes
+        O = decay_in * (Q @ S) + ((Q @ Kc.transpose(0, 2, 1)) * decay_pair) @ U  # [HV, L, V]
+        o[span] = O.transpose(1, 0, 2)  # [L, HV, V]
+        # 3. state after the chunk
+        decay_out = np.exp(G[:, -1:] - G)[:, :, None]  # [HV, L, 1]  exp(G_L - G_i)
+        S = np.exp(G[:, -1])[:, None, None] * S + (Kc * decay_out).transpose(0, 2, 1) @ U  # [HV, K, V]
+    return o, S.astype(np.float32)
+
+
+def gdn_layer(
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False
+) -> np.ndarray:  # [T, D] -> [T, D]
+    """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm in place.
+
+    w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
+    chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
+    """
+    T, D = x.shape
+    n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
+
+    # 1. projections (z, b, a bypass the conv)
+    mixed = linear(x, w["attn_qkv.weight"])  # [T, C]
+    z = linear(x, w["attn_gate.weight"]).reshape(T, HV, V)  # [T, HV, V]
+    beta = sigmoid(linear(x, w["ssm_beta.weight"]))  # [T, HV]
+    alpha = linear(x, w["ssm_alpha.weight"])  # [T, HV]
+    log_decay = w["ssm_a"] * softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
+
+    # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
+    conv, state.conv = causal_conv(mixed, state.conv, w["ssm_conv1d.weight"])
+    conv = silu(conv)  # [T, C]
+
+    # 3. split [q | k | v], normalise q and k per head, give each value head its key head
+    q, k, v = np.split(conv, [n_k * K, 2 * n_k * K], axis=1)
+    q = l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
+    k = l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
+    v = v.reshape(T, HV, V)  # [T, HV, V]
+    # GGUF tiles value heads: value head j uses key head j % n_k (HF groups them, j // (HV / n_k))
+    q = np.tile(q, (1, HV // n_k, 1)) * np.float32(1.0 / np.sqrt(K))  # [T, HV, K], scaled after the norm
+    k = np.tile(k, (1, HV // n_k, 1))  # [T, HV, K]
+
+    # 4. the delta-rule memory
+    core = gdn_chunked if chunked else gdn_scan
+    o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
+
+    # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
+    y = rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * silu(z)  # [T, HV, V]
+    return linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]
