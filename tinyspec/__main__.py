@@ -1,6 +1,8 @@
 """Command line: `python -m tinyspec <command>`.
 
-    inspect FILE.gguf [--json]   metadata and tensor table of a GGUF file
+    inspect FILE.gguf [--json]                      metadata and tensor table of a GGUF file
+    logits --model FILE --prompt TEXT --out X.npz   logits / hidden / MTP logits of a prompt
+    generate --model FILE --prompt TEXT             plain decoding, greedy or sampled
 
 Errors are one line on stderr and exit code 2.
 """
@@ -86,6 +88,75 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def parse_token_list(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ValueError(f"--tokens must be comma-separated integers, got {text!r}") from None
+    if not tokens:
+        raise ValueError("--tokens is empty: give at least one token id")
+    return tokens
+
+
+def load_model(path: str):
+    from .model import Model
+    from .tokenizer import Tokenizer
+
+    model = Model.from_gguf(path)
+    return model, Tokenizer.from_gguf(model.metadata)
+
+
+def prompt_tokens(args, tokenizer) -> list[int]:
+    if args.tokens is not None:
+        return parse_token_list(args.tokens)
+    if not args.prompt:
+        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+    return tokenizer.encode(args.prompt)
+
+
+def cmd_logits(args) -> int:
+    from .mtp import MTPHead, shift_hidden
+
+    model, tokenizer = load_model(args.model)
+    tokens = prompt_tokens(args, tokenizer)
+    logits, hidden = model.forward(np.array(tokens), model.new_state())
+    out = {"tokens": np.array(tokens, np.int64), "logits": logits, "hidden": hidden}
+    if model.cfg.n_nextn:
+        head = MTPHead(model)
+        out["mtp_logits"], _ = head.forward(np.array(tokens), shift_hidden(hidden), head.new_cache())
+    np.savez(args.out, **out)
+    print(f"wrote {args.out}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .generate import generate
+    from .sampling import SamplingParams
+
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    model, tokenizer = load_model(args.model)
+    tokens = prompt_tokens(args, tokenizer)
+    stop = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+    result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=stop)
+    text = tokenizer.decode(result.tokens)
+    if args.json:
+        print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
+                          "stats": result.stats}))
+    else:
+        print(text)
+        s = result.stats
+        print(f"[{s['generated']} tokens, prefill {s['prefill_s']:.2f} s, decode {s['decode_tok_s']:.1f} tok/s]",
+              file=sys.stderr)
+    return 0
+
+
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="qwen35 GGUF file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (encoded with the file's own tokenizer)")
+    src.add_argument("--tokens", help="prompt as comma-separated token ids, e.g. 1,2,3")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tinyspec",
@@ -100,6 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print {"metadata": {...}, "tensors": [{"name", "type", "shape", "offset", "nbytes"}]} '
                         "with every array in full")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("logits", help="run the model over a prompt and save logits/hidden (to compare engines)",
+                       description="Run the NumPy oracle over a prompt and write an .npz with tokens [T], logits [T,N], "
+                                   "hidden [T,D] (post final norm) and, if the model has an MTP block, mtp_logits [T,N] "
+                                   "(row p from token p and hidden p-1, a zero hidden at p = 0).")
+    add_prompt_args(p)
+    p.add_argument("--out", required=True, help="output .npz path")
+    p.add_argument("--backend", choices=["numpy"], default="numpy", help="compute backend (numpy: the oracle)")
+    p.set_defaults(func=cmd_logits)
+
+    p = sub.add_parser("generate", help="generate text (plain decoding: greedy or sampled)",
+                       description="Generate up to --max-new tokens after the prompt; stops at the end-of-sequence token.")
+    add_prompt_args(p)
+    p.add_argument("--max-new", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default 0)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
+    p.set_defaults(func=cmd_generate)
     return parser
 
 

@@ -1,0 +1,54 @@
+"""Plain autoregressive generation: prefill the prompt, then one forward per new token.
+
+    logits, _ = model.forward(prompt, state)          prefill: every prompt token in one pass
+    repeat:   x = sample(probs(logits[-1]))           stop at EOS, a stop token or max_new
+              logits, _ = model.forward([x], state)
+
+This is the baseline speculative decoding must reproduce exactly (greedy) or in distribution (sampled).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import Model
+from .sampling import SamplingParams, probs_from_logits, sample
+
+
+@dataclass
+class Result:
+    prompt_tokens: list[int]
+    tokens: list[int]  # generated ids, without the prompt
+    text: str = ""
+    stats: dict = field(default_factory=dict)
+
+
+def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
+             rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False) -> Result:
+    """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation."""
+    prompt = [int(t) for t in prompt_tokens]
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    if max_new < 0:
+        raise ValueError(f"max_new must be >= 0, got {max_new}")
+    if rng is None:
+        rng = np.random.default_rng()
+    state = model.new_state()
+    t0 = time.perf_counter()
+    logits, _ = model.forward(np.array(prompt), state, chunked=chunked_prefill)
+    t_prefill = time.perf_counter() - t0
+    out: list[int] = []
+    t1 = time.perf_counter()
+    while len(out) < max_new:
+        token = sample(probs_from_logits(logits[-1], params), rng)
+        out.append(token)
+        if token in stop_ids or len(out) == max_new:
+            break
+        logits, _ = model.forward(np.array([token]), state)
+    t_decode = time.perf_counter() - t1
+    stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
+             "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0}
+    return Result(prompt, out, stats=stats)

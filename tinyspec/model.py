@@ -1,0 +1,119 @@
+"""The qwen35 hybrid trunk on the NumPy oracle: weights by GGUF name, forward(tokens, state).
+
+    x      = token_embd[tokens]                                     [T, D]
+    for each trunk layer i (Gated DeltaNet, or full attention every few layers):
+        x  = x + Mixer_i(rms_norm(x, attn_norm_i))                  mixer = gdn_layer | attention_layer
+        x  = x + FFN_i(rms_norm(x, post_attention_norm_i))          FFN(u) = ffn_down (silu(ffn_gate u) * ffn_up u)
+    hidden = rms_norm(x, output_norm)                               [T, D]  (what the MTP head consumes)
+    logits = output @ hidden   (token_embd @ hidden when output.weight is absent: tied)   [T, N]
+
+Every norm weight in a GGUF already carries HF's "+1" except ssm_norm (qwen35.md section 7), so the
+code multiplies by stored weights as llama.cpp does. The oracle dequantizes every tensor to float32
+once at load (each by its own ggml type); fast paths in later issues read quantized weights directly.
+
+Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: llama.cpp
+`src/models/qwen35.cpp`; HF transformers `Qwen3_5ForCausalLM`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+
+from .attention import attention_layer
+from .config import ModelConfig
+from .gdn import gdn_layer
+from .gguf import GGUFFile, read_gguf
+from .ops import linear, rms_norm, silu
+from .quants import dequantize
+from .state import ModelState
+
+GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight",
+               "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight")
+ATTN_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight",
+                "attn_k_norm.weight")
+FFN_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+class ModelError(ValueError):
+    """The file's tensors do not form a qwen35 model (missing tensor, wrong shape)."""
+
+
+def ffn(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:  # [T, D] -> [T, D]
+    return linear(silu(linear(x, w["ffn_gate.weight"])) * linear(x, w["ffn_up.weight"]), w["ffn_down.weight"])
+
+
+def load_tensors(g: GGUFFile) -> dict[str, np.ndarray]:
+    """Every tensor of the file as float32 in NumPy shape, dequantized by its own ggml type."""
+    return {name: dequantize(g.raw(name), t.ggml_type, t.shape) for name, t in g.tensors.items()}
+
+
+class Model:
+    """A qwen35 trunk (and its weights for the MTP head, see mtp.py). Stateless: state is passed in."""
+
+    def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None):
+        self.cfg, self.metadata = cfg, dict(metadata or {})
+        self.tensors = tensors
+
+        def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+            if name not in tensors:
+                raise ModelError(f"missing tensor {name}")
+            if shape is not None and tuple(tensors[name].shape) != shape:
+                raise ModelError(f"tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+            return tensors[name]
+
+        D, N = cfg.n_embd, cfg.n_vocab
+        self.token_embd = need("token_embd.weight", (N, D))
+        self.output_norm = need("output_norm.weight", (D,))
+        self.output = tensors.get("output.weight", self.token_embd)  # tied when absent
+        if self.output.shape != (N, D):
+            raise ModelError(f"tensor output.weight has shape {self.output.shape}, expected {(N, D)}")
+        self.layers: list[dict[str, np.ndarray]] = []
+        for i, recurrent in enumerate(cfg.recurrent):
+            names = FFN_TENSORS + (GDN_TENSORS if recurrent else ATTN_TENSORS)
+            self.layers.append({n: need(f"blk.{i}.{n}") for n in names})
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike | GGUFFile) -> "Model":
+        g = path if isinstance(path, GGUFFile) else read_gguf(path)
+        try:
+            cfg = ModelConfig.from_gguf(g.metadata)
+            if "token_embd.weight" in g.tensors:
+                cfg = ModelConfig.from_gguf(g.metadata, n_vocab=g.tensors["token_embd.weight"].shape[0])
+            return cls(cfg, load_tensors(g), g.metadata)
+        finally:
+            if not isinstance(path, GGUFFile):
+                g.close()
+
+    def new_state(self) -> ModelState:
+        return ModelState(self.cfg)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tokens.shape}")
+        bad = tokens[(tokens < 0) | (tokens >= self.cfg.n_vocab)]
+        if bad.size:
+            raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {self.cfg.n_vocab - 1})")
+        return self.token_embd[tokens]
+
+    def forward(self, tokens, state: ModelState, chunked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
+
+        chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
+        sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
+        """
+        cfg = self.cfg
+        x = self.embed(tokens)  # [T, D]
+        for w, layer_state, recurrent in zip(self.layers, state.layers, cfg.recurrent):
+            u = rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
+            if recurrent:
+                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked)
+            else:
+                x = x + attention_layer(u, w, layer_state, cfg)
+            x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)
+        state.pos += x.shape[0]
+        hidden = rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
+        return linear(hidden, self.output), hidden

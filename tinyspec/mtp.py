@@ -1,0 +1,69 @@
+"""The MTP (nextn) head of qwen35: one extra full-attention block that predicts the token after next.
+
+Row p pairs token x_p with the target's post-final-norm hidden h_{p-1} (the row whose LM head
+predicted x_p; a zero row at p = 0) and predicts x_{p+1}:
+
+    e      = token_embd[x_p]                       (nextn.embed_tokens when the file has one)
+    y      = eh_proj @ concat(rms_norm(e, enorm), rms_norm(h_{p-1}, hnorm))    embedding half FIRST
+    y      = y + attention(rms_norm(y, attn_norm))           its own KV cache, position p
+    y      = y + FFN(rms_norm(y, post_attention_norm))
+    h_mtp  = rms_norm(y, shared_head_norm)                   (output_norm when absent)
+    logits = output @ h_mtp                                  (shared_head_head when present)
+
+h_mtp is what a chained draft step feeds back in place of h. The head's KV cache must see every
+position of the sequence (not only the drafted ones), so it is fed alongside the target.
+
+Official implementation: llama.cpp `src/models/qwen35.cpp` graph_mtp (qwen35.md section 4). HF
+transformers drops mtp.* weights on load, so tests build a reference from its decoder layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import attention_layer
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
+from .ops import linear, rms_norm
+from .state import KVCache
+
+NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
+
+
+class MTPHead:
+    """The nextn block at blk.{n_trunk} of a Model that has one (qwen35.nextn_predict_layers = 1)."""
+
+    def __init__(self, model: Model):
+        cfg = self.cfg = model.cfg
+        if cfg.n_nextn != 1:
+            raise ModelError("this model has no MTP block (qwen35.nextn_predict_layers is 0 or absent)")
+        prefix = f"blk.{cfg.n_trunk}."
+        missing = [prefix + n for n in NEXTN_TENSORS + ATTN_TENSORS + FFN_TENSORS if prefix + n not in model.tensors]
+        if missing:
+            raise ModelError(f"MTP block is missing tensors: {', '.join(missing)}")
+        self.w = {n[len(prefix):]: t for n, t in model.tensors.items() if n.startswith(prefix)}
+        self.embed_tokens = self.w.get("nextn.embed_tokens.weight", model.token_embd)
+        self.head_norm = self.w.get("nextn.shared_head_norm.weight", model.output_norm)
+        self.head = self.w.get("nextn.shared_head_head.weight", model.output)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_head_kv, self.cfg.head_dim)
+
+    def forward(self, tokens, hidden_prev: np.ndarray, cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
+        """tokens [T] at positions cache.n .., hidden_prev [T, D] (h_{p-1} per row) -> logits [T, N], h_mtp [T, D]."""
+        cfg, w = self.cfg, self.w
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if hidden_prev.shape != (tokens.size, cfg.n_embd):
+            raise ValueError(f"hidden_prev has shape {hidden_prev.shape}, expected {(tokens.size, cfg.n_embd)}")
+        e = rms_norm(self.embed_tokens[tokens], w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
+        h = rms_norm(hidden_prev.astype(np.float32), w["nextn.hnorm.weight"], cfg.rms_eps)  # [T, D]
+        y = linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
+        y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg)
+        y = y + ffn(rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w)
+        h_mtp = rms_norm(y, self.head_norm, cfg.rms_eps)
+        return linear(h_mtp, self.head), h_mtp
+
+
+def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
+    """Pair row p with h_{p-1}: [T, D] -> [T, D], first row = h_before (zeros at the start of a sequence)."""
+    first = np.zeros((1, hidden.shape[1]), np.float32) if h_before is None else h_before.reshape(1, -1)
+    return np.concatenate([first, hidden[:-1]], axis=0)

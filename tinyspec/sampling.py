@@ -1,0 +1,63 @@
+"""From logits to a token: temperature, top-k, top-p, and a draw from a Generator you pass in.
+
+    probs = softmax(logits / temperature) restricted to the top-k tokens and then to the smallest
+            set of most likely tokens whose mass reaches top_p, renormalised
+    temperature = 0 means greedy: probs is one-hot on argmax (ties -> lowest id), so ratio tests in
+            speculative sampling stay exact (jaymody/speculative-sampling issue #3)
+
+The same function makes the target's p and a drafter's q, so both see identical truncation rules.
+RNG is always an argument (numpy.random.Generator), never global state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:  # [N] -> [N] f64, sums to 1
+    logits = np.asarray(logits, dtype=np.float64)
+    if params.greedy:
+        probs = np.zeros_like(logits)
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    z = logits / params.temperature
+    if params.top_k and params.top_k < z.size:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    e = np.exp(z - z.max())  # float64 throughout: probabilities feed ratio tests
+    probs = e / e.sum()
+    if params.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        mass_before = np.cumsum(probs[order]) - probs[order]
+        keep = order[mass_before < params.top_p]  # always keeps the most likely token
+        kept = np.zeros_like(probs)
+        kept[keep] = probs[keep]
+        probs = kept / kept.sum()
+    return probs
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector (inverse CDF of a single uniform)."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
