@@ -24,7 +24,7 @@ def model(tmp_path_factory) -> Model:
 
 
 def tokens(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 96, n)
+    return np.random.default_rng(seed).integers(0, 272, n)
 
 
 def test_layer_pattern_from_metadata(model):
@@ -80,8 +80,8 @@ def test_truncate_kv_rejects_bad_ranges(model):
 
 
 def test_bad_tokens_are_clear_errors(model):
-    with pytest.raises(ValueError, match="token id 96 is outside the vocabulary"):
-        model.forward(np.array([1, 96]), model.new_state())
+    with pytest.raises(ValueError, match="token id 272 is outside the vocabulary"):
+        model.forward(np.array([1, 272]), model.new_state())
     with pytest.raises(ValueError, match="non-empty"):
         model.forward(np.array([], dtype=np.int64), model.new_state())
 
@@ -174,4 +174,4 @@ def test_model_reads_through_open_file(tmp_path):
     write_tiny_qwen35(tmp_path / "m.gguf", mtp=False)
     with read_gguf(tmp_path / "m.gguf") as g:
         m = Model.from_gguf(g)
-    assert m.cfg.n_nextn == 0 and m.cfg.n_vocab == 96
+    assert m.cfg.n_nextn == 0 and m.cfg.n_vocab == 272

@@ -9,7 +9,27 @@ from tinyspec.gguf import GGUFValue, GGUFValueType, write_gguf
 U32 = GGUFValueType.UINT32
 
 
-def tiny_qwen35_tensors(rng, *, D=32, F=48, N=96, n_trunk=4, interval=4, H=2, H_kv=1, d=16, n_k=2, n_v=4,
+def byte_level_chars() -> list[str]:
+    """GPT-2's byte -> printable unicode map, in byte order (so token id b is byte b)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def byte_vocab(N: int) -> tuple[list[str], np.ndarray, list[str]]:
+    """A byte-level BPE vocabulary of N >= 264 tokens: the 256 bytes, 3 control tokens, a few merges, padding."""
+    chars = byte_level_chars()
+    tokens = chars + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "e r"][: max(0, N - 259)]
+    tokens += [a + b for a, b in (m.split(" ") for m in merges)]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), N)]
+    token_type = np.ones(N, np.int32)
+    token_type[256:259] = 3  # control
+    token_type[259 + len(merges):] = 5  # unused padding
+    return tokens, token_type, merges
+
+
+def tiny_qwen35_tensors(rng, *, D=32, F=48, N=272, n_trunk=4, interval=4, H=2, H_kv=1, d=16, n_k=2, n_v=4,
                         K=8, V=8, w=4, mtp=True, tied=False) -> tuple[dict, dict]:
     """(metadata, tensors) of a random qwen35 model; tensors in NumPy shape, float32."""
     def mat(rows, cols):
@@ -18,6 +38,7 @@ def tiny_qwen35_tensors(rng, *, D=32, F=48, N=96, n_trunk=4, interval=4, H=2, H_
     def norm(n):
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
+    tokens, token_type, merges = byte_vocab(N)
     C = 2 * n_k * K + n_v * V
     n_all = n_trunk + (1 if mtp else 0)
     meta = {
@@ -41,9 +62,10 @@ def tiny_qwen35_tensors(rng, *, D=32, F=48, N=96, n_trunk=4, interval=4, H=2, H_
         "qwen35.ssm.inner_size": GGUFValue(U32, n_v * V),
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "qwen35",
-        "tokenizer.ggml.tokens": [chr(0x100 + i) if i >= 94 else chr(33 + i) for i in range(N)],
-        "tokenizer.ggml.token_type": np.ones(N, np.int32),
-        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": token_type,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": GGUFValue(U32, 256),
     }
     if mtp:
         meta["qwen35.nextn_predict_layers"] = GGUFValue(U32, 1)
