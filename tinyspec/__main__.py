@@ -3,6 +3,7 @@
     inspect FILE.gguf [--json]                      metadata and tensor table of a GGUF file
     logits --model FILE --prompt TEXT --out X.npz   logits / hidden / MTP logits of a prompt
     generate --model FILE --prompt TEXT             plain decoding, greedy or sampled
+    convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
 
 Errors are one line on stderr and exit code 2.
 """
@@ -150,6 +151,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    from .convert import convert
+
+    convert(args.hf_dir, args.out, args.outtype, progress=lambda msg: print(msg, file=sys.stderr), mtp=args.mtp)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="qwen35 GGUF file")
     src = p.add_mutually_exclusive_group(required=True)
@@ -192,6 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("convert", help="convert a Hugging Face Qwen3.5 checkpoint to a qwen35 GGUF",
+                       description="Convert a Hugging Face Qwen3.5 checkpoint folder (config.json, *.safetensors, "
+                                   "tokenizer.json) into a qwen35 GGUF with the tensors, storage types and metadata "
+                                   "llama.cpp's convert_hf_to_gguf.py writes. Needs only NumPy. Progress goes to stderr.")
+    p.add_argument("hf_dir", help="checkpoint folder (Qwen3_5ForCausalLM or Qwen3_5ForConditionalGeneration)")
+    p.add_argument("-o", "--out", required=True, help="output .gguf path")
+    p.add_argument("--outtype", choices=["f32", "f16", "q8_0"], default="f32",
+                   help="type of the 2-D weights (default f32); norms, conv and 1-D tensors stay F32, and q8_0 "
+                        "falls back to f16 for rows that are not a multiple of 32")
+    p.add_argument("--mtp", choices=["include", "exclude", "only"], default="include",
+                   help="the MTP (nextn) block: include it (default), exclude it (llama.cpp --no-mtp), or write "
+                        "only it with token_embd/output_norm/output (llama.cpp --mtp, a draft sidecar)")
+    p.set_defaults(func=cmd_convert)
     return parser
 
 

@@ -1,0 +1,363 @@
+"""Convert a Hugging Face Qwen3.5 checkpoint into a qwen35 GGUF, as llama.cpp's converter writes it.
+
+    convert(hf_dir, out_path, outtype="f32" | "f16" | "q8_0", progress=None, mtp="include" | "exclude" | "only")
+
+What llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint, and so what this does
+(../shared/reference/qwen35.md sections 1-2):
+    names     HF module names -> GGUF names (LAYER_NAMES); `language_model.` dropped; vision tensors
+              dropped; mtp.layers.K.* -> blk.{n_trunk+K}.*; mtp.fc / pre_fc_norm_embedding /
+              pre_fc_norm_hidden / norm -> blk.{n_trunk}.nextn.eh_proj / enorm / hnorm / shared_head_norm
+    values    every *norm.weight + 1 (HF's RMSNorm multiplies by 1 + w) except the GDN gated norm;
+              ssm_a = -exp(A_log); conv1d (C, 1, w) -> (C, w); when n_k != n_v the value heads go from
+              HF's grouped order (head h = g*R + r, g = key head) to ggml's tiled order (j = r*n_k + g)
+    storage   1-D tensors, *_norm.weight, ssm_conv1d and names not ending in .weight stay F32; other
+              weights in the outtype; Q8_0 falls back to F16 when a row is not a multiple of 32
+    metadata  qwen35.* keys with llama.cpp's exact value types (UINT32, FLOAT32, INT32 / BOOL arrays)
+              and in its order; the byte-level BPE vocabulary (gpt2 model, qwen35 pre-tokenizer)
+Safetensors are read without torch: u64 header length, JSON header, raw little-endian data.
+
+Glossary: n_k / n_v GDN key / value heads, R = n_v / n_k, dv value head dim, n_trunk trunk layers.
+Official implementation: llama.cpp convert_hf_to_gguf.py with conversion/qwen.py (Qwen3_5TextModel,
+_LinearAttentionVReorderBase, Qwen3NextModel, _QwenMtpMixin), conversion/base.py (TextModel
+set_gguf_parameters / prepare_tensors / get_vocab_base) and gguf-py vocab.py (SpecialVocab).
+Departs from it: ssm_a's exp is taken in float64 and rounded once (llama.cpp uses torch's float32 exp,
+1 ulp off in ~1% of values); pre is always "qwen35" (llama.cpp hashes a probe tokenization).
+Does NOT include: qwen3_5_moe / qwen3_next, rope scaling (yarn / linear), outtypes other than
+f32 / f16 / q8_0, pytorch .bin checkpoints, named extra chat templates, normalizer flags, general.*
+provenance beyond name and size_label, SpecialVocab's cls/sep fallbacks and TemplateProcessing parsing
+(BERT-style tokenizers), split output files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .gguf import GGUFValue, GGUFValueType, RawTensor, write_gguf
+from .model import ATTN_TENSORS, FFN_TENSORS, GDN_TENSORS  # what the model loads is what must be there
+from .mtp import NEXTN_TENSORS
+from .quants import GGMLType, quantize
+
+U32, F32, I32, BOOL = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32, GGUFValueType.BOOL
+SUPPORTED = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+NOT_YET = ("Qwen3_5Moe", "Qwen3Next")  # architecture name prefixes: MoE variants
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "linear_conv_kernel_dim", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")  # config.json keys
+OUTTYPES = {"f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "q8_0": (GGMLType.Q8_0, 7)}  # -> (type, file_type)
+ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}  # BF16 read as bits
+TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+LAYER_NAMES = {  # HF module inside model.layers.{i} -> GGUF name inside blk.{i}
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate", "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha", "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out", "eh_proj": "nextn.eh_proj", "enorm": "nextn.enorm", "hnorm": "nextn.hnorm",
+    "shared_head.norm": "nextn.shared_head_norm"}
+PARAM_NAMES = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}  # parameters, not modules
+MTP_TOP = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
+SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",  # llama.cpp's spellings
+                "sep": "seperator_token_id", "pad": "padding_token_id", "mask": "mask_token_id"}
+UNUSED, NORMAL, CONTROL, USER_DEFINED = 5, 1, 3, 4  # llama.cpp token types
+
+
+def read_safetensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """name -> (dtype name, memory-mapped array in its stored dtype; BF16 as uint16 bits), sorted by name."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    data = np.memmap(path, np.uint8, "r")
+    out = {}
+    for name, info in sorted(header.items()):
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in ST_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}; tinyspec reads {', '.join(ST_DTYPES)}")
+        dtype, (begin, end) = np.dtype(ST_DTYPES[info["dtype"]]), info["data_offsets"]
+        if end - begin != int(np.prod(info["shape"], dtype=np.int64)) * dtype.itemsize or 8 + n + end > data.size:
+            raise ValueError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not fit shape {info['shape']}")
+        out[name] = (info["dtype"], data[8 + n + begin:8 + n + end].view(dtype).reshape(info["shape"]))
+    return out
+
+
+def as_float(dtype: str, x: np.ndarray) -> np.ndarray:
+    """F16 stays F16 (llama.cpp edits F16 sources in F16); BF16 -> F32 by a 16-bit shift; others -> F32."""
+    if dtype == "BF16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return np.array(x) if dtype in ("F16", "F32") else x.astype(np.float32)
+
+
+def load_config(hf_dir: Path) -> dict:
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint folder)")
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch.startswith(NOT_YET):
+        raise ValueError(f"{path}: architecture {arch} is not supported yet (tinyspec converts dense Qwen3.5)")
+    if arch not in SUPPORTED:
+        raise ValueError(f"{path}: architecture {arch} is not supported; tinyspec converts {', '.join(SUPPORTED)}")
+    cfg = {**cfg, **cfg.get("text_config", {})}  # the multimodal layout nests the text model's config
+    if missing := [k for k in REQUIRED if k not in cfg]:
+        raise ValueError(f"{path}: missing {', '.join(missing)}")
+    if cfg["linear_num_value_heads"] % cfg["linear_num_key_heads"]:
+        raise ValueError(f"{path}: linear_num_value_heads is not a multiple of linear_num_key_heads")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):  # llama.cpp: linear, yarn, ...
+        raise ValueError(f"{path}: rope type {rope.get('rope_type', rope.get('type'))!r} is not supported yet")
+    return cfg
+
+
+def hf_tensors(hf_dir: Path) -> list[tuple[str, tuple[str, np.ndarray]]]:
+    """Every tensor of the checkpoint in llama.cpp's order: files sorted, names sorted inside each file."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        parts = sorted(set(weight_map.values()))
+    else:
+        weight_map, parts = {}, sorted(p.name for p in hf_dir.glob("model*.safetensors"))
+    if not parts:
+        raise ValueError(f"{hf_dir}: no model*.safetensors files (tinyspec reads safetensors checkpoints only)")
+    out = []
+    for part in parts:
+        if not (hf_dir / part).is_file():
+            raise ValueError(f"{hf_dir}: {part}, named in {index.name}, is missing")
+        out += list(read_safetensors(hf_dir / part).items())
+    if weight_map and set(weight_map) != {name for name, _ in out}:
+        missing, extra = sorted(set(weight_map) - dict(out).keys()), sorted(dict(out).keys() - set(weight_map))
+        raise ValueError(f"{index}: weight map and files disagree; missing {missing[:5]}, not in the map {extra[:5]}")
+    return out
+
+
+def gguf_name(name: str, n_trunk: int) -> str | None:
+    """HF checkpoint name -> GGUF name; None for tensors the GGUF does not keep (vision, audio)."""
+    name = name.replace("language_model.", "").replace("model.mtp.", "mtp.")
+    if re.search(r"visual\.|vision|audio|rotary_emb\.inv_freq", name):
+        return None
+    if m := re.fullmatch(r"mtp\.(\w+)\.(weight|bias)", name):
+        name = f"model.layers.{n_trunk}.{MTP_TOP.get(m[1], m[1])}.{m[2]}"
+    elif m := re.fullmatch(r"mtp\.layers\.(\d+)\.(.+)", name):
+        name = f"model.layers.{n_trunk + int(m[1])}.{m[2]}"
+    if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name):
+        module, _, suffix = m[2].rpartition(".")
+        if m[2] in PARAM_NAMES:
+            return f"blk.{m[1]}.{PARAM_NAMES[m[2]]}"
+        if module in LAYER_NAMES and suffix in ("weight", "bias"):
+            return f"blk.{m[1]}.{LAYER_NAMES[module]}.{suffix}"
+    module, _, suffix = name.rpartition(".")
+    if module in TOP_NAMES and suffix in ("weight", "bias"):
+        return f"{TOP_NAMES[module]}.{suffix}"
+    raise ValueError(f"cannot map checkpoint tensor {name!r} to a qwen35 GGUF name")
+
+
+def tile_v_heads(x: np.ndarray, axis: int, cfg: dict, head_dim: int, skip: int = 0) -> np.ndarray:
+    """Value heads from HF's grouped order [n_k, R, head_dim] to ggml's tiled order [R, n_k, head_dim]
+    along `axis`; the first `skip` entries (the q and k rows of in_proj_qkv) stay where they are."""
+    n_k, n_v = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    order = np.arange(n_v * head_dim).reshape(n_k, n_v // n_k, head_dim).transpose(1, 0, 2).ravel()
+    return np.take(x, np.concatenate([np.arange(skip), skip + order]), axis=axis)
+
+
+def transform(name: str, x: np.ndarray, cfg: dict) -> np.ndarray:
+    """The value edits of qwen.py's modify_tensors on one tensor, by its GGUF name (qwen35.md section 2)."""
+    kind = name.split(".")[2] if name.startswith("blk.") else name  # attn_qkv, ssm_a, ...
+    if cfg["linear_num_key_heads"] != cfg["linear_num_value_heads"]:
+        dv, qk = cfg["linear_value_head_dim"], 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+        if kind in ("attn_qkv", "ssm_conv1d"):  # attn_qkv is a GDN tensor: attention layers have attn_q/k/v
+            x = tile_v_heads(x, 0, cfg, dv, skip=qk)
+        elif kind == "attn_gate":
+            x = tile_v_heads(x, 0, cfg, dv)
+        elif kind in ("ssm_alpha", "ssm_beta", "ssm_a", "ssm_dt"):
+            x = tile_v_heads(x, 0, cfg, 1)
+        elif kind == "ssm_out":
+            x = tile_v_heads(x, 1, cfg, dv)
+    if kind == "ssm_a":
+        return (-np.exp(x.astype(np.float64))).astype(x.dtype)
+    if kind == "ssm_conv1d":
+        return x.squeeze()
+    if name.endswith("norm.weight") and kind != "ssm_norm":
+        return x + x.dtype.type(1)  # in the tensor's own dtype, as llama.cpp does (F16 rounds 1 + w)
+    return x
+
+
+def storage(name: str, x: np.ndarray, outtype: GGMLType) -> np.ndarray | RawTensor:
+    """llama.cpp's type choice (base.py prepare_tensors) and encoding of one converted tensor."""
+    if x.ndim <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name or not name.endswith(".weight"):
+        return x.astype(np.float32, copy=False)
+    if outtype == GGMLType.Q8_0 and x.shape[-1] % 32 == 0:
+        return RawTensor(GGMLType.Q8_0, x.shape, quantize(x, GGMLType.Q8_0))
+    return x.astype(np.float32 if outtype == GGMLType.F32 else np.float16, copy=False)  # Q8_0 falls back to F16
+
+
+def size_label(n: int) -> str:
+    """gguf-py's model_weight_count_rounded_notation with min_digits=2: 67M, 1.5B, ..."""
+    scale, suffix = next((s, c) for s, c in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (0, "K")) if n > s)
+    value = n * (1e-3 if suffix == "K" else 1 / scale)
+    return f"{value:.{max(2 - len(str(round(value)).lstrip('0')), 0)}f}{suffix}"
+
+
+def looks_special(token: str) -> bool:
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token[:2], token[-2:]) == ("<|", "|>")
+            or (token[:2], token[-2:]) == ("<｜", "｜>") or (token.startswith("<unused") and token.endswith(">")))
+
+
+def tokenizer_metadata(hf_dir: Path, cfg: dict) -> dict:
+    """tokenizer.* keys as get_vocab_base + gguf-py SpecialVocab write them; {} (and a warning) without tokenizer.json."""
+    if not (hf_dir / "tokenizer.json").is_file():
+        warnings.warn(f"{hf_dir}: no tokenizer.json, so the GGUF gets no tokenizer.* keys "
+                      "(tinyspec and llama.cpp need them to run it)", stacklevel=3)
+        return {}
+    tok = json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tc_path = hf_dir / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.is_file() else {}
+    if tok["model"].get("type") != "BPE":
+        raise ValueError(f"{hf_dir / 'tokenizer.json'}: model type {tok['model'].get('type')}, expected BPE")
+    added = {a["id"]: a for a in tok.get("added_tokens", [])}
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()} | {i: a["content"] for i, a in added.items()}
+    n_vocab = cfg.get("vocab_size", len(by_id))
+    if max(by_id) >= n_vocab:
+        raise ValueError(f"{hf_dir}: token id {max(by_id)} does not fit vocab_size {n_vocab} of config.json")
+    tokens, types = [], []
+    for i in range(n_vocab):  # ids the tokenizer lacks become [PAD{i}] (the embedding is padded)
+        token, kind = by_id.get(i, f"[PAD{i}]"), NORMAL if i in by_id else UNUSED
+        if i in added:
+            kind = CONTROL if added[i].get("special") or looks_special(token) else USER_DEFINED
+            token = token if kind == CONTROL else token.replace("\u2581", " ")
+        tokens.append(token)
+        types.append(kind)
+    merges = tok["model"].get("merges", [])
+    if merges and not isinstance(merges[0], str):  # [a, b] pairs (transformers >= 4.45); a space inside -> U+0120
+        merges = [" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": GGUFValue(GGUFValueType.ARRAY, types, I32)}
+    if merges:
+        meta["tokenizer.ggml.merges"] = merges
+    # gguf-py SpecialVocab: ids of tokenizer_config.json's special tokens first, then config.json's *_token_id
+    ids = {}
+    for typ in SPECIAL_KEYS:
+        content = tc.get(f"{typ}_token")
+        content = content.get("content") if isinstance(content, dict) else content
+        if found := [i for i, a in added.items() if isinstance(content, str) and a["content"] == content]:
+            ids[typ] = found[0]
+    ids |= {t: cfg[f"{t}_token_id"] for t in SPECIAL_KEYS if t not in ids and type(cfg.get(f"{t}_token_id")) is int}
+    meta.update({f"tokenizer.ggml.{SPECIAL_KEYS[t]}": GGUFValue(U32, i) for t, i in ids.items()})
+    processors = (tok.get("post_processor") or {}).get("processors", [tok.get("post_processor") or {}])
+    add = {"bos": False, "eos": False} if any(p.get("type") == "ByteLevel" for p in processors) else {}
+    add |= {t: tc[f"add_{t}_token"] for t in ("bos", "eos", "sep")
+            if isinstance(tc.get(f"add_{t}_token"), bool) and t not in add}
+    meta.update({f"tokenizer.ggml.add_{t}_token": GGUFValue(BOOL, v) for t, v in add.items()})
+    template = tc.get("chat_template")  # SpecialVocab reads it only next to a tokenizer_config.json
+    if tc and template is None and (hf_dir / "chat_template.jinja").is_file():
+        template = (hf_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    elif tc and template is None and (hf_dir / "chat_template.json").is_file():
+        template = json.loads((hf_dir / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(template, str):
+        meta["tokenizer.chat_template"] = template
+    return meta
+
+
+def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, n_params: int) -> dict:
+    """general.* and qwen35.* keys in the order and with the value types llama.cpp's converter writes them
+    (TextModel.set_gguf_parameters, then Qwen3NextModel's, then _Qwen35MRopeMixin's default sections)."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    for key in ("rope_theta", "partial_rotary_factor"):  # TextModel mirrors top-level rope keys into rope_parameters
+        if key not in rope and key in cfg:
+            rope[key] = cfg[key]
+
+    def u32(key: str) -> GGUFValue:
+        return GGUFValue(U32, int(cfg[key]))
+
+    meta = {"general.architecture": "qwen35", "general.type": "model", "general.name": name,
+            "general.size_label": size_label(n_params), "qwen35.block_count": GGUFValue(U32, cfg["num_hidden_layers"] + n_mtp)}
+    for key, hf_key in (("context_length", "max_position_embeddings"), ("embedding_length", "hidden_size"),
+                        ("feed_forward_length", "intermediate_size"), ("attention.head_count", "num_attention_heads"),
+                        ("attention.head_count_kv", "num_key_value_heads")):
+        if hf_key in cfg:
+            meta[f"qwen35.{key}"] = u32(hf_key)
+    if sections := list(rope.get("mrope_section", [])):
+        meta["qwen35.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, (sections + [0] * 4)[:4], I32)
+    if "rope_theta" in rope:
+        meta["qwen35.rope.freq_base"] = GGUFValue(F32, float(rope["rope_theta"]))
+    if "rms_norm_eps" in cfg:
+        meta["qwen35.attention.layer_norm_rms_epsilon"] = GGUFValue(F32, float(cfg["rms_norm_eps"]))
+    if "head_dim" in cfg:
+        meta["qwen35.attention.key_length"] = meta["qwen35.attention.value_length"] = u32("head_dim")
+    meta["general.file_type"] = GGUFValue(U32, file_type)
+    if n_mtp:
+        meta["qwen35.nextn_predict_layers"] = GGUFValue(U32, n_mtp)
+    meta |= {"qwen35.ssm.conv_kernel": u32("linear_conv_kernel_dim"), "qwen35.ssm.state_size": u32("linear_key_head_dim"),
+             "qwen35.ssm.group_count": u32("linear_num_key_heads"), "qwen35.ssm.time_step_rank": u32("linear_num_value_heads"),
+             "qwen35.ssm.inner_size": GGUFValue(U32, cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])}
+    if cfg.get("layer_types"):  # one entry per block, MTP blocks included (full attention)
+        recurrent = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * n_mtp
+        meta["qwen35.attention.recurrent_layers"] = GGUFValue(GGUFValueType.ARRAY, recurrent, BOOL)
+    meta["qwen35.full_attention_interval"] = GGUFValue(U32, cfg.get("full_attention_interval", 4))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    meta["qwen35.rope.dimension_count"] = GGUFValue(U32, int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    if not sections:  # llama.cpp's loader requires the key: Qwen3.5's default sections
+        meta["qwen35.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, [11, 11, 10, 0], I32)
+    meta["general.quantization_version"] = GGUFValue(U32, 2)
+    return meta
+
+
+def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], None] | None = None,
+            mtp: str = "include") -> None:
+    """Write `out_path`, a qwen35 GGUF of the checkpoint in `hf_dir`. mtp: "include" the MTP block (llama.cpp's
+    default), "exclude" it (--no-mtp), or write "only" it with token_embd / output_norm / output (--mtp sidecar).
+    The converted tensors are held in memory until written (4 bytes a parameter for f32)."""
+    hf_dir, say = Path(hf_dir), progress or (lambda msg: None)
+    if outtype not in OUTTYPES or mtp not in ("include", "exclude", "only"):
+        raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)} and mtp include / exclude / only, "
+                         f"got {outtype!r}, {mtp!r}")
+    cfg = load_config(hf_dir)
+    n_trunk = cfg["num_hidden_layers"]
+    layer_types = cfg.get("layer_types") or [  # HF's default pattern: every interval-th layer is full attention
+        "linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4) else "full_attention" for i in range(n_trunk)]
+    if len(layer_types) != n_trunk:
+        raise ValueError(f"{hf_dir / 'config.json'}: layer_types has {len(layer_types)} entries, num_hidden_layers is {n_trunk}")
+
+    say(f"reading {hf_dir}")
+    tensors = [(gguf_name(hf, n_trunk), st) for hf, st in hf_tensors(hf_dir)]
+
+    def in_mtp(name: str) -> bool:
+        return name.startswith("blk.") and int(name.split(".")[1]) >= n_trunk
+
+    n_mtp = len({name.split(".")[1] for name, _ in tensors if name and in_mtp(name)})
+    if cfg.get("mtp_num_hidden_layers", 0) and not n_mtp:
+        warnings.warn(f"{hf_dir}: config.json has mtp_num_hidden_layers = {cfg['mtp_num_hidden_layers']} but the "
+                      "checkpoint has no mtp.* tensors; writing the trunk only", stacklevel=2)
+    if mtp == "only" and not n_mtp:
+        raise ValueError(f"{hf_dir}: mtp='only' needs mtp.* tensors, and the checkpoint has none")
+    n_mtp *= mtp != "exclude"
+    top = ("token_embd.weight", "output_norm.weight", "output.weight")
+    tensors = [(name, st) for name, st in tensors if name and (
+        not in_mtp(name) if mtp == "exclude" else in_mtp(name) or name in top if mtp == "only" else True)]
+
+    mixer = {"linear_attention": GDN_TENSORS, "full_attention": ATTN_TENSORS}
+    need = ["token_embd.weight", "output_norm.weight"] + ([] if mtp == "only" else [
+        f"blk.{i}.{n}" for i, kind in enumerate(layer_types) for n in FFN_TENSORS + mixer.get(kind, ATTN_TENSORS)])
+    if n_mtp:  # the first MTP layer also holds the nextn projection and norms
+        need += [f"blk.{i}.{n}" for i in range(n_trunk, n_trunk + n_mtp) for n in FFN_TENSORS + ATTN_TENSORS]
+        need += [f"blk.{n_trunk}.{n}" for n in NEXTN_TENSORS]
+    if missing := [n for n in need if n not in {name for name, _ in tensors}]:
+        raise ValueError(f"{hf_dir}: the checkpoint lacks tensors for {', '.join(missing[:6])}"
+                         + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
+
+    qtype, file_type = OUTTYPES[outtype]
+    out = {}
+    for i, (name, (dtype, data)) in enumerate(tensors):
+        t = out[name] = storage(name, transform(name, as_float(dtype, data), cfg), qtype)
+        kind = t.ggml_type.name if isinstance(t, RawTensor) else "F32" if t.dtype == np.float32 else "F16"
+        say(f"[{i + 1}/{len(tensors)}] {name:<40} {dtype} -> {kind} {list(reversed(t.shape))}")
+
+    n_params = sum(int(np.prod(t.shape)) for t in out.values())
+    meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, n_params) | tokenizer_metadata(hf_dir, cfg)
+    say(f"writing {out_path}")
+    write_gguf(out_path, meta, out)
