@@ -79,9 +79,8 @@ class Model:
     def from_gguf(cls, path: str | os.PathLike | GGUFFile) -> "Model":
         g = path if isinstance(path, GGUFFile) else read_gguf(path)
         try:
-            cfg = ModelConfig.from_gguf(g.metadata)
-            if "token_embd.weight" in g.tensors:
-                cfg = ModelConfig.from_gguf(g.metadata, n_vocab=g.tensors["token_embd.weight"].shape[0])
+            embd = g.tensors.get("token_embd.weight")
+            cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
             return cls(cfg, load_tensors(g), g.metadata)
         finally:
             if not isinstance(path, GGUFFile):
