@@ -1,0 +1,278 @@
+"""Byte-level BPE tokenizer read from GGUF metadata (tokenizer.ggml.model = "gpt2"), as llama.cpp runs it.
+
+encode(text) takes four steps:
+  1. special tokens: cut the text at every USER_DEFINED token text, and at every CONTROL token text
+     when allow_special; the longest token text is cut out first.
+         "<|im_start|>user\\nhi"  ->  [248045, "user\\nhi"]
+  2. pre-tokenize each remaining piece with the regex(es) that tokenizer.ggml.pre names.
+         "user\\nhi"  ->  ["user", "\\n", "hi"]
+  3. byte-level: write each pre-token's UTF-8 bytes as printable characters (GPT-2's byte table).
+         " hi"  ->  "Ġhi"          "é" = b"\\xc3\\xa9"  ->  "Ã©"
+  4. BPE: start from single characters and merge the adjacent pair with the lowest merge rank
+     (leftmost on a tie) until no adjacent pair is in the merges; then look each part up.
+         "Ġhi" -> ["Ġ", "h", "i"] -> ["Ġ", "hi"] -> ["Ġhi"]  (if those merges exist, in that order)
+decode(ids) goes back: NORMAL tokens undo step 3, CONTROL / USER_DEFINED / UNKNOWN tokens give their
+text, UNUSED tokens (the "[PAD123]" filler) give nothing. Bytes are joined first and turned into a str
+once, so a character split across tokens comes back whole.
+
+Official implementation: llama.cpp src/llama-vocab.cpp: tokenizer_st_partition (step 1),
+llm_tokenizer_bpe (the regexes), llm_tokenizer_bpe_session::tokenize (steps 3-4), token_to_piece
+(decode); src/unicode.cpp: unicode_regex_split (step 2).
+Does NOT include: SPM / WordPiece / Unigram vocabularies; pre-tokenizers other than those in
+PRE_TOKENIZERS; Unicode normalization (llama.cpp does none, HF's Qwen tokenizer applies NFC first);
+the lstrip/rstrip attributes a few other models set on special tokens; llama_detokenize's clean-up of
+spaces before punctuation (on for the gpt-2/default pre, off for qwen2/qwen35); adding BOS (callers
+prepend bos_id when add_bos is set, as llama_tokenize does when asked to).
+Character classes (\\p{L}, \\p{N}, \\p{M}, \\s) come from the `regex` module. Its Unicode is newer than
+llama.cpp's table (src/unicode-data.cpp); the two agree on every character assigned by Unicode 14.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import IntEnum
+from typing import Any, Iterable, Mapping, Sequence
+
+import regex
+
+
+class TokenType(IntEnum):
+    """tokenizer.ggml.token_type values (gguf-py constants.TokenType)."""
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+# The regexes, copied from llama.cpp's llm_tokenizer_bpe. Each list is applied in order: every piece
+# is split into its matches and the text between them, and both are kept (unicode_regex_split).
+# llama.cpp spells the contractions '[sS] rather than (?i:'s): with (?i), "'ſ" (long s) would match too.
+CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+QWEN2 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# qwen35 = qwen2 with \p{M} (combining marks) joining the letters: "é" as e + U+0301 stays one word
+QWEN35 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+PRE_TOKENIZERS = {
+    "qwen35": [QWEN35],
+    "qwen2": [QWEN2],
+    "gpt-2": [GPT2],
+    # llama.cpp's fallback for a BPE vocabulary (also used when tokenizer.ggml.pre is missing)
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
+}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> character table: printable bytes stand for themselves, the other 68 bytes
+    take chr(256), chr(257), ... in byte order, so every token is a printable string.
+
+    0x21 '!' -> '!'      0x00 -> 'Ā' (U+0100)      0x0A '\\n' -> 'Ċ' (U+010A)      0x20 ' ' -> 'Ġ' (U+0120)
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, n_shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n_shifted)
+            n_shifted += 1
+    return table
+
+
+BYTE_TO_CHAR = bytes_to_unicode()  # int -> str
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}  # str -> int
+
+
+def split_words(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
+    """Pre-tokenize: split by each pattern in turn, keeping the matches and the gaps between them.
+
+    split_words("Hi  there!", [compiled GPT2]) -> ["Hi", " ", " there", "!"]
+    """
+    words = [text]
+    for pattern in patterns:
+        pieces = []
+        for word in words:
+            end = 0
+            for m in pattern.finditer(word):
+                if m.start() > end:
+                    pieces.append(word[end:m.start()])  # a gap no alternative matched
+                pieces.append(m.group())
+                end = m.end()
+            if end < len(word):
+                pieces.append(word[end:])
+        words = pieces
+    return words
+
+
+class Tokenizer:
+    """A GGUF's byte-level BPE vocabulary: encode, decode, decode_bytes, token_to_id, id_to_token.
+
+    tok = Tokenizer.from_gguf(read_gguf(path).metadata)
+    tok.encode("Hello world")  ->  [9419, 1814]        (the Qwen3.5/3.6 vocabulary)
+    tok.decode([9419, 1814])   ->  "Hello world"
+    """
+
+    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_type: Iterable[int] | None = None,
+                 pre: str = "default", eos_id: int | None = None, bos_id: int | None = None,
+                 pad_id: int | None = None, add_bos: bool = False):
+        """tokens: token texts in id order; merges: "left right" strings, best (rank 0) first;
+        token_type: a TokenType per token (all NORMAL if None); pre: the tokenizer.ggml.pre value."""
+        if pre not in PRE_TOKENIZERS:
+            raise ValueError(f"unknown pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
+                             f"tinyspec supports {', '.join(map(repr, PRE_TOKENIZERS))}")
+        self.tokens = list(tokens)
+        self.token_type = [TokenType.NORMAL] * len(self.tokens) if token_type is None else [int(t) for t in token_type]
+        if len(self.token_type) != len(self.tokens):
+            raise ValueError(f"{len(self.token_type)} token types for {len(self.tokens)} tokens")
+        self.vocab = {text: i for i, text in enumerate(self.tokens)}  # str -> int
+        if len(self.vocab) != len(self.tokens):  # llama.cpp refuses these files too
+            raise ValueError("the token list has duplicate texts")
+        self.merge_rank = {}  # (str, str) -> int; the first of duplicate merges wins, as in llama.cpp
+        for rank, merge in enumerate(merges):
+            space = merge.find(" ", 1)  # split at the first space after the first character, as llama.cpp
+            if space > 0:
+                self.merge_rank.setdefault((merge[:space], merge[space + 1:]), rank)
+        self.pre = pre
+        self.patterns = [regex.compile(p) for p in PRE_TOKENIZERS[pre]]
+        self.eos_id, self.bos_id, self.pad_id, self.add_bos = eos_id, bos_id, pad_id, add_bos
+        # step 1 tables: (text, id), longest text first (llama.cpp's cache_special_tokens order)
+        matched = {TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN}
+        special_ids = [i for i, kind in enumerate(self.token_type) if kind in matched and self.tokens[i]]
+        special_ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8")))
+        self.specials = [(self.tokens[i], i) for i in special_ids]
+        self.user_defined = [(t, i) for t, i in self.specials if self.token_type[i] == TokenType.USER_DEFINED]
+        self.cache: dict[str, list[int]] = {}  # pre-token -> ids, emptied when it reaches 100k words
+
+    @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+        """Build from a GGUF's metadata dict (the tokenizer.ggml.* keys)."""
+        model = metadata.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"tokenizer.ggml.model is {model!r}; tinyspec reads only 'gpt2' (byte-level BPE)")
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            if key not in metadata:
+                raise ValueError(f"the GGUF has no {key}")
+
+        def get_id(key: str) -> int | None:
+            value = metadata.get(f"tokenizer.ggml.{key}")
+            return None if value is None else int(value)
+
+        return cls(metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"],
+                   metadata.get("tokenizer.ggml.token_type"), metadata.get("tokenizer.ggml.pre") or "default",
+                   eos_id=get_id("eos_token_id"), bos_id=get_id("bos_token_id"), pad_id=get_id("padding_token_id"),
+                   add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def token_to_id(self, text: str) -> int:
+        """The id of a token text as stored ("Ġhello", "<|im_end|>"); KeyError if there is none."""
+        return self.vocab[text]
+
+    def id_to_token(self, token_id: int) -> str:
+        """The stored text of a token ("Ġhello" for " hello")."""
+        return self.tokens[self.check_id(token_id)]
+
+    def check_id(self, token_id: int) -> int:
+        token_id = int(token_id)
+        if not 0 <= token_id < len(self.tokens):
+            raise ValueError(f"token id {token_id} is out of range for a vocabulary of {len(self.tokens)} tokens")
+        return token_id
+
+    # ------------------------------------------------------------------------------------------ encode
+
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        """text -> token ids. allow_special: CONTROL token texts such as "<|im_start|>" become their ids
+        (llama.cpp's parse_special); if False they are encoded as plain text. USER_DEFINED tokens
+        ("<think>") are always matched, as in llama.cpp. Never adds BOS."""
+        ids = []
+        for piece in self.split_special(text, allow_special):
+            if isinstance(piece, int):
+                ids.append(piece)
+                continue
+            for word in split_words(piece, self.patterns):
+                if word not in self.cache:
+                    if len(self.cache) >= 100_000:
+                        self.cache.clear()
+                    self.cache[word] = self.bpe("".join(BYTE_TO_CHAR[b] for b in word.encode("utf-8")))
+                ids.extend(self.cache[word])
+        return ids
+
+    def split_special(self, text: str, allow_special: bool) -> list[str | int]:
+        """Step 1: cut special token texts out of the text, longest first (tokenizer_st_partition).
+
+        "a<|im_end|>b<|im_end|>" -> ["a", 248046, "b", 248046]
+        """
+        pieces: list[str | int] = [text] if text else []
+        for special, token_id in self.specials if allow_special else self.user_defined:
+            cut = []
+            for piece in pieces:
+                if isinstance(piece, int) or special not in piece:
+                    cut.append(piece)
+                    continue
+                for j, part in enumerate(piece.split(special)):
+                    if j > 0:
+                        cut.append(token_id)
+                    if part:
+                        cut.append(part)
+            pieces = cut
+        return pieces
+
+    def bpe(self, word: str) -> list[int]:
+        """Step 4 on one byte-level word: merge the lowest-rank adjacent pair until none is left.
+
+        With merges ["Ġ h", "i n", "Ġh in"]:  "Ġhin" -> Ġ h i n -> Ġh i n -> Ġh in -> Ġhin
+        """
+        rank = self.merge_rank
+        parts = list(word)
+        ranks = [rank.get(pair, math.inf) for pair in zip(parts, parts[1:])]  # ranks[i]: parts[i] + parts[i+1]
+        while ranks:
+            best = min(ranks)
+            if best == math.inf:
+                break
+            i = ranks.index(best)  # the leftmost pair of the lowest rank
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            del ranks[i]
+            # the merged part has new neighbours: re-rank the pair on its left and the pair on its right
+            if i > 0:
+                ranks[i - 1] = rank.get((parts[i - 1], parts[i]), math.inf)
+            if i < len(ranks):
+                ranks[i] = rank.get((parts[i], parts[i + 1]), math.inf)
+        ids = []
+        for part in parts:
+            if part in self.vocab:
+                ids.append(self.vocab[part])
+            else:  # a merge made a string that is no token: fall back to its characters (never on real files)
+                ids.extend(self.vocab[c] for c in part if c in self.vocab)
+        return ids
+
+    # ------------------------------------------------------------------------------------------ decode
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """ids -> the raw bytes, for streaming (a character may end in the next token)."""
+        return b"".join(self.token_bytes(token_id) for token_id in ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """ids -> text; bytes that are not valid UTF-8 (a cut-off character) become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (llama.cpp's token_to_piece with special = true).
+
+        "Ġhello" (NORMAL) -> b" hello"     "<|im_end|>" (CONTROL) -> b"<|im_end|>"     "[PAD9]" (UNUSED) -> b""
+        """
+        token_id = self.check_id(token_id)
+        text = self.tokens[token_id]
+        kind = self.token_type[token_id]
+        if kind == TokenType.NORMAL:
+            # a character outside the byte table (never on real files) stands for its own UTF-8;
+            # llama.cpp writes "[UNK_BYTE_0x..]" there instead
+            return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode() for c in text)
+        if kind in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN):
+            return text.encode("utf-8")
+        if kind == TokenType.BYTE:  # "<0x0A>"
+            return bytes([int(text[3:5], 16)])
+        return b""  # UNUSED and undefined types, as llama.cpp
