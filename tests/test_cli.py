@@ -67,3 +67,55 @@ def test_missing_file_exit_2(tmp_path, capsys):
 def test_help_lists_commands():
     run = subprocess.run([sys.executable, "-m", "tinyspec", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "inspect" in run.stdout
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    from tiny_models import write_tiny_qwen35
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_qwen35(path, seed=3)
+    return path
+
+
+def test_logits_writes_npz_with_mtp(tiny_model, tmp_path, capsys):
+    from tinyspec.model import Model
+
+    out = tmp_path / "out.npz"
+    assert main(["logits", "--model", str(tiny_model), "--tokens", "5,6,7,8", "--out", str(out)]) == 0
+    data = np.load(out)
+    assert data["tokens"].tolist() == [5, 6, 7, 8]
+    assert data["logits"].shape == (4, 272) and data["hidden"].shape == (4, 32) and data["mtp_logits"].shape == (4, 272)
+    model = Model.from_gguf(tiny_model)
+    expect, _ = model.forward(np.array([5, 6, 7, 8]), model.new_state())
+    np.testing.assert_array_equal(data["logits"], expect)
+
+
+def test_logits_from_prompt_text(tiny_model, tmp_path):
+    out = tmp_path / "p.npz"
+    assert main(["logits", "--model", str(tiny_model), "--prompt", "the cat", "--out", str(out)]) == 0
+    assert np.load(out)["tokens"].tolist()[:2] == [ord("t"), 260]  # "t", then the merge "he" (id 260)
+
+
+def test_generate_json(tiny_model, capsys):
+    assert main(["generate", "--model", str(tiny_model), "--prompt", "hi", "--max-new", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_tokens"] == [ord("h"), ord("i")]
+    assert 1 <= len(out["tokens"]) <= 5 and set(out["stats"]) >= {"generated", "decode_tok_s"}
+    assert isinstance(out["text"], str)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tokens", "1,x"], "comma-separated integers"),
+    (["--tokens", "1,9999"], "token id 9999 is outside the vocabulary"),
+    (["--prompt", ""], "prompt is empty"),
+])
+def test_generate_bad_input_exit_2(tiny_model, capsys, args, message):
+    assert main(["generate", "--model", str(tiny_model), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_other_architecture_is_named(tmp_path, capsys):
+    write_gguf(tmp_path / "llama.gguf", {"general.architecture": "qwen35moe"}, {"w": np.ones(4, np.float32)})
+    assert main(["generate", "--model", str(tmp_path / "llama.gguf"), "--tokens", "1"]) == 2
+    assert "qwen35moe" in capsys.readouterr().err

@@ -137,8 +137,7 @@ def cmd_generate(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     model, tokenizer = load_model(args.model)
     tokens = prompt_tokens(args, tokenizer)
-    stop = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
-    result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=stop)
+    result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,

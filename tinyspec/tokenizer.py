@@ -106,6 +106,10 @@ def split_words(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
     return words
 
 
+# llama.cpp's llama_vocab::impl::load also ends generation at these texts (src/llama-vocab.cpp, special_eog_ids)
+EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>")
+
+
 class Tokenizer:
     """A GGUF's byte-level BPE vocabulary: encode, decode, decode_bytes, token_to_id, id_to_token.
 
@@ -167,6 +171,12 @@ class Tokenizer:
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    @property
+    def eog_ids(self) -> tuple[int, ...]:
+        """End-of-generation ids: eos plus the chat-turn enders llama.cpp also stops at (by token text)."""
+        ids = {self.vocab[t] for t in EOG_TEXTS if t in self.vocab}
+        return tuple(sorted(ids | ({self.eos_id} if self.eos_id is not None else set())))
 
     def token_to_id(self, text: str) -> int:
         """The id of a token text as stored ("Ġhello", "<|im_end|>"); KeyError if there is none."""
