@@ -103,7 +103,12 @@ def load_model(path: str):
     from .model import Model
     from .tokenizer import Tokenizer
 
-    model = Model.from_gguf(path)
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total:
+            end = "\n" if done == total else ""
+            print(f"\rloading {path}: {done}/{total} tensors", end=end, file=sys.stderr, flush=True)
+
+    model = Model.from_gguf(path, progress)
     return model, Tokenizer.from_gguf(model.metadata)
 
 

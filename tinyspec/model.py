@@ -18,7 +18,7 @@ Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: ll
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -45,9 +45,15 @@ def ffn(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:  # [T, D] -> 
     return linear(silu(linear(x, w["ffn_gate.weight"])) * linear(x, w["ffn_up.weight"]), w["ffn_down.weight"])
 
 
-def load_tensors(g: GGUFFile) -> dict[str, np.ndarray]:
-    """Every tensor of the file as float32 in NumPy shape, dequantized by its own ggml type."""
-    return {name: dequantize(g.raw(name), t.ggml_type, t.shape) for name, t in g.tensors.items()}
+def load_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of the file as float32 in NumPy shape, dequantized by its own ggml type.
+    progress(done, total) is called after each tensor (long for real models: every weight is expanded)."""
+    out = {}
+    for i, (name, t) in enumerate(g.tensors.items()):
+        out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
+        if progress:
+            progress(i + 1, len(g.tensors))
+    return out
 
 
 class Model:
@@ -76,12 +82,12 @@ class Model:
             self.layers.append({n: need(f"blk.{i}.{n}") for n in names})
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike | GGUFFile) -> "Model":
+    def from_gguf(cls, path: str | os.PathLike | GGUFFile, progress: Callable[[int, int], None] | None = None) -> "Model":
         g = path if isinstance(path, GGUFFile) else read_gguf(path)
         try:
             embd = g.tensors.get("token_embd.weight")
             cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
-            return cls(cfg, load_tensors(g), g.metadata)
+            return cls(cfg, load_tensors(g, progress), g.metadata)
         finally:
             if not isinstance(path, GGUFFile):
                 g.close()
