@@ -78,13 +78,20 @@ def delta_rule_step(
 
 
 def gdn_scan(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, state: np.ndarray
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, state: np.ndarray,
+    states_out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # [T, HV, K] x2, [T, HV, V], [T, HV] x2, [HV, K, V] -> [T, HV, V], [HV, K, V]
-    """The recurrence token by token: the definition every faster form is checked against."""
+    """The recurrence token by token: the definition every faster form is checked against.
+
+    states_out [>= T, HV, K, V], if given, receives the state after each token (the snapshot ring of
+    speculative verification: rolling back to token t is a copy from states_out[t], no recompute).
+    """
     T, HV, _ = q.shape
     o = np.empty((T, HV, v.shape[2]), np.float32)
     for t in range(T):
         o[t], state = delta_rule_step(state, q[t], k[t], v[t], log_decay[t], beta[t])
+        if states_out is not None:
+            states_out[t] = state
     return o, state
 
 
@@ -162,14 +169,19 @@ def gdn_chunked(
 
 
 def gdn_layer(
-    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False,
+    snapshots: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm in place.
 
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
+    snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
+    state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores.
     """
     T, D = x.shape
+    if snapshots is not None and (chunked or snapshots[0].shape[0] < T):
+        raise ValueError(f"snapshots need the scan and >= {T} slots (have {snapshots[0].shape[0]}, chunked={chunked})")
     n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
 
     # 1. projections (z, b, a bypass the conv)
@@ -180,6 +192,11 @@ def gdn_layer(
     log_decay = w["ssm_a"] * softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
 
     # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
+    if snapshots is not None:  # the conv state after token t is the last w-1 raw inputs up to t
+        window = np.concatenate([state.conv, mixed.T], axis=1)  # [C, w-1+T]
+        width = state.conv.shape[1]
+        for t in range(T):
+            snapshots[0][t] = window[:, t + 1 : t + 1 + width]
     conv, state.conv = causal_conv(mixed, state.conv, w["ssm_conv1d.weight"])
     conv = silu(conv)  # [T, C]
 
@@ -194,7 +211,10 @@ def gdn_layer(
 
     # 4. the delta-rule memory
     core = gdn_chunked if chunked else gdn_scan
-    o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
+    if snapshots is None:
+        o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
+    else:
+        o, state.ssm = gdn_scan(q, k, v, log_decay, beta, state.ssm, states_out=snapshots[1])
 
     # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
     y = rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * silu(z)  # [T, HV, V]

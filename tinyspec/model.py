@@ -28,7 +28,7 @@ from .gdn import gdn_layer
 from .gguf import GGUFFile, read_gguf
 from .ops import linear, rms_norm, silu
 from .quants import dequantize
-from .state import ModelState
+from .state import ModelState, SnapshotRing
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight",
                "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight")
@@ -61,6 +61,7 @@ class Model:
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None):
         self.cfg, self.metadata = cfg, dict(metadata or {})
+        self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.tensors = tensors
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -104,18 +105,25 @@ class Model:
             raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {self.cfg.n_vocab - 1})")
         return self.token_embd[tokens]
 
-    def forward(self, tokens, state: ModelState, chunked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, tokens, state: ModelState, chunked: bool = False,
+                ring: SnapshotRing | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
         sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
+        ring: a SnapshotRing that receives every GDN layer's state after each of the T tokens
+        (a verify pass), so any prefix can be restored later without recomputing.
         """
         cfg = self.cfg
         x = self.embed(tokens)  # [T, D]
-        for w, layer_state, recurrent in zip(self.layers, state.layers, cfg.recurrent):
+        self.n_forward_tokens += x.shape[0]
+        if ring is not None:
+            ring.mark_pass(state.pos, x.shape[0])
+        for i, (w, layer_state, recurrent) in enumerate(zip(self.layers, state.layers, cfg.recurrent)):
             u = rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
             if recurrent:
-                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked)
+                snapshots = ring.layer(i) if ring is not None else None
+                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots)
             else:
                 x = x + attention_layer(u, w, layer_state, cfg)
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)

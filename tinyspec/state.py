@@ -10,7 +10,13 @@ speculative decoding on hybrid models: a KV cache is a list, so forgetting the l
 be truncated, only restored from a copy taken at the right token boundary (the snapshot ring of the
 speculative engine) or recomputed.
 
-Does NOT include: the snapshot ring (speculative engine), paged or quantized KV caches.
+SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a k-token
+verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
+keeping the first j tokens is a copy of slot j-1 back into the state plus a KV truncate: no recompute,
+no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of
+bounds; peers shipped a CVE for exactly that, ../shared/reference/peers.md section 5).
+
+Does NOT include: paged or quantized KV caches, device-side rings (the CuPy backend's concern).
 """
 
 from __future__ import annotations
@@ -112,3 +118,56 @@ class ModelState:
         if self.pos != other.pos:
             return float("inf")
         return max((a.max_abs_diff(b) for a, b in zip(self.layers, other.layers)), default=0.0)
+
+
+class SnapshotRing:
+    """Per-token GDN snapshots for passes of up to `slots` tokens; allocated once, reused every step.
+
+    conv[i] [slots, C, w-1], ssm[i] [slots, n_v, K, V] for GDN layer i (None for attention layers);
+    pos[t] = number of tokens the state holds after slot t; filled = slots written by the last pass.
+    """
+
+    def __init__(self, cfg: ModelConfig, slots: int):
+        if slots < 1:
+            raise ValueError(f"SnapshotRing needs at least one slot, got {slots}")
+        self.slots = slots
+        C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
+        shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
+        self.conv = [np.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
+        self.ssm = [np.zeros(shape_ssm, np.float32) if r else None for r in cfg.recurrent]
+        self.pos = np.zeros(slots, np.int64)
+        self.filled = 0
+
+    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.conv[i], self.ssm[i]
+
+    def mark_pass(self, pos_before: int, n_tokens: int) -> None:
+        """Record that a forward of n_tokens from pos_before filled slots 0 .. n_tokens-1."""
+        if not 1 <= n_tokens <= self.slots:
+            raise ValueError(f"a pass of {n_tokens} tokens does not fit a ring of {self.slots} slots")
+        self.pos[:n_tokens] = np.arange(pos_before + 1, pos_before + n_tokens + 1)
+        self.filled = n_tokens
+
+    def save(self, state: ModelState, slot: int) -> None:
+        """Copy the state's GDN layers into `slot` (used by drafters that step one token at a time)."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"snapshot slot {slot} is outside the ring's {self.slots} slots")
+        for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
+            if conv is not None:
+                conv[slot] = layer.conv
+                ssm[slot] = layer.ssm
+        self.pos[slot] = state.pos
+        self.filled = max(self.filled, slot + 1)
+
+    def restore(self, state: ModelState, slot: int) -> None:
+        """Roll `state` back to slot: GDN layers copied in place, KV caches truncated. No recompute."""
+        if not 0 <= slot < self.filled:
+            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
+        keep = int(self.pos[slot])
+        if not 0 <= keep <= state.pos:
+            raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
+        for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
+            if conv is not None:
+                np.copyto(layer.conv, conv[slot])
+                np.copyto(layer.ssm, ssm[slot])
+        state.truncate_kv(keep)
