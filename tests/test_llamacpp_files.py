@@ -14,6 +14,9 @@ the values. Per file, checked exactly (no tolerance anywhere):
     values      tinyspec.quants.dequantize == gguf.quants.dequantize bit for bit (compared as uint32)
     round trip  read + write_gguf (same metadata, tensors, alignment) == the input file, byte for byte
 And over all files: at least one mixes more than one quantized type, as real downloads do.
+
+Cost: ~30 s per file, nearly all of it gguf-py's own parse of the 248k-token vocabulary (tinyspec's
+takes 0.6 s); 12.5 min for the script's 25 files on 2 cores. Run it alone with `pytest -m llamacpp`.
 """
 
 from __future__ import annotations
