@@ -30,43 +30,13 @@ from tinyspec.quants import GGMLType, dequantize, kquants, quantize
 gguf_quants = pytest.importorskip("gguf.quants")
 GQT = pytest.importorskip("gguf.constants").GGMLQuantizationType
 
+from quant_helpers import assert_bits_equal, block, f16, rel_rms, with_finite_f16_fields  # noqa: E402
+
 TYPES = list(kquants.DEQUANT)
 F16_FIELDS = {  # byte offsets of the fp16 fields in each super-block
     GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2],
     GGMLType.Q6_K: [208],
 }
-
-
-# ---------------------------------------------------------------- helpers
-
-def f16(x: float) -> list[int]:
-    """The two little-endian bytes of x as fp16."""
-    return list(np.float16(x).tobytes())
-
-
-def block(qtype: GGMLType, *fields: list[int]) -> np.ndarray:  # -> [1, type_size] uint8
-    raw = np.array([b for f in fields for b in f], dtype=np.uint8)[None, :]
-    assert raw.shape[1] == qtype.type_size
-    return raw
-
-
-def with_finite_f16_fields(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:  # [B, type_size] -> copy
-    """Clear the top exponent bit of inf/NaN fp16 patterns (exponent 31 -> 15): finite, same sign."""
-    raw = raw.copy()
-    for offset in F16_FIELDS[qtype]:
-        bits = raw[:, offset:offset + 2].copy().view("<u2")
-        bits = np.where((bits & 0x7C00) == 0x7C00, bits & 0xBFFF, bits).astype("<u2")
-        raw[:, offset:offset + 2] = bits.view(np.uint8)
-    return raw
-
-
-def assert_bits_equal(ours: np.ndarray, ref: np.ndarray) -> None:
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
-    assert_array_equal(ours.view(np.uint32), np.asarray(ref, dtype=np.float32).view(np.uint32))
-
-
-def rel_rms(y: np.ndarray, x: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
 
 
 # ---------------------------------------------------------------- 1. by hand
@@ -157,7 +127,7 @@ def test_q6_k_by_hand():
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_random_blocks_match_gguf_py(qtype, rng):
-    raw = with_finite_f16_fields(rng.integers(0, 256, (2000, qtype.type_size), dtype=np.uint8), qtype)
+    raw = with_finite_f16_fields(rng.integers(0, 256, (2000, qtype.type_size), dtype=np.uint8), F16_FIELDS[qtype])
     assert_bits_equal(kquants.DEQUANT[qtype](raw), gguf_quants.dequantize(raw, GQT[qtype.name]))
 
 
@@ -166,13 +136,13 @@ def test_random_blocks_match_gguf_py(qtype, rng):
 def test_dequantize_property(qtype, data):
     n_blocks = data.draw(st.integers(1, 4), label="n_blocks")
     raw = data.draw(arrays(np.uint8, (n_blocks, qtype.type_size)), label="raw")
-    raw = with_finite_f16_fields(raw, qtype)
+    raw = with_finite_f16_fields(raw, F16_FIELDS[qtype])
     assert_bits_equal(kquants.DEQUANT[qtype](raw), gguf_quants.dequantize(raw, GQT[qtype.name]))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dispatch_with_multi_row_shape(qtype, rng):
-    raw = with_finite_f16_fields(rng.integers(0, 256, (3 * 512 // 256, qtype.type_size), dtype=np.uint8), qtype)
+    raw = with_finite_f16_fields(rng.integers(0, 256, (3 * 512 // 256, qtype.type_size), dtype=np.uint8), F16_FIELDS[qtype])
     y = dequantize(raw.reshape(-1), qtype, (3, 512))
     assert y.dtype == np.float32 and y.shape == (3, 512)
     assert_bits_equal(y, kquants.DEQUANT[qtype](raw).reshape(3, 512))
@@ -313,7 +283,7 @@ def test_quantizers_equal_ggml_reference_bytes(qtype, ggml_quants_c, rng):
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantizers_equal_ggml_c(qtype, ggml_quants_c, rng):
-    raw = with_finite_f16_fields(rng.integers(0, 256, (500, qtype.type_size), dtype=np.uint8), qtype)
+    raw = with_finite_f16_fields(rng.integers(0, 256, (500, qtype.type_size), dtype=np.uint8), F16_FIELDS[qtype])
     name = f"dequantize_row_{qtype.name.lower().replace('_k', '_K')}"
     ref = c_call(ggml_quants_c, name, raw, np.zeros((500, 256), np.float32), 500 * 256)
     assert_bits_equal(kquants.DEQUANT[qtype](raw), ref)

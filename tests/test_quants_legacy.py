@@ -23,42 +23,12 @@ from tinyspec.quants import GGMLType, dequantize, legacy, quantize
 gguf_quants = pytest.importorskip("gguf.quants")
 GQT = pytest.importorskip("gguf.constants").GGMLQuantizationType
 
+from quant_helpers import assert_bits_equal, block, f16, rel_rms, with_finite_f16_fields  # noqa: E402
+
 TYPES = list(legacy.DEQUANT)
 F16_FIELDS = {  # byte offsets of the fp16 fields in each block
     GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2], GGMLType.Q8_0: [0],
 }
-
-
-# ---------------------------------------------------------------- helpers
-
-def f16(x: float) -> list[int]:
-    """The two little-endian bytes of x as fp16."""
-    return list(np.float16(x).tobytes())
-
-
-def block(qtype: GGMLType, *fields: list[int]) -> np.ndarray:  # -> [1, type_size] uint8
-    raw = np.array([b for f in fields for b in f], dtype=np.uint8)[None, :]
-    assert raw.shape[1] == qtype.type_size
-    return raw
-
-
-def with_finite_f16_fields(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:  # [B, type_size] -> copy
-    """Clear the top exponent bit of inf/NaN fp16 patterns (exponent 31 -> 15): finite, same sign."""
-    raw = raw.copy()
-    for offset in F16_FIELDS[qtype]:
-        bits = raw[:, offset:offset + 2].copy().view("<u2")
-        bits = np.where((bits & 0x7C00) == 0x7C00, bits & 0xBFFF, bits).astype("<u2")
-        raw[:, offset:offset + 2] = bits.view(np.uint8)
-    return raw
-
-
-def assert_bits_equal(ours: np.ndarray, ref: np.ndarray) -> None:
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
-    assert_array_equal(ours.view(np.uint32), np.asarray(ref, dtype=np.float32).view(np.uint32))
-
-
-def rel_rms(y: np.ndarray, x: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
 
 
 # ---------------------------------------------------------------- 1. by hand
@@ -128,7 +98,7 @@ def test_q4_0_all_zero_block_follows_ggml_not_gguf_py():
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_random_blocks_match_gguf_py(qtype, rng):
-    raw = with_finite_f16_fields(rng.integers(0, 256, (2000, qtype.type_size), dtype=np.uint8), qtype)
+    raw = with_finite_f16_fields(rng.integers(0, 256, (2000, qtype.type_size), dtype=np.uint8), F16_FIELDS[qtype])
     assert_bits_equal(legacy.DEQUANT[qtype](raw), gguf_quants.dequantize(raw, GQT[qtype.name]))
 
 
@@ -137,13 +107,13 @@ def test_random_blocks_match_gguf_py(qtype, rng):
 def test_dequantize_property(qtype, data):
     n_blocks = data.draw(st.integers(1, 8), label="n_blocks")
     raw = data.draw(arrays(np.uint8, (n_blocks, qtype.type_size)), label="raw")
-    raw = with_finite_f16_fields(raw, qtype)
+    raw = with_finite_f16_fields(raw, F16_FIELDS[qtype])
     assert_bits_equal(legacy.DEQUANT[qtype](raw), gguf_quants.dequantize(raw, GQT[qtype.name]))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dispatch_with_multi_row_shape(qtype, rng):
-    raw = with_finite_f16_fields(rng.integers(0, 256, (3 * 512 // 32, qtype.type_size), dtype=np.uint8), qtype)
+    raw = with_finite_f16_fields(rng.integers(0, 256, (3 * 512 // 32, qtype.type_size), dtype=np.uint8), F16_FIELDS[qtype])
     y = dequantize(raw.reshape(-1), qtype, (3, 512))
     assert y.dtype == np.float32 and y.shape == (3, 512)
     assert_bits_equal(y, legacy.DEQUANT[qtype](raw).reshape(3, 512))

@@ -1,0 +1,36 @@
+"""Helpers shared by the quant tests: hand-built blocks, finite fp16 scale fields, bit comparisons."""
+
+import numpy as np
+from numpy.testing import assert_array_equal
+
+from tinyspec.quants import GGMLType
+
+
+def f16(x: float) -> list[int]:
+    """The two little-endian bytes of x as fp16."""
+    return list(np.float16(x).tobytes())
+
+
+def block(qtype: GGMLType, *fields: list[int]) -> np.ndarray:  # -> [1, type_size] uint8
+    raw = np.array([b for f in fields for b in f], dtype=np.uint8)[None, :]
+    assert raw.shape[1] == qtype.type_size
+    return raw
+
+
+def with_finite_f16_fields(raw: np.ndarray, offsets: list[int]) -> np.ndarray:  # [B, type_size] -> copy
+    """Clear the top exponent bit of inf/NaN fp16 patterns at these byte offsets (exponent 31 -> 15)."""
+    raw = raw.copy()
+    for offset in offsets:
+        bits = raw[:, offset:offset + 2].copy().view("<u2")
+        bits = np.where((bits & 0x7C00) == 0x7C00, bits & 0xBFFF, bits).astype("<u2")
+        raw[:, offset:offset + 2] = bits.view(np.uint8)
+    return raw
+
+
+def assert_bits_equal(ours: np.ndarray, ref: np.ndarray) -> None:
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    assert_array_equal(ours.view(np.uint32), np.asarray(ref, dtype=np.float32).view(np.uint32))
+
+
+def rel_rms(y: np.ndarray, x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
