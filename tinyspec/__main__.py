@@ -135,15 +135,39 @@ def cmd_logits(args) -> int:
     return 0
 
 
+def make_drafter(args, model):
+    if args.spec == "none":
+        return None
+    if args.spec == "mtp":
+        from .mtp import MTPDrafter
+
+        return MTPDrafter(model)
+    if args.spec == "lookup":
+        from .lookup import LookupDrafter
+
+        return LookupDrafter()
+    from .draft import DraftModelDrafter
+    from .model import Model
+
+    if not args.draft_model:
+        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    return DraftModelDrafter(Model.from_gguf(args.draft_model), target=model, max_draft=max(1, args.draft_n))
+
+
 def cmd_generate(args) -> int:
     from .generate import generate
     from .sampling import SamplingParams
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    if args.draft_n < 0:
+        raise ValueError(f"--draft-n must be >= 0, got {args.draft_n}")
     model, tokenizer = load_model(args.model)
     tokens = prompt_tokens(args, tokenizer)
-    result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids)
+    result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
+                      drafter=make_drafter(args, model), draft_n=args.draft_n)
     text = tokenizer.decode(result.tokens)
+    if args.show and result.marks:
+        print(render_marked(tokenizer, result.tokens, result.marks))
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
                           "stats": result.stats}))
@@ -161,6 +185,12 @@ def cmd_convert(args) -> int:
     convert(args.hf_dir, args.out, args.outtype, progress=lambda msg: print(msg, file=sys.stderr), mtp=args.mtp)
     print(f"wrote {args.out}")
     return 0
+
+
+def render_marked(tokenizer, tokens: list[int], marks: list[str]) -> str:
+    """Text with each token marked by how it was produced: [draft accepted], {correction}, <bonus>, plain."""
+    wrap = {"accepted": "[{}]", "correction": "{{{}}}", "bonus": "<{}>", "target": "{}"}
+    return "".join(wrap[m].format(tokenizer.decode([t])) for t, m in zip(tokens, marks))
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
@@ -202,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default 0)")
+    p.add_argument("--spec", choices=["none", "mtp", "lookup", "draft"], default="none",
+                   help="speculative decoding drafter: none (plain), mtp (the model's own nextn head), lookup "
+                        "(n-grams from the prompt and output), draft (a separate small model, --draft-model)")
+    p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (default 3)")
+    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model)")
+    p.add_argument("--show", action="store_true",
+                   help="print the output with accepted drafts [in brackets], corrections {in braces} and "
+                        "bonus tokens <in angle brackets>")
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
     p.set_defaults(func=cmd_generate)

@@ -24,11 +24,22 @@ class Result:
     tokens: list[int]  # generated ids, without the prompt
     text: str = ""
     stats: dict = field(default_factory=dict)
+    marks: list[str] = field(default_factory=list)  # speculative only: how each token was produced
 
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
-             rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False) -> Result:
-    """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation."""
+             rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
+             drafter=None, draft_n: int = 3) -> Result:
+    """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
+
+    drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
+    draft.DraftModelDrafter) proposing up to draft_n tokens per verify pass (speculate.py).
+    """
+    if drafter is not None:
+        from .speculate import speculative_generate
+
+        spec = speculative_generate(model, drafter, prompt_tokens, max_new, draft_n, params, rng, stop_ids)
+        return Result([int(t) for t in prompt_tokens], spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
     prompt = [int(t) for t in prompt_tokens]
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")

@@ -67,3 +67,42 @@ def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.n
     """Pair row p with h_{p-1}: [T, D] -> [T, D], first row = h_before (zeros at the start of a sequence)."""
     first = np.zeros((1, hidden.shape[1]), np.float32) if h_before is None else h_before.reshape(1, -1)
     return np.concatenate([first, hidden[:-1]], axis=0)
+
+
+class MTPDrafter:
+    """Self-speculation with the MTP head: chain the nextn block k times from the pending token.
+
+    Draft i feeds (d_{i-1}, h) where h is the target's hidden row for the first draft and the head's own
+    h_mtp afterwards (qwen35 has one MTP layer, reused for every depth). Drafting appends rows to the
+    head's KV cache; they are dropped afterwards and the kept tokens are re-fed with the TARGET's hidden
+    rows, so the cache always ends exactly at the accepted prefix, as llama.cpp keeps it.
+    """
+
+    def __init__(self, model: Model):
+        self.head = MTPHead(model)
+        self.cache = self.head.new_cache()
+        self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.cache = self.head.new_cache()
+        self.head.forward(prompt, shift_hidden(hidden), self.cache)
+        self.h_last = hidden[-1]
+
+    def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
+        from .sampling import probs_from_logits, sample
+
+        n_kept = self.cache.n
+        drafts, q_rows = [], []
+        token, h = pending, self.h_last
+        for _ in range(k):
+            logits, h_mtp = self.head.forward([token], h[None, :], self.cache)
+            q_draft = probs_from_logits(logits[0], params)
+            token, h = sample(q_draft, rng), h_mtp[0]
+            drafts.append(token)
+            q_rows.append(q_draft)
+        self.cache.truncate(n_kept)
+        return drafts, q_rows
+
+    def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        self.head.forward(fed, shift_hidden(hidden, self.h_last), self.cache)
+        self.h_last = hidden[-1]

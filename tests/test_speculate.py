@@ -1,0 +1,175 @@
+"""The speculative engine: greedy output equals plain greedy output for every drafter and draft length,
+and after generation every piece of state equals that of a sequence that plainly decoded the same tokens.
+
+Random tiny hybrid models (GDN + attention + MTP) are built here; drafters include an adversarial one
+(random proposals, almost all rejected) and an oracle (the true continuation, always accepted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_models import write_tiny_qwen35
+
+from tinyspec.draft import DraftModelDrafter
+from tinyspec.generate import generate
+from tinyspec.lookup import LookupDrafter
+from tinyspec.model import Model
+from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
+from tinyspec.speculate import speculative_generate
+
+N_VOCAB = 272
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Model:
+    path = tmp_path_factory.mktemp("spec") / "target.gguf"
+    write_tiny_qwen35(path, seed=11, n_trunk=4, interval=2)  # GDN attn GDN attn + MTP
+    return Model.from_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def draft_model(tmp_path_factory) -> Model:
+    path = tmp_path_factory.mktemp("spec") / "draft.gguf"
+    write_tiny_qwen35(path, seed=12, n_trunk=2, interval=2, D=16, F=24, mtp=False)
+    return Model.from_gguf(path)
+
+
+class RandomDrafter:
+    """Adversarial: proposes random tokens, so nearly every draft is rejected."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def start(self, prompt, hidden):
+        pass
+
+    def propose(self, pending, k, params, rng):
+        return [int(t) for t in self.rng.integers(0, N_VOCAB, k)], [None] * k
+
+    def commit(self, fed, hidden):
+        pass
+
+
+class OracleDrafter:
+    """Proposes the true greedy continuation: every draft is accepted, k+1 tokens per step."""
+
+    def __init__(self, continuation: list[int]):
+        self.continuation, self.i = continuation, 0  # i = index of the pending token in the output
+
+    def start(self, prompt, hidden):
+        self.i = 0
+
+    def propose(self, pending, k, params, rng):
+        assert pending == self.continuation[self.i]
+        drafts = self.continuation[self.i + 1 : self.i + 1 + k]
+        return drafts, [None] * len(drafts)
+
+    def commit(self, fed, hidden):
+        self.i += len(fed)  # the kept tokens, then the new pending token
+
+
+def make_drafter(kind: str, target: Model, draft_model: Model, plain: list[int]):
+    return {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=3),
+            "draft": lambda: DraftModelDrafter(draft_model, target=target),
+            "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain)}[kind]()
+
+
+def fresh_state(model: Model, tokens: list[int]):
+    state = model.new_state()
+    model.forward(np.array(tokens), state)
+    return state
+
+
+def repetitive_prompt(rng, n: int) -> list[int]:
+    """Prompts with repeats so lookup finds matches too."""
+    base = [int(t) for t in rng.integers(0, N_VOCAB, max(2, n // 2))]
+    return (base * 3)[:n]
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "random", "oracle"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12), max_new=st.integers(1, 24))
+def test_greedy_speculative_equals_plain(target, draft_model, kind, seed, draft_n, n_prompt, max_new):
+    prompt = repetitive_prompt(np.random.default_rng(seed), n_prompt)
+    plain = generate(target, prompt, max_new).tokens
+    drafter = make_drafter(kind, target, draft_model, plain)
+    spec = speculative_generate(target, drafter, prompt, max_new, draft_n)
+    assert spec.tokens == plain
+    # the target state holds exactly prompt + emitted[:-1], bit for bit
+    assert spec.state.max_abs_diff(fresh_state(target, prompt + plain[:-1])) == 0.0
+    if kind == "oracle":
+        assert spec.stats.accepted == spec.stats.drafted  # every draft accepted
+    if kind == "mtp":  # the MTP cache ends exactly at the accepted prefix, with the target's hidden rows
+        tokens = prompt + plain[:-1]
+        _, hidden = target.forward(np.array(tokens), target.new_state())
+        head = MTPHead(target)
+        cache = head.new_cache()
+        head.forward(tokens, shift_hidden(hidden), cache)
+        assert drafter.cache.max_abs_diff(cache) == 0.0
+    if kind == "draft":
+        assert drafter.state.max_abs_diff(fresh_state(draft_model, prompt + plain[:-1])) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "oracle"])
+def test_stop_at_every_position_of_a_window(target, draft_model, kind):
+    """A stop token at output position j (inside an accepted run or not): output ends at j, state exact."""
+    prompt = repetitive_prompt(np.random.default_rng(5), 9)
+    plain = generate(target, prompt, 16).tokens
+    for j in range(len(plain)):
+        if plain[j] in plain[:j]:
+            continue  # an earlier copy of the token would stop first
+        drafter = make_drafter(kind, target, draft_model, plain)
+        spec = speculative_generate(target, drafter, prompt, 16, draft_n=4, stop_ids=(plain[j],))
+        assert spec.tokens == plain[: j + 1]
+        assert spec.state.max_abs_diff(fresh_state(target, prompt + plain[:j])) == 0.0
+
+
+def test_oracle_drafter_emits_k_plus_one_per_step(target, draft_model):
+    prompt = [1, 2, 3]
+    plain = generate(target, prompt, 1 + 4 * 5).tokens
+    spec = speculative_generate(target, OracleDrafter(plain), prompt, len(plain), draft_n=4)
+    assert spec.tokens == plain
+    assert spec.stats.steps == 4 and spec.stats.as_dict()["mean_accepted_length"] == 5.0  # 1 + 4 steps x 5 = 21
+    assert spec.stats.as_dict()["acceptance_rate"] == 1.0 and spec.stats.rollbacks == 0
+
+
+def test_rollback_recomputes_nothing_and_allocates_no_ring(target, monkeypatch):
+    """The target sees each verify pass once: tokens forwarded = prompt + k+1 per step (no re-run of the
+    kept prefix), and the snapshot ring is allocated once for the whole generation."""
+    import tinyspec.speculate as speculate
+
+    created = []
+    real_ring = speculate.SnapshotRing
+    monkeypatch.setattr(speculate, "SnapshotRing", lambda *a: created.append(1) or real_ring(*a))
+    prompt = [7, 8, 9, 10]
+    before = target.n_forward_tokens
+    spec = speculative_generate(target, RandomDrafter(1), prompt, 20, draft_n=3)
+    forwarded = target.n_forward_tokens - before
+    assert spec.stats.rollbacks > 0 and len(created) == 1
+    assert forwarded == len(prompt) + spec.stats.steps + spec.stats.drafted
+
+
+def test_stats_fields(target):
+    spec = speculative_generate(target, MTPDrafter(target), [3, 4, 5], 12, draft_n=3)
+    d = spec.stats.as_dict()
+    assert set(d) >= {"steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                      "accepted_per_position", "accepted_length_histogram", "phase_ms", "tokens_per_s"}
+    assert sum(d["accepted_length_histogram"].values()) == d["steps"]
+    assert d["emitted"] == len(spec.tokens) == 12
+    assert len(spec.marks) == 12 and spec.marks[0] == "target"
+
+
+def test_bad_arguments(target):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        speculative_generate(target, LookupDrafter(), [], 4)
+    with pytest.raises(ValueError, match="draft_n"):
+        speculative_generate(target, LookupDrafter(), [1], 4, draft_n=-1)
+
+
+def test_draft_model_with_other_vocabulary_is_refused(target, tmp_path):
+    write_tiny_qwen35(tmp_path / "other.gguf", N=300, mtp=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        DraftModelDrafter(Model.from_gguf(tmp_path / "other.gguf"), target=target)
