@@ -1,0 +1,90 @@
+"""Prompt-lookup n-gram drafter: guess the next tokens by finding the current suffix earlier in the history.
+
+Output often repeats the input: code editing re-emits most of the file it was given, summaries quote
+the source, chat answers repeat names and identifiers. When the last few tokens appeared before, the
+tokens that followed them then are a free guess for what follows now. No model, no probabilities:
+the draft is deterministic, so its proposal law q_draft is one-hot on each draft token (None in the
+drafter protocol), and the rejection rule accepts draft d with probability p_target(d).
+
+    history  h_0 .. h_{L-1}   (committed tokens + the pending token)
+    for n = n_max down to n_min:                    longest suffix first: more context, better guess
+        suffix = h_{L-n} .. h_{L-1}
+        i* = max{ i < L-n : h_i .. h_{i+n-1} == suffix }     most recent EARLIER occurrence
+        if i* exists: draft = h_{i*+n} .. h_{i*+n+k-1}, cut at the end of the history
+    no n matches -> draft = [] (the engine does a plain one-token step)
+
+i < L-n excludes the suffix itself but allows an occurrence that overlaps it, so the continuation may
+run into the suffix: it is still just history tokens. Because i* <= L-n-1, a match always yields at
+least one token. The most recent occurrence is the freshest context, but in a periodic history it is
+also the closest to the end, so the draft can be shorter than k (llama.cpp's ngram-simple does the same).
+
+Example: h = [5 6 7 9 5 6 7 8 5 6], k = 3, n_max = 3
+    n=3 suffix [8 5 6]: not seen before
+    n=2 suffix [5 6]:   at i=4 (most recent) and i=0 -> draft = h[6:9] = [7 8 5]
+
+Cost: O(L * n) per step for the linear scan, fine for a reference that runs a NumPy model per token.
+
+Official implementation: llama.cpp common/ngram-map.cpp `ngram-simple` (one fixed n, backwards scan),
+see ../shared/reference/qwen35.md section 5.6. The idea: "prompt lookup decoding", Saxena 2023
+(github.com/apoorvumang/prompt-lookup-decoding; HF transformers `prompt_lookup_num_tokens`).
+
+Does NOT include:
+    - an index: real engines hash n-grams into a table (llama.cpp ngram-map / ngram-mod, a 4M-entry hash
+      of 24-grams) or keep a suffix automaton over the history, so a lookup is O(n) instead of O(L * n)
+    - continuation statistics (ngram-map-k4v's vote over 4 continuations, ngram-cache counts, min_hits)
+    - adaptive draft length from past acceptance, or a static n-gram corpus
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .sampling import SamplingParams
+
+
+def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix.
+
+    [5, 6, 7, 9, 5, 6, 7, 8, 5, 6], k=3 -> [7, 8, 5]  (suffix [5, 6] last seen at index 4)
+    [1, 2, 3], k=3                      -> []         (no token repeats: a plain step)
+    """
+    if k < 0 or not 1 <= n_min <= n_max:
+        raise ValueError(f"need k >= 0 and 1 <= n_min <= n_max, got k={k}, n_min={n_min}, n_max={n_max}")
+    history = [int(t) for t in history]
+    L = len(history)
+    if k == 0:
+        return []
+    for n in range(min(n_max, L - 1), n_min - 1, -1):  # an earlier occurrence needs L >= n + 1
+        suffix = history[L - n:]
+        for i in range(L - n - 1, -1, -1):  # most recent first, never the suffix itself (i = L - n)
+            if history[i:i + n] == suffix:
+                return history[i + n:i + n + k]
+    return []
+
+
+class LookupDrafter:
+    """The drafter protocol (see speculate.py) around find_draft; its state is the token history.
+
+    history = prompt + every token the target has fed since; propose looks up history + [pending].
+    The target's hidden rows are ignored: this drafter needs no model.
+    """
+
+    def __init__(self, n_max: int = 4, n_min: int = 1):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_max, self.n_min = n_max, n_min
+        self.history: list[int] = []
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.history = [int(t) for t in prompt]
+
+    def propose(self, pending: int, k: int, params: SamplingParams,
+                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+        # pending is chosen but not yet fed: it is the last token of the suffix we look up
+        drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
+        return drafts, [None] * len(drafts)  # deterministic drafts: q_draft is one-hot (None)
+
+    def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        self.history.extend(int(t) for t in fed)
