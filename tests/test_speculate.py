@@ -173,3 +173,53 @@ def test_draft_model_with_other_vocabulary_is_refused(target, tmp_path):
     write_tiny_qwen35(tmp_path / "other.gguf", N=300, mtp=False)
     with pytest.raises(ValueError, match="vocabulary"):
         DraftModelDrafter(Model.from_gguf(tmp_path / "other.gguf"), target=target)
+
+
+# chi-square critical values at p = 0.001 by degrees of freedom (standard tables)
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59,
+            11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70}
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft"])
+def test_sampled_speculation_keeps_the_target_law(target, draft_model, kind):
+    """Monte-Carlo chi-square: the joint law of the first two emitted tokens under speculative sampling
+    (the second one went through the accept/residual rule against the drafter's q) equals the target's
+    exact law p(t1) p(t2 | t1), computed here by enumeration. Seeded, so deterministic."""
+    from tinyspec.sampling import SamplingParams, probs_from_logits
+
+    params = SamplingParams(temperature=1.0, top_k=4)
+    prompt = [40, 41, 40, 41, 40]
+    for _ in range(8):  # prepend the possible first tokens until the prompt holds them all, so lookup drafts too
+        state = target.new_state()
+        logits, _ = target.forward(np.array(prompt), state)
+        p1 = probs_from_logits(logits[-1], params)
+        missing = [int(t) for t in np.flatnonzero(p1) if t not in prompt[:-1]]
+        if not missing:
+            break
+        prompt = missing + prompt
+    assert not missing
+    exact = {}
+    for t1 in np.flatnonzero(p1):
+        s = state.copy()
+        p2 = probs_from_logits(target.forward(np.array([t1]), s)[0][-1], params)
+        exact.update({(int(t1), int(t2)): p1[t1] * p2[t2] for t2 in np.flatnonzero(p2)})
+
+    n_runs, counts, drafted, accepted = 1200, {}, 0, 0
+    drafter = make_drafter(kind, target, draft_model, [])
+    for seed in range(n_runs):
+        spec = speculative_generate(target, drafter, prompt, 3, draft_n=2, params=params, rng=np.random.default_rng(seed))
+        counts[tuple(spec.tokens[:2])] = counts.get(tuple(spec.tokens[:2]), 0) + 1
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    # drafts were made and the residual path was taken; random tiny drafters rarely propose a token in
+    # the target's top 4, so the accept path is exercised by the exact enumeration in test_spec_sampling.py
+    assert 0 < drafted and accepted < drafted, (drafted, accepted)
+    assert set(counts) <= set(exact), "a token pair the target gives probability 0"
+    cells = sorted(exact, key=lambda c: -exact[c])
+    big = [c for c in cells if exact[c] * n_runs >= 5]  # pool the rare cells so every expected count is >= 5
+    observed = [counts.get(c, 0) for c in big] + [n_runs - sum(counts.get(c, 0) for c in big)]
+    expected = [exact[c] * n_runs for c in big] + [n_runs * (1 - sum(exact[c] for c in big))]
+    if expected[-1] < 5:
+        observed[-2] += observed.pop()
+        expected[-2] += expected.pop()
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    assert chi2 < CHI2_999[len(expected) - 1], (chi2, list(zip(observed, expected)))
