@@ -119,3 +119,31 @@ def test_other_architecture_is_named(tmp_path, capsys):
     write_gguf(tmp_path / "llama.gguf", {"general.architecture": "qwen35moe"}, {"w": np.ones(4, np.float32)})
     assert main(["generate", "--model", str(tmp_path / "llama.gguf"), "--tokens", "1"]) == 2
     assert "qwen35moe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["mtp", "lookup", "draft"])
+def test_generate_spec_equals_plain_and_reports_stats(tiny_model, tmp_path, capsys, spec):
+    from tiny_models import write_tiny_qwen35
+
+    draft = tmp_path / "draft.gguf"
+    write_tiny_qwen35(draft, seed=4, n_trunk=2, interval=2, D=16, F=24, mtp=False)
+    base = ["generate", "--model", str(tiny_model), "--prompt", "the the the", "--max-new", "12", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--spec", spec, "--draft-n", "3", "--draft-model", str(draft)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == plain["tokens"]
+    assert set(out["stats"]) >= {"steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                                 "accepted_per_position", "accepted_length_histogram", "phase_ms", "tokens_per_s"}
+
+
+def test_generate_show_marks_tokens(tiny_model, capsys):
+    assert main(["generate", "--model", str(tiny_model), "--prompt", "hi", "--max-new", "6", "--spec", "mtp",
+                 "--show"]) == 0
+    first_line = capsys.readouterr().out.splitlines()[0]
+    assert "{" in first_line or "<" in first_line  # every verify step ends in a correction or a bonus token
+
+
+def test_spec_draft_needs_draft_model(tiny_model, capsys):
+    assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "draft"]) == 2
+    assert "--draft-model" in capsys.readouterr().err

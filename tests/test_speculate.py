@@ -223,3 +223,23 @@ def test_sampled_speculation_keeps_the_target_law(target, draft_model, kind):
         expected[-2] += expected.pop()
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
     assert chi2 < CHI2_999[len(expected) - 1], (chi2, list(zip(observed, expected)))
+
+
+def test_snapshot_ring_save_restore_is_identity_and_ranges_are_checked(target):
+    from tinyspec.state import SnapshotRing
+
+    state = fresh_state(target, [1, 2, 3, 4])
+    ring = SnapshotRing(target.cfg, 3)
+    ring.save(state, 0)
+    before = state.copy()
+    ring.restore(state, 0)
+    assert state.max_abs_diff(before) == 0.0
+    for bad in (-1, 1, 3):  # slot 1 was never written; 3 is outside the ring
+        with pytest.raises(ValueError, match="slot"):
+            ring.restore(state, bad)
+    with pytest.raises(ValueError, match="slot"):
+        ring.save(state, 3)
+    target.forward(np.array([5, 6]), state, ring=ring)  # a pass of 2 fills slots 0, 1
+    short = fresh_state(target, [1, 2])
+    with pytest.raises(ValueError, match="rollback to 5 tokens: the state holds 2"):
+        ring.restore(short, 0)

@@ -166,14 +166,18 @@ def cmd_generate(args) -> int:
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
                       drafter=make_drafter(args, model), draft_n=args.draft_n)
     text = tokenizer.decode(result.tokens)
-    if args.show and result.marks:
-        print(render_marked(tokenizer, result.tokens, result.marks))
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
                           "stats": result.stats}))
+        return 0
+    from .generate import render_marked
+
+    print(render_marked(tokenizer, result.tokens, result.marks) if args.show and result.marks else text)
+    s = result.stats
+    if "steps" in s:  # speculative
+        print(f"[{s['emitted']} tokens in {s['steps']} verify steps, {s['tokens_per_s']:.1f} tok/s, acceptance "
+              f"{s['acceptance_rate']:.2f}, {s['mean_accepted_length']:.2f} tokens/step]", file=sys.stderr)
     else:
-        print(text)
-        s = result.stats
         print(f"[{s['generated']} tokens, prefill {s['prefill_s']:.2f} s, decode {s['decode_tok_s']:.1f} tok/s]",
               file=sys.stderr)
     return 0
@@ -185,12 +189,6 @@ def cmd_convert(args) -> int:
     convert(args.hf_dir, args.out, args.outtype, progress=lambda msg: print(msg, file=sys.stderr), mtp=args.mtp)
     print(f"wrote {args.out}")
     return 0
-
-
-def render_marked(tokenizer, tokens: list[int], marks: list[str]) -> str:
-    """Text with each token marked by how it was produced: [draft accepted], {correction}, <bonus>, plain."""
-    wrap = {"accepted": "[{}]", "correction": "{{{}}}", "bonus": "<{}>", "target": "{}"}
-    return "".join(wrap[m].format(tokenizer.decode([t])) for t, m in zip(tokens, marks))
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:

@@ -63,3 +63,9 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
              "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0}
     return Result(prompt, out, stats=stats)
+
+
+def render_marked(tokenizer, tokens: list[int], marks: list[str]) -> str:
+    """Text with each token marked by how it was produced: [draft accepted], {correction}, <bonus>, plain."""
+    wrap = {"accepted": "[{}]", "correction": "{{{}}}", "bonus": "<{}>", "target": "{}"}
+    return "".join(wrap[m].format(tokenizer.decode([t])) for t, m in zip(tokens, marks))
