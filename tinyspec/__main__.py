@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["numpy"], default="numpy", help="compute backend (numpy: the oracle)")
     p.set_defaults(func=cmd_logits)
 
-    p = sub.add_parser("generate", help="generate text (plain decoding: greedy or sampled)",
+    p = sub.add_parser("generate", help="generate text: plain or speculative (--spec mtp|lookup|draft), greedy or sampled",
                        description="Generate up to --max-new tokens after the prompt; stops at the end-of-sequence token.")
     add_prompt_args(p)
     p.add_argument("--max-new", type=int, default=32, help="tokens to generate (default 32)")
