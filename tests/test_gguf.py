@@ -243,3 +243,15 @@ def test_gguf_py_reads_our_files(tmp_path, rng):
 def test_missing_file_is_a_gguf_error(tmp_path):
     with pytest.raises(GGUFError, match="cannot open"):
         read_gguf(tmp_path / "nope.gguf")
+
+
+def test_lazy_tensor_data_is_produced_at_write_time(tmp_path):
+    """RawTensor.data may be a callable (a converter streams tensors one at a time); same bytes as eager."""
+    calls = []
+    data = np.arange(8, dtype=np.float32)
+    lazy = RawTensor(GGMLType.F32, (2, 4), lambda: calls.append(1) or data)
+    write_gguf(tmp_path / "lazy.gguf", {"a": 1}, {"w": lazy})
+    write_gguf(tmp_path / "eager.gguf", {"a": 1}, {"w": data.reshape(2, 4)})
+    assert calls == [1] and (tmp_path / "lazy.gguf").read_bytes() == (tmp_path / "eager.gguf").read_bytes()
+    with pytest.raises(ValueError, match="needs 32 bytes, got 16"):
+        write_gguf(tmp_path / "bad.gguf", {}, {"w": RawTensor(GGMLType.F32, (2, 4), lambda: data[:4])})

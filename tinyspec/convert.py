@@ -187,13 +187,25 @@ def transform(name: str, x: np.ndarray, cfg: dict) -> np.ndarray:
     return x
 
 
-def storage(name: str, x: np.ndarray, outtype: GGMLType) -> np.ndarray | RawTensor:
-    """llama.cpp's type choice (base.py prepare_tensors) and encoding of one converted tensor."""
-    if x.ndim <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name or not name.endswith(".weight"):
-        return x.astype(np.float32, copy=False)
-    if outtype == GGMLType.Q8_0 and x.shape[-1] % 32 == 0:
-        return RawTensor(GGMLType.Q8_0, x.shape, quantize(x, GGMLType.Q8_0))
-    return x.astype(np.float32 if outtype == GGMLType.F32 else np.float16, copy=False)  # Q8_0 falls back to F16
+def storage_type(name: str, shape: tuple[int, ...], outtype: GGMLType) -> GGMLType:
+    """llama.cpp's type choice for one converted tensor (base.py prepare_tensors)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name or not name.endswith(".weight"):
+        return GGMLType.F32
+    if outtype == GGMLType.Q8_0 and shape[-1] % 32 == 0:
+        return GGMLType.Q8_0
+    return GGMLType.F32 if outtype == GGMLType.F32 else GGMLType.F16  # Q8_0 falls back to F16
+
+
+def encode(x: np.ndarray, qtype: GGMLType) -> np.ndarray:
+    """A converted tensor's bytes in its storage type."""
+    if qtype == GGMLType.Q8_0:
+        return quantize(x, GGMLType.Q8_0)
+    return x.astype(np.float32 if qtype == GGMLType.F32 else np.float16, copy=False)
+
+
+def converted_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """transform() keeps every shape but the conv weight's, squeezed from (C, 1, w) to (C, w)."""
+    return tuple(d for d in shape if d != 1) if ".ssm_conv1d." in name else tuple(shape)
 
 
 def size_label(n: int) -> str:
@@ -311,7 +323,7 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
             mtp: str = "include") -> None:
     """Write `out_path`, a qwen35 GGUF of the checkpoint in `hf_dir`. mtp: "include" the MTP block (llama.cpp's
     default), "exclude" it (--no-mtp), or write "only" it with token_embd / output_norm / output (--mtp sidecar).
-    The converted tensors are held in memory until written (4 bytes a parameter for f32)."""
+    Tensors are converted one at a time as the writer reaches them (the checkpoint is memory-mapped)."""
     hf_dir, say = Path(hf_dir), progress or (lambda msg: None)
     if outtype not in OUTTYPES or mtp not in ("include", "exclude", "only"):
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)} and mtp include / exclude / only, "
@@ -353,9 +365,15 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
     qtype, file_type = OUTTYPES[outtype]
     out = {}
     for i, (name, (dtype, data)) in enumerate(tensors):
-        t = out[name] = storage(name, transform(name, as_float(dtype, data), cfg), qtype)
-        kind = t.ggml_type.name if isinstance(t, RawTensor) else "F32" if t.dtype == np.float32 else "F16"
-        say(f"[{i + 1}/{len(tensors)}] {name:<40} {dtype} -> {kind} {list(reversed(t.shape))}")
+        shape = converted_shape(name, data.shape)
+        kind = storage_type(name, shape, qtype)
+
+        def produce(i=i, name=name, dtype=dtype, data=data, kind=kind, shape=shape):
+            # called by write_gguf when it reaches this tensor: one converted tensor in memory at a time
+            say(f"[{i + 1}/{len(tensors)}] {name:<40} {dtype} -> {kind.name} {list(reversed(shape))}")
+            return encode(transform(name, as_float(dtype, data), cfg), kind)
+
+        out[name] = RawTensor(kind, shape, produce)
 
     n_params = sum(int(np.prod(t.shape)) for t in out.values())
     meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, n_params) | tokenizer_metadata(hf_dir, cfg)

@@ -116,7 +116,11 @@ class TensorInfo(NamedTuple):
 
 
 class RawTensor(NamedTuple):
-    """A tensor to write: its type, NumPy-order shape and exactly its bytes (uint8 or any array)."""
+    """A tensor to write: its type, NumPy-order shape and exactly its bytes (uint8 or any array).
+
+    data may also be a zero-argument callable returning those bytes: write_gguf then calls it only
+    when it reaches the tensor, so a converter can stream a model larger than memory.
+    """
 
     ggml_type: GGMLType
     shape: tuple[int, ...]
@@ -472,23 +476,31 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any], tensors: Ma
     header = bytearray(GGUF_MAGIC + struct.pack("<IQQ", version, len(raws), len(fields)))
     for key, v in fields.items():
         header += _encode_string(key) + struct.pack("<I", v.type) + _encode_value(v)
-    offset, payloads = 0, []
+    offset, sizes = 0, []
     for name, t in raws:
         shape = tuple(int(s) for s in t.shape)
         qtype = GGMLType(t.ggml_type)
-        data = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
         n = int(np.prod(shape, dtype=object)) if shape else 1
         if n % qtype.block_size or (shape and shape[-1] % qtype.block_size):
             raise ValueError(f"tensor {name!r}: row length {shape[-1]} is not a multiple of the {qtype.name} block size")
-        if data.size != n // qtype.block_size * qtype.type_size:
-            raise ValueError(f"tensor {name!r}: {qtype.name} {shape} needs {n // qtype.block_size * qtype.type_size} bytes, got {data.size}")
+        nbytes = n // qtype.block_size * qtype.type_size
+        if not callable(t.data):  # check eagerly what can be checked before writing anything
+            _tensor_bytes(name, qtype, shape, t.data, nbytes)
         ne = tuple(reversed(shape)) or (1,)
         header += _encode_string(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, qtype, offset)
-        payloads.append(data)
-        offset += -(-data.size // alignment) * alignment
+        sizes.append(nbytes)
+        offset += -(-nbytes // alignment) * alignment
     header += bytes(-len(header) % alignment)
     with open(path, "wb") as f:
         f.write(header)
-        for data in payloads:
+        for (name, t), nbytes in zip(raws, sizes):
+            data = _tensor_bytes(name, GGMLType(t.ggml_type), t.shape, t.data() if callable(t.data) else t.data, nbytes)
             f.write(data.tobytes())
-            f.write(bytes(-data.size % alignment))
+            f.write(bytes(-nbytes % alignment))
+
+
+def _tensor_bytes(name: str, qtype: GGMLType, shape, data, nbytes: int) -> np.ndarray:
+    data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if data.size != nbytes:
+        raise ValueError(f"tensor {name!r}: {qtype.name} {tuple(shape)} needs {nbytes} bytes, got {data.size}")
+    return data
