@@ -1,6 +1,7 @@
 """Helpers shared by the quant tests: hand-built blocks, finite fp16 scale fields, bit comparisons."""
 
 import numpy as np
+import pytest
 from numpy.testing import assert_array_equal
 
 from tinyspec.quants import GGMLType
@@ -34,3 +35,11 @@ def assert_bits_equal(ours: np.ndarray, ref: np.ndarray) -> None:
 
 def rel_rms(y: np.ndarray, x: np.ndarray) -> float:
     return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
+
+
+def reference(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
+    """gguf-py's dequantization of blocks [B, type_size] (skips the test when gguf is not installed)."""
+    gguf_quants = pytest.importorskip("gguf.quants")
+    gguf_constants = pytest.importorskip("gguf.constants")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return gguf_quants.dequantize(raw, gguf_constants.GGMLQuantizationType[qtype.name])

@@ -18,30 +18,17 @@ from numpy.testing import assert_array_equal
 
 from tinyspec.quants import GGMLType, dequantize, fp4, iq_grids
 
+from quant_helpers import assert_bits_equal, block, f16, reference, with_finite_f16_fields  # noqa: E402
+
 TYPES = list(fp4.DEQUANT)
 D_AT = {GGMLType.TQ1_0: 52, GGMLType.TQ2_0: 64}  # byte offset of the fp16 d; the FP4 types have none
 E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6]
 
 
-def f16(x: float) -> list[int]:
-    return list(np.float16(x).tobytes())
 
 
 def with_finite_d(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:  # [B, type_size] -> copy
-    raw = raw.copy()
-    if qtype in D_AT:
-        at = D_AT[qtype]
-        bits = raw[:, at:at + 2].copy().view("<u2")
-        bits = np.where((bits & 0x7C00) == 0x7C00, bits & 0xBFFF, bits).astype("<u2")  # exponent 31 -> 15
-        raw[:, at:at + 2] = bits.view(np.uint8)
-    return raw
-
-
-def reference(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
-    gguf_quants = pytest.importorskip("gguf.quants")
-    gguf_constants = pytest.importorskip("gguf.constants")
-    with np.errstate(invalid="ignore", over="ignore"):
-        return gguf_quants.dequantize(raw, gguf_constants.GGMLQuantizationType[qtype.name])
+    return with_finite_f16_fields(raw, [D_AT[qtype]] if qtype in D_AT else [])
 
 
 def ours(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
@@ -49,15 +36,8 @@ def ours(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
         return fp4.DEQUANT[qtype](raw)
 
 
-def assert_bits_equal(got: np.ndarray, ref: np.ndarray) -> None:
-    assert got.dtype == np.float32 and got.shape == ref.shape
-    assert_array_equal(got.view(np.uint32), np.asarray(ref, dtype=np.float32).view(np.uint32))
 
 
-def block(qtype: GGMLType, *fields: list[int]) -> np.ndarray:  # -> [1, type_size] uint8
-    raw = np.array([b for f in fields for b in f], dtype=np.uint8)[None, :]
-    assert raw.shape[1] == qtype.type_size
-    return raw
 
 
 # ---------------------------------------------------------------- hand-worked

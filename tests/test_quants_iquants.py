@@ -24,15 +24,14 @@ from numpy.testing import assert_array_equal
 
 from tinyspec.quants import GGMLType, dequantize, iq_grids, iquants
 
+from quant_helpers import assert_bits_equal, block, f16, reference  # noqa: E402
+
 TYPES = list(iquants.DEQUANT)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- helpers
 
-def f16(x: float) -> list[int]:
-    """The two little-endian bytes of x as fp16."""
-    return list(np.float16(x).tobytes())
 
 
 def finite_f16_bits(bits: np.ndarray) -> np.ndarray:  # uint16 -> uint16
@@ -62,22 +61,10 @@ def with_finite_d(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:  # [B, type_s
     return raw
 
 
-def reference(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
-    gguf_quants = pytest.importorskip("gguf.quants")
-    gguf_constants = pytest.importorskip("gguf.constants")
-    with np.errstate(invalid="ignore", over="ignore"):
-        return gguf_quants.dequantize(raw, gguf_constants.GGMLQuantizationType[qtype.name])
 
 
-def assert_bits_equal(ours: np.ndarray, ref: np.ndarray) -> None:
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
-    assert_array_equal(ours.view(np.uint32), np.asarray(ref, dtype=np.float32).view(np.uint32))
 
 
-def block(qtype: GGMLType, *fields: list[int]) -> np.ndarray:  # -> [1, type_size] uint8
-    raw = np.array([b for f in fields for b in f], dtype=np.uint8)[None, :]
-    assert raw.shape[1] == qtype.type_size
-    return raw
 
 
 def u16(*values: int) -> list[int]:
