@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import regex
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tinyspec.gguf import GGUFValue, GGUFValueType, read_gguf, write_gguf
@@ -293,8 +293,13 @@ def test_encode_equals_tiktoken(qwen, text, allow_special):
 @FAST
 @given(text=TEXTS, allow_special=st.booleans())
 @example(text="caf\u00e9 cafe\u0301 \u212b", allow_special=True)  # NFC changes the last two
+@example(text="<|im_start|>\u0338", allow_special=True)  # NFC would compose ">\u0338" into U+226F
 def test_encode_equals_hf_on_its_normalized_text(qwen, text, allow_special):
     normalized, ids = hf_encode(qwen, text, allow_special)
+    # HF finds its added tokens in the raw text and normalizes only what lies between them, so '<|im_start|>\u0338'
+    # gives <|im_start|> + U+0338 while the whole text normalizes to '<|im_start|\u226f'. Those ids do not spell the
+    # normalized text; compare only where they do.
+    assume(qwen[2].decode(ids, skip_special_tokens=False) == normalized)
     assert qwen[0].encode(normalized, allow_special) == ids
 
 
