@@ -6,6 +6,8 @@
     softplus(x)      log(1 + exp(x)), computed without overflow
     softmax(x)       exp(x - max) / sum                      over the last axis
     linear(x, W)     y[t] = W @ x[t]                          W: [out, in] (NumPy shape of a GGUF weight)
+    quant_linear(x, raw, type, shape)   linear(x, dequantize(raw))   the contract every fast kernel meets
+    get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
 
 Batch invariance: linear() computes every row with its own matrix-vector product, so row t of a
@@ -18,6 +20,8 @@ axis of one row, which NumPy does the same way whatever the number of rows.
 from __future__ import annotations
 
 import numpy as np
+
+from .quants import GGMLType, dequantize
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
@@ -55,6 +59,24 @@ def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # [T, in], [out, in] ->
     for t in range(T):
         y[t] = w @ x[t]
     return y
+
+
+def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
+    """y[t] = dequantize(raw) @ x[t]: [T, in] -> [T, out], raw = the GGUF bytes of an [out, in] weight.
+
+    The oracle of the fused dequant-matmul kernels in tinyspec/fast/ (same name, same arguments): they
+    read the quantized blocks directly and never build the float32 matrix this one builds.
+    """
+    return linear(x, dequantize(raw, ggml_type, shape))
+
+
+def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` of the [n_rows, n_cols] weight stored in `raw`: [n] -> [n, n_cols] float32."""
+    n_rows, n_cols = shape
+    row_bytes = raw.size // n_rows
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = np.asarray(raw).reshape(n_rows, row_bytes)[ids].reshape(-1)
+    return dequantize(rows, ggml_type, (ids.size, n_cols))
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
