@@ -4,6 +4,7 @@
     logits --model FILE --prompt TEXT --out X.npz   logits / hidden / MTP logits of a prompt
     generate --model FILE --prompt TEXT             plain decoding, greedy or sampled
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
+    synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
 
 Errors are one line on stderr and exit code 2.
 """
@@ -191,6 +192,15 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_synth(args) -> int:
+    from .synth import synth_model
+
+    size = synth_model(args.output, args.shape, args.quant, args.seed, args.layers,
+                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"wrote {args.output} ({size / 1e9:.2f} GB)")
+    return 0
+
+
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="qwen35 GGUF file")
     src = p.add_mutually_exclusive_group(required=True)
@@ -255,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the MTP (nextn) block: include it (default), exclude it (llama.cpp --no-mtp), or write "
                         "only it with token_embd/output_norm/output (llama.cpp --mtp, a draft sidecar)")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("synth", help="write a random-weight qwen35 GGUF at a real Qwen3.5 shape (for speed work)",
+                       description="Write a qwen35 GGUF with random weights at the published Qwen3.5 shapes, the MTP "
+                                   "block included, each tensor in the type llama-quantize picks for --quant. Random "
+                                   "quantized blocks are written directly, one tensor at a time. Progress goes to stderr.")
+    p.add_argument("--shape", choices=["0.8b", "2b", "9b", "27b"], required=True, help="published model size")
+    p.add_argument("--quant", choices=["q8_0", "q4_k_m"], required=True, help="llama-quantize ftype to imitate")
+    p.add_argument("-o", "--output", required=True, help="output .gguf path")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer)")
+    p.set_defaults(func=cmd_synth)
     return parser
 
 

@@ -1,0 +1,133 @@
+"""SyntheticDrafter: on a tiny random target, greedy speculative output equals plain greedy output for any
+acceptance rate, and the tokens per verify step average (1 - a^(k+1)) / (1 - a)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_models import write_tiny_qwen35
+
+from tinyspec.generate import generate
+from tinyspec.model import Model
+from tinyspec.sampling import SamplingParams
+from tinyspec.speculate import speculative_generate
+from tinyspec.synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
+
+PROMPT = [5, 80, 13, 200, 7]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Model:
+    path = tmp_path_factory.mktemp("synthetic") / "target.gguf"
+    write_tiny_qwen35(path, seed=31, n_trunk=4, interval=2)
+    return Model.from_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def reference(target) -> list[int]:
+    return generate(target, PROMPT, 400).tokens  # plain greedy
+
+
+def length_law(a: float, k: int) -> np.ndarray:
+    """P(tokens per step = 1 + m), m = 0..k: a^m (1 - a) below k, a^k at k."""
+    return np.array([a ** m * (1 - a) for m in range(k)] + [a ** k])
+
+
+def test_expected_length_formula_and_its_inverse():
+    assert expected_mean_accepted_length(0.0, 4) == 1.0
+    assert expected_mean_accepted_length(1.0, 4) == 5.0
+    for a, k in [(0.3, 1), (0.7, 3), (0.9, 8)]:
+        law = length_law(a, k)
+        assert law.sum() == pytest.approx(1.0)
+        assert expected_mean_accepted_length(a, k) == pytest.approx(law @ np.arange(1, k + 2))
+        assert acceptance_for_mean_length(expected_mean_accepted_length(a, k), k) == pytest.approx(a, abs=1e-9)
+    with pytest.raises(ValueError):
+        acceptance_for_mean_length(6.0, 4)
+
+
+@pytest.mark.parametrize("a, k", [(0.5, 4), (0.8, 3)])
+def test_mean_accepted_length_matches_formula(target, reference, a, k):
+    """Statistical: mean tokens per step over the steps that drafted all k, within 4 standard errors of
+    (1 - a^(k+1)) / (1 - a); the share of fully accepted steps within 4 errors of a^k."""
+    drafter = SyntheticDrafter(reference, a, seed=1)
+    spec = speculative_generate(target, drafter, PROMPT, len(reference), draft_n=k)
+    assert spec.tokens == reference and drafter.diverged_at is None
+    lengths = np.array([kept + 1 for drafted, kept in drafter.history if drafted == k])
+    assert len(lengths) > 80
+    law = length_law(a, k)
+    values = np.arange(1, k + 2)
+    mean, var = law @ values, law @ (values - law @ values) ** 2
+    se = np.sqrt(var / len(lengths))
+    assert abs(lengths.mean() - mean) < 4 * se, (lengths.mean(), mean, se)
+    full = np.mean(lengths == k + 1)
+    assert abs(full - a ** k) < 4 * np.sqrt(a ** k * (1 - a ** k) / len(lengths))
+    stats = spec.stats.as_dict()  # the engine's own count agrees (a few short steps at the end)
+    assert abs(stats["mean_accepted_length"] - mean) < 5 * se
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]), k=st.integers(1, 5), seed=st.integers(0, 2**16),
+       max_new=st.integers(1, 60))
+def test_greedy_output_equals_plain_greedy(target, reference, a, k, seed, max_new):
+    """Whatever the rate, the drafter tracks the reference position from commit alone: every kept token
+    is on the reference, and after the run it points at the last emitted token."""
+    drafter = SyntheticDrafter(reference, a, seed=seed)
+    spec = speculative_generate(target, drafter, PROMPT, max_new, draft_n=k)
+    assert spec.tokens == reference[:max_new]
+    assert drafter.diverged_at is None
+    assert drafter.i == len(spec.tokens) - 1  # prompt + emitted tokens but the last were fed
+    for drafted, kept in drafter.history:
+        assert 0 <= kept <= drafted <= k
+    if a == 1.0:
+        assert all(kept == drafted for drafted, kept in drafter.history)
+    if a == 0.0:
+        assert all(kept == 0 for _, kept in drafter.history)
+
+
+def test_wrong_drafts_are_certainly_wrong_and_seeded():
+    reference = [0, 1, 0, 7, 0, 3, 9, 0, 2, 5]
+    drafter = SyntheticDrafter(reference, 0.0, seed=3)
+    drafts, q = drafter.propose(reference[0], 9, SamplingParams(), np.random.default_rng(0))
+    assert len(drafts) == 9 and q == [None] * 9
+    assert all(d != r and d >= 0 for d, r in zip(drafts, reference[1:]))
+    a, b = SyntheticDrafter(reference, 0.5, seed=4), SyntheticDrafter(reference, 0.5, seed=4)
+    assert a.propose(0, 9, SamplingParams(), None) == b.propose(0, 9, SamplingParams(), None)
+    assert SyntheticDrafter(reference, 1.0).propose(0, 20, SamplingParams(), None)[0] == reference[1:]  # cut at the end
+
+
+def test_position_follows_commit_after_partial_acceptance():
+    reference = list(range(100, 130))
+    drafter = SyntheticDrafter(reference, 1.0)
+    assert drafter.propose(100, 4, SamplingParams(), None)[0] == [101, 102, 103, 104]
+    drafter.commit([100, 101], None)  # the target kept one draft, then corrected to 102
+    assert drafter.propose(102, 3, SamplingParams(), None)[0] == [103, 104, 105]
+    drafter.commit([102, 103, 104, 105], None)  # all kept, bonus 106 is the next pending token
+    assert drafter.propose(106, 2, SamplingParams(), None)[0] == [107, 108]
+    assert drafter.history == [(4, 1), (3, 3)] and drafter.diverged_at is None
+
+
+def test_leaving_the_reference_stops_drafting(target, reference):
+    """A reference from another engine (here: wrong from token 10 on) is noticed, not trusted: drafting
+    stops at the divergence, and the output is still the target's greedy output."""
+    bad = reference[:10] + [(t + 1) % 272 for t in reference[10:]]
+    drafter = SyntheticDrafter(bad, 1.0)
+    spec = speculative_generate(target, drafter, PROMPT, 40, draft_n=4)
+    assert spec.tokens == reference[:40]
+    assert drafter.diverged_at == 10
+    assert all(drafted == 0 for drafted, _ in drafter.history[-5:])
+
+
+def test_sampled_run_leaves_the_reference(target, reference):
+    drafter = SyntheticDrafter(reference, 0.9)
+    spec = speculative_generate(target, drafter, PROMPT, 30, draft_n=3, params=SamplingParams(temperature=5.0),
+                                rng=np.random.default_rng(0))
+    assert len(spec.tokens) == 30 and drafter.diverged_at is not None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="acceptance"):
+        SyntheticDrafter([1, 2], 1.5)
+    with pytest.raises(ValueError, match="non-negative"):
+        SyntheticDrafter([1, -2], 0.5)

@@ -1,0 +1,120 @@
+"""A synthetic-acceptance drafter: draft the target's own greedy continuation, right with probability a.
+
+Speed work on a random-weight model at a real shape (tinyspec.synth) cannot use a real drafter: the
+model's drafts mean nothing, so its acceptance says nothing about the engine. This drafter replaces
+the draft model by a dial. It is given the target's true greedy continuation r_0 r_1 r_2 ... (a plain
+greedy run of the same prompt) and, at each draft position, proposes the true next token with
+probability a, independently per position, otherwise a token that is certainly wrong:
+
+    pending = r_i (the engine's next token; i is tracked from commit, see below)
+    draft j = r_{i+j}        with probability a        j = 1..k, one seeded uniform draw each
+            = r_{i+j} -+ 1   otherwise (never equal to r_{i+j})
+
+Greedy verification keeps drafts while they equal the target's argmax, i.e. up to the first wrong
+one, so the number of accepted drafts m is a truncated geometric variable, P(m >= j) = a^j, and a
+verify step emits m + 1 tokens. The expected tokens per step ("mean accepted length", SpecStats'
+mean_accepted_length) for k drafts is
+
+    E[m + 1] = sum_{j=0..k} a^j = (1 - a^(k+1)) / (1 - a)          (k + 1 when a = 1)
+
+and the acceptance rate E[m] / k = a (1 - a^k) / (k (1 - a)). Draws after the first wrong draft do
+not change m (greedy stops there), but they are still made, so the RNG stream does not depend on
+where rejections fell. Greedy speculative output equals plain greedy output for any a, like every
+drafter (the engine is lossless); tests/test_synthetic.py checks both claims on a tiny target.
+
+Position tracking: the drafter never guesses where it is. commit(fed) says which tokens the target
+kept (pending + the accepted drafts), so the index of the next pending token is i + len(fed). The
+kept tokens are checked against the reference: if the output leaves it (a sampled run, or a
+reference made by another engine whose greedy path differs), the drafter records diverged_at = the
+first differing index and stops drafting (empty drafts), since it no longer knows the continuation.
+Past the end of the reference it drafts nothing either.
+
+    reference = generate(model, prompt, max_new).tokens                   # plain greedy
+    drafter = SyntheticDrafter(reference, acceptance=0.7, seed=0)
+    spec = speculative_generate(model, drafter, prompt, max_new, draft_n=4)
+    spec.tokens == reference; spec.stats.as_dict()["mean_accepted_length"] ~ (1 - 0.7**5) / 0.3
+
+Official implementation: llama.cpp's benchmarking options --spec-synth-len L / --spec-synth-rates
+(common/speculative.cpp common_speculative_synth_rates_resolve, tools/server/server-context.cpp
+server_sample_and_accept_synth). Departs from it: llama.cpp flips the coin in the VERIFIER and keeps a
+draft whatever the target says ("generated output is not valid"); here the coin makes the DRAFT right
+or wrong, so verification is real and the output stays the greedy output. The rate means the same:
+llama.cpp's --spec-synth-len L with n_max = k solves sum_{j=1..k} p^j = L - 1 for p, which is
+acceptance_for_mean_length(L, k) here.
+Does NOT include: per-position rates (llama.cpp's --spec-synth-rates), content-dependent rates, a
+draft-time cost model (drafting here is free, so a measured speedup is the engine's verify-side
+ceiling), sampled targets (a sampled run leaves the greedy reference at once).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .sampling import SamplingParams
+
+
+def expected_mean_accepted_length(acceptance: float, k: int) -> float:
+    """Expected tokens per verify step with k drafts at per-position rate a: (1 - a^(k+1)) / (1 - a)."""
+    a = float(acceptance)
+    return float(k + 1) if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def acceptance_for_mean_length(length: float, k: int) -> float:
+    """The rate a whose expected tokens per step with k drafts is `length` (1 <= length <= k + 1), by
+    bisection as llama.cpp resolves --spec-synth-len (the mean length is increasing in a)."""
+    if k < 1 or not 1.0 <= length <= k + 1:
+        raise ValueError(f"need k >= 1 and 1 <= length <= k + 1, got length={length}, k={k}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if expected_mean_accepted_length(mid, k) < length else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+class SyntheticDrafter:
+    """The drafter protocol (speculate.py) over a known greedy continuation, right with probability `acceptance`.
+
+    reference_tokens: the target's greedy output after the prompt (r_0 is the first generated token).
+    history: one (drafted, kept) pair per verify step: drafts proposed, drafts the target kept.
+    """
+
+    def __init__(self, reference_tokens: Sequence[int], acceptance: float, seed: int = 0):
+        if not 0.0 <= float(acceptance) <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+        self.reference = [int(t) for t in reference_tokens]
+        if any(t < 0 for t in self.reference):
+            raise ValueError("reference tokens must be non-negative token ids")
+        self.acceptance, self.seed = float(acceptance), seed
+        self.start([], None)
+
+    def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+        self.rng = np.random.default_rng(self.seed)  # every generation sees the same draws
+        self.i = 0  # index in the reference of the pending token
+        self.diverged_at: int | None = None
+        self.history: list[tuple[int, int]] = []
+        self._n_drafted = 0
+
+    def _check(self, index: int, token: int) -> None:
+        """Record the first index where the output leaves the reference (past its end nothing is known)."""
+        if self.diverged_at is None and index < len(self.reference) and self.reference[index] != token:
+            self.diverged_at = index
+
+    def propose(self, pending: int, k: int, params: SamplingParams,
+                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+        self._n_drafted = 0
+        self._check(self.i, int(pending))
+        if self.diverged_at is not None:
+            return [], []
+        truth = self.reference[self.i + 1:self.i + 1 + k]  # cut at the end of the reference
+        right = self.rng.random(len(truth)) < self.acceptance  # one draw per position, used or not
+        drafts = [t if ok else (t - 1 if t > 0 else t + 1) for t, ok in zip(truth, right)]
+        self._n_drafted = len(drafts)
+        return drafts, [None] * len(drafts)  # deterministic proposals: q is one-hot
+
+    def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        for j, token in enumerate(fed):
+            self._check(self.i + j, int(token))
+        self.history.append((self._n_drafted, len(fed) - 1))
+        self.i += len(fed)  # the next pending token sits right after the kept ones
