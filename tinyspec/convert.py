@@ -35,7 +35,7 @@ import re
 import struct
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -320,9 +320,10 @@ def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, n_params: i
 
 
 def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], None] | None = None,
-            mtp: str = "include") -> None:
+            mtp: str = "include", metadata: Mapping[str, Any] | None = None) -> None:
     """Write `out_path`, a qwen35 GGUF of the checkpoint in `hf_dir`. mtp: "include" the MTP block (llama.cpp's
     default), "exclude" it (--no-mtp), or write "only" it with token_embd / output_norm / output (--mtp sidecar).
+    metadata: extra keys written after the converter's own (e.g. the `training.*` record of tools/train_tiny.py).
     Tensors are converted one at a time as the writer reaches them (the checkpoint is memory-mapped)."""
     hf_dir, say = Path(hf_dir), progress or (lambda msg: None)
     if outtype not in OUTTYPES or mtp not in ("include", "exclude", "only"):
@@ -377,5 +378,8 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
 
     n_params = sum(int(np.prod(t.shape)) for t in out.values())
     meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, n_params) | tokenizer_metadata(hf_dir, cfg)
+    if clash := sorted(set(metadata or {}) & set(meta)):
+        raise ValueError(f"extra metadata would overwrite the converter's keys: {', '.join(clash)}")
+    meta |= dict(metadata or {})
     say(f"writing {out_path}")
     write_gguf(out_path, meta, out)

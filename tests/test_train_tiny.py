@@ -1,0 +1,85 @@
+"""tools/train_tiny.py end to end at the `smoke` preset (needs torch, transformers, tokenizers; skipped without them).
+
+One run on tinyspec's own sources as the corpus: the tokenizer, the target with its MTP block and the draft
+model train, export through tinyspec.convert, and the GGUFs load and run in tinyspec with the training record in
+their metadata. A run interrupted by --stop-after and resumed writes the same tensors as the uninterrupted run
+(batches depend on (seed, step) only, the checkpoint holds the optimizer state), so the shipped numbers can be
+reproduced and a long run survives a restart.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyspec.gguf import read_gguf
+from tinyspec.model import Model
+from tinyspec.mtp import MTPHead, shift_hidden
+from tinyspec.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(out: Path, corpus: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "tools" / "train_tiny.py"), "all", "--preset", "smoke", "--out", str(out),
+           "--corpus", str(corpus), "--threads", "1", "--ckpt-every", "5", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def tensors(path: Path) -> dict[str, bytes]:
+    with read_gguf(path) as g:
+        return {name: g.raw(name).tobytes() for name in g.tensors}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    for mod in ("torch", "transformers", "tokenizers", "safetensors"):
+        pytest.importorskip(mod)
+    corpus = tmp_path_factory.mktemp("tinyspec")  # a snapshot: the sources may change while the tests run
+    for path in sorted((REPO / "tinyspec").rglob("*.py")):
+        (corpus / path.relative_to(REPO / "tinyspec")).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / path.relative_to(REPO / "tinyspec")).write_bytes(path.read_bytes())
+    out = tmp_path_factory.mktemp("train")
+    run(out, corpus)
+    return out, corpus
+
+
+def test_exports_load_and_carry_the_training_record(trained):
+    target, draft = trained[0] / "tiny-target.gguf", trained[0] / "tiny-draft.gguf"
+    with read_gguf(target) as g:
+        meta = g.metadata
+    assert meta["training.steps"] == 20 and meta["training.tokens"] == 20 * 4 * 64
+    assert meta["training.corpus"].startswith(trained[1].name + " (") and meta["training.loss.heldout"] > 0
+    assert {"training.loss.heldout_mtp1", "training.loss.heldout_mtp2", "training.seconds"} <= set(meta)
+    assert meta["qwen35.nextn_predict_layers"] == 1 and meta["tokenizer.ggml.pre"] == "qwen35"
+    assert read_gguf(target).tensors["token_embd.weight"].ggml_type.name == "Q8_0"
+    assert read_gguf(target).tensors["blk.0.ssm_a"].ggml_type.name == "F32"  # as llama.cpp keeps it
+
+    model, small = Model.from_gguf(target), Model.from_gguf(draft)
+    tok = Tokenizer.from_gguf(model.metadata)
+    assert Tokenizer.from_gguf(small.metadata).encode("def f(x):\n    return x") == tok.encode("def f(x):\n    return x")
+    ids = tok.encode("import numpy as np\n\ndef main():\n")
+    assert tok.decode(ids) == "import numpy as np\n\ndef main():\n"
+    assert tok.eog_ids and max(tok.eog_ids) == model.cfg.n_vocab - 1  # <|endoftext|>, the last id
+    logits, hidden = model.forward(ids, model.new_state())
+    assert np.isfinite(logits).all() and logits.shape == (len(ids), 512)
+    head = MTPHead(model)
+    mtp_logits, _ = head.forward(ids, shift_hidden(hidden), head.new_cache())
+    assert np.isfinite(mtp_logits).all()
+    assert small.cfg.n_nextn == 0 and small.cfg.n_embd < model.cfg.n_embd
+
+
+def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
+    out, corpus = trained
+    stopped = run(tmp_path, corpus, "--stop-after", "7")
+    assert "stopped at step 7" in stopped.stderr and not (tmp_path / "tiny-target.gguf").exists()
+    resumed = run(tmp_path, corpus)
+    assert "resuming at step 7" in resumed.stderr
+    for name in ("tiny-target.gguf", "tiny-draft.gguf"):
+        assert tensors(tmp_path / name) == tensors(out / name), name

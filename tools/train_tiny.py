@@ -1,0 +1,452 @@
+"""Train the tiny qwen35 models tinyspec ships: a target with an MTP (nextn) head, and a draft model.
+
+    python tools/train_tiny.py all --out .cache/train            # tokenizer, target, draft, GGUFs (<= 90 min, 2 cores)
+    python tools/train_tiny.py target --out .cache/train --steps 100 --preset smoke   # a quick look
+
+Needs the `train` extra (torch, transformers, tokenizers, safetensors): pip install -e ".[train]".
+
+What it does, step by step (every step is deterministic given --seed and --steps):
+  1. corpus      the pure-Python standard library of the running interpreter (Lib/**/*.py without tests and
+                 site-packages), files sorted by path; every 50th file (by CRC32 of its relative path) is held out.
+  2. tokenizer   a byte-level BPE trained on the training files with the HF `tokenizers` library, split by the
+                 qwen35 pre-tokenizer regex, so llama.cpp (tokenizer.ggml.pre = "qwen35") tokenizes as it does.
+                 One special token, <|endoftext|>, separates files and is the end-of-generation token.
+  3. target      HF `Qwen3_5ForCausalLM` (Gated DeltaNet layers, full attention every 4th layer) plus an MTP block
+                 in the layout of the real checkpoints (`mtp.fc`, `mtp.pre_fc_norm_embedding`,
+                 `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*`, `mtp.norm`), trained with the joint loss
+
+                     L = CE(lm_head(h_p), x_{p+1}) + w1 CE(mtp_1(x_p, h_{p-1}), x_{p+1}) + w2 CE(mtp_2, x_{p+2})
+
+                 where mtp_1 is the head at depth 1 exactly as tinyspec.mtp computes it (row p pairs token x_p with
+                 the trunk's post-norm hidden h_{p-1}, zeros at p = 0, and predicts x_{p+1}), and mtp_2 chains the
+                 head once more on its own output h_mtp with the next token, as MTPDrafter drafts at depth 2.
+  4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
+  5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
+                 training record in `training.*` metadata keys (corpus, seconds, tokens, final losses).
+
+Checkpoints (`<out>/<model>/ckpt.pt`) are written every --ckpt-every steps and a run resumes from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+EOT = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class Arch:
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int = 4
+    kv_heads: int = 1
+    head_dim: int = 64
+    gdn_k_heads: int = 2
+    gdn_v_heads: int = 4
+    gdn_dim: int = 32
+    interval: int = 4
+    mtp: bool = True
+
+
+@dataclass(frozen=True)
+class Recipe:
+    arch: Arch
+    steps: int
+    batch: int
+    seq: int
+    lr: float
+    warmup: int = 50
+    mtp_w1: float = 0.5
+    mtp_w2: float = 0.25
+
+
+PRESETS = {
+    # what ships: a ~3.7 M-parameter target (~4 MB at Q8_0) and a ~1 M-parameter draft, 4096-token vocabulary.
+    # Sized for the compute of ~1 hour on 2 CPU cores (~1.5e14 FLOPs: smaller models learn more per FLOP here).
+    "ship": {"vocab": 4096,
+             "target": Recipe(Arch(hidden=192, ffn=512, layers=6, heads=3, interval=3), steps=800, batch=16, seq=256,
+                              lr=2e-3),
+             "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=500, batch=16,
+                             seq=256, lr=3e-3)},
+    # a minute-long end-to-end run of every step, for tests and for trying the tool
+    "smoke": {"vocab": 512,
+              "target": Recipe(Arch(hidden=64, ffn=96, layers=4, heads=2, head_dim=32, gdn_dim=16), steps=20,
+                               batch=4, seq=64, lr=3e-3, warmup=5),
+              "draft": Recipe(Arch(hidden=32, ffn=64, layers=2, heads=2, head_dim=16, gdn_dim=16, interval=2,
+                                   mtp=False), steps=10, batch=4, seq=64, lr=3e-3, warmup=5)},
+}
+
+
+def say(msg: str) -> None:
+    print(f"[train_tiny {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- 1. corpus
+
+
+def corpus_files(root: Path | None = None, max_files: int | None = None) -> tuple[Path, list[Path], list[Path]]:
+    """(root, train files, held-out files) of the interpreter's pure-Python standard library, sorted by path."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "site-packages", "idle_test"}
+                   & set(p.relative_to(root).parts))
+    files = files[:max_files] if max_files else files
+    held = [p for p in files if zlib.crc32(str(p.relative_to(root)).encode()) % 50 == 0] or files[-1:]
+    return root, [p for p in files if p not in held], held
+
+
+def read_texts(files: list[Path]) -> list[str]:
+    out = []
+    for p in files:
+        try:
+            out.append(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            pass
+    return out
+
+
+# -------------------------------------------------------------------------------------------- 2. tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab: int, out: Path):
+    """A byte-level BPE with the qwen35 split regex, `vocab` ids in all (the last one is <|endoftext|>)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False, special_tokens=[])
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([EOT])
+    assert tok.get_vocab_size() == vocab and tok.token_to_id(EOT) == vocab - 1, tok.get_vocab_size()
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOT, "pad_token": EOT, "bos_token": None}))
+    return tok
+
+
+def encode_corpus(tok, texts: list[str]) -> np.ndarray:
+    """All texts as one int32 stream, <|endoftext|> after each."""
+    eot = tok.token_to_id(EOT)
+    ids = []
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return np.asarray(ids, dtype=np.int32)
+
+
+# ------------------------------------------------------------------------------------------------ 3. models
+
+
+def hf_config(arch: Arch, vocab: int, eot: int):
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    layer_types = ["full_attention" if (i + 1) % arch.interval == 0 else "linear_attention" for i in range(arch.layers)]
+    return Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=arch.hidden, intermediate_size=arch.ffn, num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads, head_dim=arch.head_dim,
+        linear_num_key_heads=arch.gdn_k_heads, linear_num_value_heads=arch.gdn_v_heads,
+        linear_key_head_dim=arch.gdn_dim, linear_value_head_dim=arch.gdn_dim, linear_conv_kernel_dim=4,
+        max_position_embeddings=4096, tie_word_embeddings=True, layer_types=layer_types,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        eos_token_id=eot, pad_token_id=eot, bos_token_id=None)
+
+
+def build(torch, arch: Arch, vocab: int, eot: int):
+    """(HF Qwen3_5ForCausalLM, MTP block or None). The MTP block's layer is a full-attention decoder layer."""
+    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    cfg = hf_config(arch, vocab, eot)
+    model = Qwen3_5ForCausalLM._from_config(cfg, attn_implementation="sdpa")
+    if not arch.mtp:
+        return model, None
+    mtp = torch.nn.Module()
+    mtp.fc = torch.nn.Linear(2 * arch.hidden, arch.hidden, bias=False)
+    mtp.pre_fc_norm_embedding = hf.Qwen3_5RMSNorm(arch.hidden, eps=cfg.rms_norm_eps)
+    mtp.pre_fc_norm_hidden = hf.Qwen3_5RMSNorm(arch.hidden, eps=cfg.rms_norm_eps)
+    mtp.layers = torch.nn.ModuleList([hf.Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))])
+    mtp.norm = hf.Qwen3_5RMSNorm(arch.hidden, eps=cfg.rms_norm_eps)
+    with torch.no_grad():  # HF's _init_weights for the new block
+        torch.nn.init.normal_(mtp.fc.weight, std=cfg.initializer_range)
+        for name, p in mtp.layers.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=cfg.initializer_range)
+            elif "norm" in name:
+                p.zero_()
+    return model, mtp
+
+
+def mtp_forward(torch, model, mtp, ids, e, h_prev):
+    """One depth of the MTP head on every row: tokens' embeddings e [B, T, D] with the hidden rows that predicted
+    them h_prev [B, T, D] -> (logits [B, T, V], h_mtp [B, T, D]); positions 0..T-1, causal attention."""
+    y = mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(e), mtp.pre_fc_norm_hidden(h_prev)], dim=-1))
+    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    y = mtp.layers[0](y, position_embeddings=model.model.rotary_emb(y, pos), attention_mask=None, position_ids=pos)
+    y = y[0] if isinstance(y, tuple) else y
+    h_mtp = mtp.norm(y)
+    return model.lm_head(h_mtp), h_mtp
+
+
+def losses(torch, model, mtp, ids, recipe: Recipe):
+    """(total, main CE, MTP depth-1 CE, MTP depth-2 CE) on a batch ids [B, T+2]."""
+    F = torch.nn.functional
+    x = ids[:, :-2]  # [B, T] inputs; targets x_{p+1} = ids[:, 1:-1], x_{p+2} = ids[:, 2:]
+    h = model.model(input_ids=x).last_hidden_state  # post final norm, [B, T, D]
+    V = model.config.vocab_size
+    main = F.cross_entropy(model.lm_head(h).reshape(-1, V), ids[:, 1:-1].reshape(-1))
+    if mtp is None:
+        return main, main, None, None
+    emb = model.model.embed_tokens
+    # depth 1, row p: token x_p with h_{p-1} (zeros at p = 0) -> x_{p+1}
+    h_prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+    logits1, h1 = mtp_forward(torch, model, mtp, x, emb(x), h_prev)
+    l1 = F.cross_entropy(logits1.reshape(-1, V), ids[:, 1:-1].reshape(-1))
+    # depth 2, row p: token x_{p+1} with the depth-1 h_mtp of row p -> x_{p+2} (the drafter's chained step)
+    logits2, _ = mtp_forward(torch, model, mtp, ids[:, 1:-1], emb(ids[:, 1:-1]), h1)
+    l2 = F.cross_entropy(logits2.reshape(-1, V), ids[:, 2:].reshape(-1))
+    return main + recipe.mtp_w1 * l1 + recipe.mtp_w2 * l2, main, l1, l2
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
+    start = rng.integers(0, stream.size - length, size=n)
+    return np.stack([stream[s:s + length] for s in start]).astype(np.int64)
+
+
+def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32) -> dict:
+    """Mean losses on n fixed windows of the held-out stream."""
+    batch = windows(stream, n, recipe.seq + 2, np.random.default_rng(1234))
+    model.eval()
+    sums = np.zeros(3)
+    with torch.no_grad():
+        for i in range(0, n, recipe.batch):
+            _, main, l1, l2 = losses(torch, model, mtp, torch.from_numpy(batch[i:i + recipe.batch]), recipe)
+            sums += [main.item(), l1.item() if l1 is not None else 0, l2.item() if l2 is not None else 0]
+    model.train()
+    k = math.ceil(n / recipe.batch)
+    out = {"loss": sums[0] / k}
+    if mtp is not None:
+        out |= {"mtp1_loss": sums[1] / k, "mtp2_loss": sums[2] / k}
+    return out
+
+
+def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
+          seed: int, device: str, ckpt_every: int, stop_after: int | None = None) -> dict | None:
+    """Train (or resume) one model; export its HF folder. None when stopped early by stop_after."""
+    import torch
+
+    torch.manual_seed(seed)
+    model, mtp = build(torch, recipe.arch, vocab, eot)
+    params = list(model.parameters()) + (list(mtp.parameters()) if mtp is not None else [])
+    model.to(device)
+    if mtp is not None:
+        mtp.to(device)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=recipe.lr, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%
+        if step < recipe.warmup:
+            return recipe.lr * (step + 1) / recipe.warmup
+        t = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+        return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    ckpt = d / "ckpt.pt"
+    step, seconds, seen, log, ema = 0, 0.0, 0, [], None
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        if state["recipe"] != asdict(recipe) or state["seed"] != seed:
+            raise SystemExit(f"{ckpt} was written by a different recipe or seed; delete it to start over")
+        model.load_state_dict(state["model"])
+        if mtp is not None:
+            mtp.load_state_dict(state["mtp"])
+        opt.load_state_dict(state["opt"])
+        step, seconds, seen, log = state["step"], state["seconds"], state["seen"], state["log"]
+        ema = state.get("ema")
+        say(f"{name}: resuming at step {step}")
+    n_params = sum(p.numel() for p in params)
+    say(f"{name}: {n_params / 1e6:.2f} M parameters, {recipe.steps} steps of {recipe.batch} x {recipe.seq} tokens")
+
+    def save() -> None:
+        torch.save({"model": model.state_dict(), "mtp": mtp.state_dict() if mtp is not None else None,
+                    "opt": opt.state_dict(), "step": step, "seconds": seconds, "seen": seen, "log": log, "ema": ema,
+                    "recipe": asdict(recipe), "seed": seed}, ckpt.with_suffix(".tmp"))
+        os.replace(ckpt.with_suffix(".tmp"), ckpt)
+
+    model.train()
+    first = step
+    while step < recipe.steps:
+        if stop_after is not None and step - first >= stop_after:
+            save()
+            say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
+            return None
+        rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
+        batch = torch.from_numpy(windows(train_ids, recipe.batch, recipe.seq + 2, rng)).to(device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        t0 = time.perf_counter()
+        total, main, l1, l2 = losses(torch, model, mtp, batch, recipe)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        seconds += time.perf_counter() - t0
+        seen += recipe.batch * recipe.seq
+        step += 1
+        ema = main.item() if ema is None else 0.95 * ema + 0.05 * main.item()
+        if os.environ.get("TRAIN_DEBUG"):
+            say(f"{name}: step {step} loss {main.item()!r}")
+        if step % 25 == 0 or step == recipe.steps:
+            rate = seen / seconds
+            eta = (recipe.steps - step) * seconds / step if step else 0
+            extra = f" mtp1 {l1.item():.3f} mtp2 {l2.item():.3f}" if l1 is not None else ""
+            say(f"{name}: step {step}/{recipe.steps} loss {ema:.3f}{extra}  {rate:.0f} tok/s  eta {eta / 60:.1f} min")
+            log.append({"step": step, "loss": round(ema, 4)})
+        if step % ckpt_every == 0 or step == recipe.steps:
+            save()
+    held = evaluate(torch, model, mtp, held_ids, recipe)
+    say(f"{name}: held-out {json.dumps({k: round(v, 4) for k, v in held.items()})}")
+    record = {"steps": step, "seconds": round(seconds, 1), "tokens": seen, "train_loss": round(ema, 4),
+              "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params}
+    export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
+    (d / "record.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def export_hf(torch, model, mtp, hf_dir: Path, tok_dir: Path) -> None:
+    """save_pretrained, then the mtp.* tensors appended as the real Qwen3.5 checkpoints carry them."""
+    from safetensors.torch import load_file, save_file
+
+    model.to("cpu").save_pretrained(hf_dir, safe_serialization=True)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1 if mtp is not None else 0
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=1))
+    if mtp is not None:
+        (path,) = hf_dir.glob("model*.safetensors")
+        extra = {f"mtp.{n}": t.detach().to("cpu").contiguous() for n, t in mtp.state_dict().items()}
+        save_file(load_file(path) | extra, path, metadata={"format": "pt"})
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (hf_dir / f).write_bytes((tok_dir / f).read_bytes())
+
+
+# ------------------------------------------------------------------------------------------------ 5. export
+
+
+def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
+    from tinyspec.convert import convert
+
+    convert(hf_dir, path, outtype, metadata={f"training.{k}": v for k, v in training.items()})
+    say(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+
+
+# -------------------------------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("what", choices=["all", "target", "draft"], help="which model(s) to train and export")
+    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "train", help="work folder (checkpoints, HF dirs)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="ship")
+    ap.add_argument("--steps", type=int, help="override the preset's step count (target; the draft gets half)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="torch device: cpu, or cuda when a GPU is lent")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--corpus", type=Path, help="a folder of .py files instead of the standard library")
+    ap.add_argument("--max-files", type=int, help="use only the first N corpus files (quick runs)")
+    ap.add_argument("--stop-after", type=int, help="stop after N steps of this invocation (resume by running again)")
+    ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("train_tiny needs the train extra: pip install -e \".[train]\"") from None
+    torch.set_num_threads(args.threads)
+    preset = PRESETS[args.preset]
+    recipes = {"target": preset["target"], "draft": preset["draft"]}
+    if args.steps:
+        recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
+                   "draft": Recipe(**{**asdict(recipes["draft"]), "arch": recipes["draft"].arch,
+                                      "steps": max(1, args.steps // 2)})}
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    root, train_files, held_files = corpus_files(args.corpus, args.max_files)
+    if len(train_files) < 2 or not held_files:
+        raise SystemExit(f"{root}: too few .py files for a corpus ({len(train_files)} train, {len(held_files)} held out)")
+    say(f"corpus: {root}: {len(train_files)} training files, {len(held_files)} held out")
+    tok_dir = out / "tokenizer"
+    train_texts, held_texts = read_texts(train_files), read_texts(held_files)
+    from tokenizers import Tokenizer
+
+    if (tok_dir / "tokenizer.json").exists():
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    else:
+        say(f"training a {preset['vocab']}-token byte-level BPE")
+        tok = train_tokenizer(train_texts, preset["vocab"], tok_dir)
+    if tok.get_vocab_size() != preset["vocab"]:
+        raise SystemExit(f"{tok_dir} holds a {tok.get_vocab_size()}-token tokenizer, the preset wants {preset['vocab']}")
+    cache = out / "tokens.npz"
+    if cache.exists():
+        z = np.load(cache)
+        train_ids, held_ids = z["train"], z["held"]
+    else:
+        train_ids, held_ids = encode_corpus(tok, train_texts), encode_corpus(tok, held_texts)
+        np.savez(cache, train=train_ids, held=held_ids)
+    say(f"corpus: {train_ids.size:,} training tokens, {held_ids.size:,} held out "
+        f"({sum(map(len, train_texts)) / train_ids.size:.2f} characters per token)")
+    eot = tok.token_to_id(EOT)
+    corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
+    if args.corpus:
+        corpus = f"{root.name} ({len(train_files)} files)"
+    for name in (["target", "draft"] if args.what == "all" else [args.what]):
+        rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
+                    args.ckpt_every, args.stop_after)
+        if rec is None:
+            return 0
+        training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
+                    "seed": args.seed, "steps": rec["steps"], "seconds": rec["seconds"], "tokens": rec["tokens"],
+                    "loss.train": rec["train_loss"], "loss.heldout": rec["heldout"]["loss"],
+                    "tool": "tools/train_tiny.py --preset " + args.preset}
+        if "mtp1_loss" in rec["heldout"]:
+            training |= {"loss.heldout_mtp1": rec["heldout"]["mtp1_loss"], "loss.heldout_mtp2": rec["heldout"]["mtp2_loss"]}
+        path = out / f"tiny-{name}.gguf"
+        to_gguf(out / name / "hf", path, "q8_0", training)
+        if args.assets:
+            args.assets.mkdir(parents=True, exist_ok=True)
+            (args.assets / path.name).write_bytes(path.read_bytes())
+            say(f"copied to {args.assets / path.name}")
+    say(f"done in {(time.time() - t0) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
