@@ -53,7 +53,13 @@ def softmax(x: np.ndarray) -> np.ndarray:  # [..., N] -> [..., N]
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # [T, in], [out, in] -> [T, out]
-    """y[t] = w @ x[t], one matrix-vector product per row (batch-invariant, see module docstring)."""
+    """y[t] = w @ x[t], one matrix-vector product per row (batch-invariant, see module docstring).
+
+    w may also be a backend's packed weight (tinyspec/backends.py): it multiplies itself, with a kernel
+    that is batch-invariant too. The oracle only ever passes float32 arrays.
+    """
+    if not isinstance(w, np.ndarray):
+        return w.linear(x)
     T = x.shape[0]
     y = np.empty((T, w.shape[0]), dtype=np.float32)
     for t in range(T):

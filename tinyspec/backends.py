@@ -1,0 +1,177 @@
+"""backends: the one place that picks how a model's weights are stored and multiplied.
+
+    numpy   the oracle. Every weight is dequantized to float32 at load; linear() is one NumPy matvec per row.
+    cpu     NumPy + Numba. Matmul weights stay in their GGUF bytes (memory-mapped, never expanded) and are
+            multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py; the small tensors
+            (norms, conv, ssm_a, biases) are float32 as in the oracle. The default on a machine without a GPU.
+    cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU.
+
+The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
+`PackedWeight`, which has `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows).
+Every backend keeps the engine's guarantee: the rows of a k-token pass are bitwise those of k one-token
+passes (each kernel is batch-invariant on its own backend, tests/test_backends.py checks the whole model).
+
+Pick one with `load_model(path, backend=...)`, `--backend` on the command line, or the TINYSPEC_BACKEND
+environment variable (tests use it to run the same suite on another backend).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .config import ModelConfig
+from .gguf import GGUFFile, read_gguf
+from .model import Model, load_tensors
+from .quants import GGMLType, dequantize
+
+BACKENDS = ("numpy", "cpu", "cuda")
+# matmul weights: what ops.linear multiplies (and token_embd, which is also gathered and may be the tied output)
+LINEAR_SUFFIXES = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_out.weight",
+                   "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                   "ffn_up.weight", "ffn_down.weight", "nextn.eh_proj.weight", "nextn.embed_tokens.weight",
+                   "nextn.shared_head_head.weight")
+PACKED_NAMES = ("token_embd.weight", "output.weight")
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+def cuda_available() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device: CuPy raises its own runtime errors
+        return False
+
+
+def numba_available() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def default_backend() -> str:
+    """TINYSPEC_BACKEND if set, else cuda with a GPU, else cpu with Numba, else numpy."""
+    if env := os.environ.get("TINYSPEC_BACKEND"):
+        return check(env)
+    return "cuda" if cuda_available() else "cpu" if numba_available() else "numpy"
+
+
+def check(name: str) -> str:
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "cpu" and not numba_available():
+        raise BackendError("the cpu backend needs numba (pip install numba)")
+    if name == "cuda" and not cuda_available():
+        raise BackendError("the cuda backend needs cupy and a CUDA GPU (pip install -e \".[cuda]\"); none found")
+    return name
+
+
+class PackedWeight:
+    """An [out, in] weight kept as its GGUF bytes; a backend's kernels multiply it without expanding it."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
+        self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
+        self.nbytes = raw.nbytes
+
+    def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
+        return self.kernels.quant_linear(np.ascontiguousarray(x, dtype=np.float32), self.raw, self.ggml_type,
+                                         self.shape)
+
+    def __getitem__(self, ids) -> np.ndarray:  # embedding lookup: [n] -> [n, in]
+        return self.kernels.get_rows(self.raw, self.ggml_type, self.shape, np.asarray(ids, dtype=np.int64))
+
+    def dequantize(self) -> np.ndarray:
+        return dequantize(self.raw, self.ggml_type, self.shape)
+
+    def __repr__(self) -> str:
+        return f"PackedWeight({self.ggml_type.name}, {self.shape})"
+
+
+def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Matmul weights of a type the Numba kernels read -> PackedWeight over the memory map; the rest float32."""
+    from .fast import numba_ops
+
+    out = {}
+    for i, (name, t) in enumerate(g.tensors.items()):
+        packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and len(t.shape) == 2
+        if packable and t.ggml_type in numba_ops.SUPPORTED:
+            out[name] = PackedWeight(g.raw(name), t.ggml_type, t.shape, numba_ops)
+        else:
+            out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
+        if progress:
+            progress(i + 1, len(g.tensors))
+    return out
+
+
+class CudaKernels:
+    """quant_linear / get_rows of tinyspec/fast/cuda_ops.py behind the host-array interface the model uses:
+    the weights live on the GPU (uploaded once); activations go up and results come back per call."""
+
+    def __init__(self):
+        import cupy
+
+        from .fast import cuda_ops
+
+        self.cp, self.ops = cupy, cuda_ops
+
+    def quant_linear(self, x, raw, ggml_type, shape):
+        return self.cp.asnumpy(self.ops.quant_linear(self.cp.asarray(x), raw, ggml_type, shape))
+
+    def get_rows(self, raw, ggml_type, shape, ids):
+        return self.cp.asnumpy(self.ops.get_rows(raw, ggml_type, shape, self.cp.asarray(ids)))
+
+
+def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Matmul weights uploaded to the GPU in their GGUF bytes (PackedWeight over CuPy arrays); the rest float32."""
+    kernels = CudaKernels()
+    out = {}
+    for i, (name, t) in enumerate(g.tensors.items()):
+        packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and len(t.shape) == 2
+        if packable and t.ggml_type in kernels.ops.SUPPORTED:
+            out[name] = PackedWeight(kernels.cp.asarray(g.raw(name)), t.ggml_type, t.shape, kernels)
+        else:
+            out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
+        if progress:
+            progress(i + 1, len(g.tensors))
+    return out
+
+
+def load_model(path: str | os.PathLike, backend: str | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Model:
+    """A Model whose weights live where `backend` (default: default_backend()) computes with them."""
+    backend = check(backend) if backend else default_backend()
+    if backend == "numpy":
+        model = Model.from_gguf(path, progress)
+    else:
+        g = read_gguf(path)  # stays open: the packed weights are views of its memory map
+        embd = g.tensors.get("token_embd.weight")
+        cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
+        tensors = cpu_tensors(g, progress) if backend == "cpu" else cuda_tensors(g, progress)
+        model = Model(cfg, tensors, g.metadata)
+        model.source = g
+    model.backend = backend
+    model.path = Path(path)
+    return model
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of weights one decode step reads: every layer's matmul weights and the output head (packed
+    weights count their GGUF bytes, float32 arrays their 4 bytes per value)."""
+    seen, total = set(), 0
+    tensors = [model.output] + [t for layer in model.layers for t in layer.values()]
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.nbytes
+    return total
+
+
+__all__ = ["BACKENDS", "BackendError", "PackedWeight", "default_backend", "load_model", "load_tensors", "weight_bytes"]
