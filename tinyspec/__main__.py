@@ -5,6 +5,8 @@
     generate --model FILE --prompt TEXT             plain decoding, greedy or sampled
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
+    bench --model FILE [--backend cpu] [--json]     decode tok/s, verify cost for k = 1..8, bandwidth, spec speedups
+    (no command)                                    the demo: plain vs MTP vs lookup vs draft model on the shipped model
 
 Errors are one line on stderr and exit code 2.
 """
@@ -18,6 +20,7 @@ from collections import Counter
 
 import numpy as np
 
+from .backends import BackendError
 from .gguf import GGUFError, GGUFFile, read_gguf
 
 LONG_ARRAY = 8  # arrays longer than this are summarised in the text view
@@ -100,8 +103,8 @@ def parse_token_list(text: str) -> list[int]:
     return tokens
 
 
-def load_model(path: str):
-    from .model import Model
+def load_model(path: str, backend: str | None = None):
+    from .backends import load_model as load
     from .tokenizer import Tokenizer
 
     def progress(done: int, total: int) -> None:
@@ -109,7 +112,7 @@ def load_model(path: str):
             end = "\n" if done == total else ""
             print(f"\rloading {path}: {done}/{total} tensors", end=end, file=sys.stderr, flush=True)
 
-    model = Model.from_gguf(path, progress)
+    model = load(path, backend, progress)
     return model, Tokenizer.from_gguf(model.metadata)
 
 
@@ -124,7 +127,7 @@ def prompt_tokens(args, tokenizer) -> list[int]:
 def cmd_logits(args) -> int:
     from .mtp import MTPHead, shift_hidden
 
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     logits, hidden = model.forward(np.array(tokens), model.new_state())
     out = {"tokens": np.array(tokens, np.int64), "logits": logits, "hidden": hidden}
@@ -147,12 +150,12 @@ def make_drafter(args, model):
         from .lookup import LookupDrafter
 
         return LookupDrafter()
+    from .backends import load_model as load
     from .draft import DraftModelDrafter
-    from .model import Model
 
     if not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
-    return DraftModelDrafter(Model.from_gguf(args.draft_model), target=model, max_draft=max(1, args.draft_n))
+    return DraftModelDrafter(load(args.draft_model, model.backend), target=model, max_draft=max(1, args.draft_n))
 
 
 def cmd_generate(args) -> int:
@@ -162,7 +165,7 @@ def cmd_generate(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if args.draft_n < 0:
         raise ValueError(f"--draft-n must be >= 0, got {args.draft_n}")
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
                       drafter=make_drafter(args, model), draft_n=args.draft_n)
@@ -201,6 +204,47 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import bench
+
+    model, tokenizer = load_model(args.model, args.backend)
+    if args.tokens is not None or args.prompt:
+        tokens = prompt_tokens(args, tokenizer)
+    else:  # random ids: the timings do not depend on what the tokens say
+        tokens = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, args.prompt_len)]
+    drafters = tuple(d for d in args.drafters.split(",") if d)
+    if bad := [d for d in drafters if d not in ("mtp", "lookup", "synthetic")]:
+        raise ValueError(f"--drafters: unknown {', '.join(bad)} (choose from mtp, lookup, synthetic)")
+    if not 0 <= args.synth_acceptance <= 1:
+        raise ValueError(f"--synth-acceptance must be in [0, 1], got {args.synth_acceptance}")
+    if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1:
+        raise ValueError("--draft-n, --max-new, --repeats and --decode-n must be >= 1")
+    report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
+                   draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
+                   say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{report['model']}  backend {report['backend']}  ({report['weight_bytes'] / 1e6:.1f} MB of weights per token)")
+    print(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token)")
+    print(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
+          f"({100 * report['weight_bw_fraction']:.0f}%)")
+    print("verify cost     " + "  ".join(f"k={k}: {r:.2f}x" for k, r in report["verify_cost_ratio"].items()))
+    if report["spec"]:
+        print(f"plain           {report['plain_tok_s']:8.2f} tok/s")
+        for name, s in report["spec"].items():
+            print(f"{name:<15} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
+                  f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step   "
+                  f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
+    return 0
+
+
+def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=default,
+                   help="numpy: the oracle (weights expanded to float32); cpu: Numba kernels on the packed weights; "
+                        "cuda: CuPy kernels on a GPU (default: " + (default or "cuda if a GPU, else cpu") + ")")
+
+
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="qwen35 GGUF file")
     src = p.add_mutually_exclusive_group(required=True)
@@ -229,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(row p from token p and hidden p-1, a zero hidden at p = 0).")
     add_prompt_args(p)
     p.add_argument("--out", required=True, help="output .npz path")
-    p.add_argument("--backend", choices=["numpy"], default="numpy", help="compute backend (numpy: the oracle)")
+    add_backend_arg(p, "numpy")
     p.set_defaults(func=cmd_logits)
 
     p = sub.add_parser("generate", help="generate text: plain or speculative (--spec mtp|lookup|draft), greedy or sampled",
@@ -250,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "bonus tokens <in angle brackets>")
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
+    add_backend_arg(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("convert", help="convert a Hugging Face Qwen3.5 checkpoint to a qwen35 GGUF",
@@ -276,21 +321,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer)")
     p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("bench", help="measure decode tok/s, verify cost for k = 1, 2, 4, 8, bandwidth and spec speedups",
+                       description="Measure, in one run: decode tokens/s; the time of a k-token verify pass as a ratio "
+                                   "to k = 1; weight bytes read per second during decode vs a memory-copy bandwidth; "
+                                   "plain vs speculative greedy tokens/s with acceptance (mtp when the model has the "
+                                   "head, lookup, and a synthetic drafter that proposes the true greedy continuation "
+                                   "with --synth-acceptance, for random-weight models made by `synth`).")
+    p.add_argument("--model", required=True, help="qwen35 GGUF file")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (default: --prompt-len random token ids)")
+    src.add_argument("--tokens", help="prompt as comma-separated token ids")
+    p.add_argument("--prompt-len", type=int, default=32, help="random prompt length when no prompt is given (32)")
+    add_backend_arg(p)
+    p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per verify size; the median is reported (5)")
+    p.add_argument("--max-new", type=int, default=32, help="tokens per speculative run (32)")
+    p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (3)")
+    p.add_argument("--drafters", default="mtp,lookup,synthetic",
+                   help="comma-separated drafters to time against plain: mtp, lookup, synthetic ('' for none)")
+    p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
     try:
+        if args.command is None:
+            from .demo import demo
+
+            return demo()
         return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
-    except (GGUFError, ValueError, OSError) as e:
-        print(f"tinyspec {args.command}: error: {e}", file=sys.stderr)
+    except (GGUFError, ValueError, OSError, BackendError) as e:
+        print(f"tinyspec {args.command or 'demo'}: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -162,16 +162,4 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
     return model
 
 
-def weight_bytes(model: Model) -> int:
-    """Bytes of weights one decode step reads: every layer's matmul weights and the output head (packed
-    weights count their GGUF bytes, float32 arrays their 4 bytes per value)."""
-    seen, total = set(), 0
-    tensors = [model.output] + [t for layer in model.layers for t in layer.values()]
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.nbytes
-    return total
-
-
-__all__ = ["BACKENDS", "BackendError", "PackedWeight", "default_backend", "load_model", "load_tensors", "weight_bytes"]
+__all__ = ["BACKENDS", "BackendError", "PackedWeight", "default_backend", "load_model", "load_tensors"]

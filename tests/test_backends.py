@@ -1,0 +1,120 @@
+"""backends.py: the cpu backend (packed weights + Numba kernels) runs the same model as the NumPy oracle.
+
+    oracle       cpu logits within float tolerance of numpy on every weight type the kernels read
+    invariance   on cpu, a k-token pass gives bitwise the rows and state of k one-token passes
+    lossless     greedy speculative == greedy plain on cpu for the MTP, lookup and draft-model drafters
+    memory       packed weights are views of the file's memory map, never float32 copies
+    dispatch     TINYSPEC_BACKEND, unknown names and missing packages give clear errors
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyspec import backends
+from tinyspec.backends import BackendError, PackedWeight, load_model
+from tinyspec.bench import weight_bytes
+from tinyspec.draft import DraftModelDrafter
+from tinyspec.gguf import RawTensor, write_gguf
+from tinyspec.lookup import LookupDrafter
+from tinyspec.mtp import MTPDrafter, MTPHead
+from tinyspec.quants import GGMLType, quantize
+from tinyspec.generate import generate
+
+from tiny_models import tiny_qwen35_tensors
+
+pytest.importorskip("numba")
+
+# every matmul weight of the model gets one of these, by position: each kernel runs inside a real forward
+TYPES = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.F16, GGMLType.BF16, GGMLType.F32,
+         GGMLType.Q4_0]  # (Q2_K has no quantizer here; tests/test_numba_ops.py covers it on random blocks)
+SHAPE = dict(D=256, F=256, N=300, H=2, H_kv=1, d=128, n_k=2, n_v=4, K=64, V=64)  # every `in` is a multiple of 256
+
+
+def write_quantized(path, seed=0, **kw) -> dict:
+    """A tiny random qwen35 file whose 2-D matmul weights cycle through TYPES; returns name -> type."""
+    meta, tensors = tiny_qwen35_tensors(np.random.default_rng(seed), **(SHAPE | kw))
+    types, out = {}, {}
+    for i, (name, t) in enumerate(tensors.items()):
+        if t.ndim == 2 and name.endswith(backends.LINEAR_SUFFIXES + backends.PACKED_NAMES):
+            kind = TYPES[i % len(TYPES)]
+            out[name] = RawTensor(kind, t.shape, quantize(t, kind))
+            types[name] = kind
+        else:
+            out[name] = t
+    write_gguf(path, meta, out)
+    return types
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("backends")
+    types = write_quantized(d / "target.gguf", seed=1)
+    write_quantized(d / "draft.gguf", seed=2, n_trunk=2, interval=2, mtp=False)
+    assert set(types.values()) == set(TYPES)
+    return d
+
+
+def test_cpu_matches_the_oracle_on_every_weight_type(files):
+    ref, fast = load_model(files / "target.gguf", "numpy"), load_model(files / "target.gguf", "cpu")
+    packed = [t for t in fast.tensors.values() if isinstance(t, PackedWeight)]
+    assert {t.ggml_type for t in packed} == set(TYPES)
+    tokens = np.random.default_rng(0).integers(0, 300, 24)
+    l_ref, h_ref = ref.forward(tokens, ref.new_state())
+    l_fast, h_fast = fast.forward(tokens, fast.new_state())
+    scale = np.abs(l_ref).max()
+    assert np.abs(l_fast - l_ref).max() <= 1e-4 * scale, np.abs(l_fast - l_ref).max() / scale
+    assert np.abs(h_fast - h_ref).max() <= 1e-4 * np.abs(h_ref).max()
+    head_ref, head_fast = MTPHead(ref), MTPHead(fast)
+    m_ref, _ = head_ref.forward(tokens, h_ref, head_ref.new_cache())
+    m_fast, _ = head_fast.forward(tokens, h_fast, head_fast.new_cache())
+    assert np.abs(m_fast - m_ref).max() <= 1e-4 * np.abs(m_ref).max()
+
+
+def test_packed_weights_are_views_of_the_file(files):
+    model = load_model(files / "target.gguf", "cpu")
+    packed = [t for t in model.tensors.values() if isinstance(t, PackedWeight)]
+    assert packed and all(not t.raw.flags.owndata and not t.raw.flags.writeable for t in packed)
+    assert weight_bytes(model) < weight_bytes(load_model(files / "target.gguf", "numpy")) / 2
+
+
+def test_cpu_k_token_pass_equals_one_token_passes_bitwise(files):
+    model = load_model(files / "target.gguf", "cpu")
+    prompt, window = [5, 17, 200, 42, 9], [33, 7, 250, 1, 64, 99, 3]
+    a, b = model.new_state(), model.new_state()
+    model.forward(prompt, a)
+    model.forward(prompt, b)
+    logits_k, hidden_k = model.forward(window, a)
+    rows = [model.forward([t], b) for t in window]
+    assert np.array_equal(logits_k, np.concatenate([r[0] for r in rows]))
+    assert np.array_equal(hidden_k, np.concatenate([r[1] for r in rows]))
+    for la, lb in zip(a.layers, b.layers):
+        for x, y in zip(vars(la).values(), vars(lb).values()):
+            if isinstance(x, np.ndarray):
+                assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "lookup", "draft"])
+def test_greedy_speculative_equals_plain_on_cpu(files, drafter):
+    target = load_model(files / "target.gguf", "cpu")
+    make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
+            "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", "cpu"))}[drafter]
+    prompt = [10, 20, 30, 10, 20, 30, 10, 20]
+    plain = generate(target, prompt, 24)
+    spec = generate(target, prompt, 24, drafter=make(), draft_n=3)
+    assert spec.tokens == plain.tokens and spec.stats["drafted"] > 0
+
+
+def test_dispatch_and_errors(monkeypatch, files):
+    monkeypatch.setenv("TINYSPEC_BACKEND", "numpy")
+    assert backends.default_backend() == "numpy"
+    assert not any(isinstance(t, PackedWeight) for t in load_model(files / "target.gguf").tensors.values())
+    monkeypatch.setenv("TINYSPEC_BACKEND", "tpu")
+    with pytest.raises(BackendError, match="unknown backend 'tpu'"):
+        backends.default_backend()
+    monkeypatch.delenv("TINYSPEC_BACKEND")
+    assert backends.default_backend() in ("cpu", "cuda")
+    if not backends.cuda_available():
+        with pytest.raises(BackendError, match="needs cupy and a CUDA GPU"):
+            load_model(files / "target.gguf", "cuda")

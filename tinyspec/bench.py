@@ -1,0 +1,148 @@
+"""bench: what speculation costs and buys on one model and backend, measured in one run.
+
+    decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
+    verify_cost_ratio  median time of a k-token verify pass (with its snapshot ring) / the k = 1 pass
+    weight_gb_s        bytes of weights a decode step reads / its median time
+    copy_gb_s          np.copyto of a 256 MB buffer, the memory bandwidth this machine gives right now
+    spec[drafter]      tok_s, speedup over plain greedy, acceptance_rate, mean_accepted_length
+
+Speculation pays when verify_cost_ratio[k] stays well below the tokens a step emits (mean_accepted_length):
+decode is memory-bound, so a kernel that reads each weight once for all k rows makes the extra rows nearly free.
+The `synthetic` drafter (synthetic.py) proposes the target's true greedy continuation with a chosen acceptance
+rate, so the engine's speedup can be measured on random-weight models (synth.py) whose own drafts mean nothing.
+All runs are greedy; every speculative output is checked equal to the plain one (`identical`).
+
+Timings are medians of `repeats` runs taken back to back in this process (these machines are shared and noisy):
+quote ratios from one report, not across reports.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from .generate import generate
+from .lookup import LookupDrafter
+from .model import Model
+from .mtp import MTPDrafter
+from .state import SnapshotRing
+from .synthetic import SyntheticDrafter, expected_mean_accepted_length
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(mb: int = 256, repeats: int = 5) -> float:
+    """GB/s of np.copyto between two buffers of `mb` MB (read + write counted once each)."""
+    src = np.ones(mb * 2**20 // 8)
+    dst = np.empty_like(src)
+    return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats) / 1e9
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of weights one decode step reads: the matmul and small tensors of every layer and the output head."""
+    seen, total = set(), 0
+    for t in [model.output] + [t for layer in model.layers for t in layer.values()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.nbytes
+    return total
+
+
+def decode_time(model: Model, prompt: list[int], n: int) -> float:
+    """Median seconds of a one-token forward pass, over n greedy decode steps after the prompt."""
+    state = model.new_state()
+    logits, _ = model.forward(np.array(prompt), state)
+    token, times = int(np.argmax(logits[-1])), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        logits, _ = model.forward(np.array([token]), state)
+        times.append(time.perf_counter() - t0)
+        token = int(np.argmax(logits[-1]))
+    return statistics.median(times)
+
+
+def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
+    """Median seconds of a k-token verify pass (snapshot ring included) from the same post-prompt state."""
+    state = model.new_state()
+    model.forward(np.array(prompt), state)
+    window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(ks)))
+    out = {}
+    for k in ks:
+        ring = SnapshotRing(model.cfg, k)
+        times = []
+        for _ in range(repeats):
+            s = state.copy()
+            t0 = time.perf_counter()
+            model.forward(np.array(window[:k]), s, ring=ring)
+            times.append(time.perf_counter() - t0)
+        out[k] = statistics.median(times)
+    return out
+
+
+def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, drafters: dict[str, Callable],
+              repeats: int = 1) -> dict:
+    """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain."""
+    plain_s, plain = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plain = generate(model, prompt, max_new)
+        plain_s.append(time.perf_counter() - t0)
+    base = len(plain.tokens) / statistics.median(plain_s)
+    out = {"plain": {"tok_s": base, "tokens": len(plain.tokens)}}
+    for name, make in drafters.items():
+        walls, res = [], None
+        for _ in range(repeats):
+            drafter = make(plain.tokens)
+            t0 = time.perf_counter()
+            res = generate(model, prompt, max_new, drafter=drafter, draft_n=draft_n)
+            walls.append(time.perf_counter() - t0)
+        tok_s = len(res.tokens) / statistics.median(walls)
+        out[name] = {"tok_s": tok_s, "speedup": tok_s / base, "acceptance_rate": res.stats["acceptance_rate"],
+                     "mean_accepted_length": res.stats["mean_accepted_length"], "identical": res.tokens == plain.tokens,
+                     "draft_n": draft_n}
+    return out
+
+
+def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8), repeats: int = 5,
+          max_new: int = 32, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
+          say: Callable[[str], None] = lambda msg: None) -> dict:
+    """The whole report as a dict (the --json output of `python -m tinyspec bench`)."""
+    say("memory copy bandwidth")
+    copy = copy_bandwidth()
+    say(f"decode: {decode_n} one-token passes")
+    t1 = decode_time(model, prompt, decode_n)
+    say(f"verify passes for k = {', '.join(map(str, ks))}")
+    costs = verify_costs(model, prompt, ks, repeats)
+    makers: dict[str, Callable] = {}
+    for name in drafters:
+        if name == "mtp" and model.cfg.n_nextn:
+            makers["mtp"] = lambda ref: MTPDrafter(model)
+        elif name == "lookup":
+            makers["lookup"] = lambda ref: LookupDrafter()
+        elif name == "synthetic":
+            makers["synthetic"] = lambda ref: SyntheticDrafter(ref, synth_acceptance, seed=0)
+    say(f"speculative runs: plain, {', '.join(makers) or 'none'} ({max_new} tokens, k = {draft_n})")
+    spec = spec_runs(model, prompt, max_new, draft_n, makers) if makers else {}
+    if "synthetic" in spec:
+        spec["synthetic"]["acceptance_setting"] = synth_acceptance
+        spec["synthetic"]["expected_mean_accepted_length"] = expected_mean_accepted_length(synth_acceptance, draft_n)
+    wb = weight_bytes(model)
+    return {"model": str(getattr(model, "path", "")), "backend": getattr(model, "backend", "numpy"),
+            "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
+            "weight_bytes": wb, "prompt_tokens": len(prompt),
+            "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
+            "verify_ms": {k: 1e3 * v for k, v in costs.items()},
+            "verify_cost_ratio": {k: v / costs[ks[0]] for k, v in costs.items()},
+            "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
+            "spec": {k: v for k, v in spec.items() if k != "plain"},
+            "plain_tok_s": spec["plain"]["tok_s"] if spec else None}
