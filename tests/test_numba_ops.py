@@ -1,0 +1,237 @@
+"""Numba fused dequant-matmul (tinyspec/fast/numba_ops.py) against the NumPy oracle (tinyspec/ops.py).
+
+1. one hand-worked Q8_0 block, and the two fp16 decoders on all 65,536 bit patterns;
+2. get_rows bit-exact with ops.get_rows: quantized random weights, random block bytes, odd shapes,
+   lengths that cross the SPAN boundary, every F16 pattern, random BF16/F32 bit patterns;
+3. quant_linear within 1.1 * in * 2^-23 * (|x| @ |W|^T) of ops.quant_linear (the float32 rounding bound
+   of two summation orders, see the module docstring), for every supported type, and within 1e-6 of
+   that scale of the float64 dot;
+4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
+   k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
+5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range.
+
+Random blocks get their fp16 scale fields made finite (tests/quant_helpers.with_finite_f16_fields):
+a NaN or inf scale gives NaN sums whose bits depend on the summation order.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_array_equal
+
+pytest.importorskip("numba")
+
+from quant_helpers import assert_bits_equal, block, f16, with_finite_f16_fields  # noqa: E402
+
+from tinyspec import ops  # noqa: E402
+from tinyspec.fast import numba_ops  # noqa: E402
+from tinyspec.quants import GGMLType, dequantize, quantize  # noqa: E402
+
+G = GGMLType
+QUANTIZABLE = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_K, G.Q5_K, G.Q6_K]
+BLOCK_TYPES = [G.Q8_0, G.Q4_0, G.Q2_K, G.Q4_K, G.Q5_K, G.Q6_K]
+F16_FIELDS = {G.Q8_0: [0], G.Q4_0: [0], G.Q2_K: [80, 82], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208]}
+# Row lengths per type: one block, several, a partial LANES chunk, and more than one SPAN (4096).
+LENGTHS = {G.F32: [1, 3, 257, 4099], G.F16: [2, 255, 4097], G.BF16: [5, 300],
+           G.Q8_0: [32, 96, 4128], G.Q4_0: [32, 160],
+           G.Q2_K: [256, 768], G.Q4_K: [256, 1280, 4352], G.Q5_K: [256, 512], G.Q6_K: [256, 4352]}
+
+
+def random_weight(qtype: GGMLType, shape, rng) -> np.ndarray:  # -> [out, row bytes] uint8
+    """A quantized N(0, 1) weight where tinyspec can quantize the type, else random finite blocks."""
+    if qtype in QUANTIZABLE:
+        return quantize(rng.standard_normal(shape, dtype=np.float32), qtype)
+    return random_blocks(qtype, shape, rng)
+
+
+def random_blocks(qtype: GGMLType, shape, rng) -> np.ndarray:  # -> [out, row bytes] uint8
+    n_blocks = shape[0] * shape[1] // qtype.block_size
+    raw = rng.integers(0, 256, (n_blocks, qtype.type_size), dtype=np.uint8)
+    return with_finite_f16_fields(raw, F16_FIELDS[qtype]).reshape(shape[0], -1)
+
+
+def assert_close_to_oracle(x, raw, qtype, shape):
+    y = numba_ops.quant_linear(x, raw, qtype, shape)
+    ref = ops.quant_linear(x, raw, qtype, shape)
+    w = dequantize(raw, qtype, shape)
+    bound = 1.1 * shape[1] * 2.0**-23 * (np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64))
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    assert np.all(err <= bound), f"{qtype.name} {shape}: max err/bound {np.max(err / np.maximum(bound, 1e-300)):.3g}"
+
+
+# ---------------------------------------------------------------- 1. by hand
+
+
+def test_q8_0_block_by_hand():
+    """d = 0.5, q = -16..15: the row is 0.5 * q, so with x = 1 the dot is 0.5 * (-16) = -8."""
+    raw = block(G.Q8_0, f16(0.5), list(np.arange(-16, 16, dtype=np.int8).view(np.uint8)))
+    assert_array_equal(numba_ops.get_rows(raw, G.Q8_0, (1, 32), [0])[0], 0.5 * np.arange(-16, 16))
+    x = np.ones((2, 32), np.float32)
+    x[1, 16:] = 0  # second row: only q = -16..-1, so 0.5 * (-136) = -68
+    assert_array_equal(numba_ops.quant_linear(x, raw, G.Q8_0, (1, 32)), [[-8.0], [-68.0]])
+
+
+def test_scalar_f16_decoder_on_every_pattern():
+    """_f16 (the block scales) widens all 65,536 fp16 patterns exactly like NumPy (NaN stays NaN)."""
+    bits = np.arange(65536, dtype=np.uint16)
+    ref = bits.view(np.float16).astype(np.float32)
+    ours = np.array([numba_ops._f16(b & 0xFF, b >> 8) for b in bits.tolist()], dtype=np.float32)
+    finite = ~np.isnan(ref)
+    assert_array_equal(np.isnan(ours), ~finite)
+    assert_bits_equal(ours[finite], ref[finite])
+
+
+def test_f16_rows_on_every_pattern():
+    """The vector F16 decoder (exponent shift, * 2^112, sign and inf/NaN bits) keeps even NaN payloads."""
+    raw = np.arange(65536, dtype="<u2").view(np.uint8)
+    assert_bits_equal(numba_ops.get_rows(raw, G.F16, (2, 32768), [0, 1, -1]),
+                      ops.get_rows(raw, G.F16, (2, 32768), [0, 1, -1]))
+
+
+@pytest.mark.parametrize("qtype", [G.F32, G.BF16])
+def test_random_bit_patterns_copy_exactly(qtype, rng):
+    """Every F32/BF16 bit pattern (NaN, inf, subnormal) comes out with its bits unchanged."""
+    raw = rng.integers(0, 256, (3, 2000 * qtype.type_size), dtype=np.uint8)
+    assert_bits_equal(numba_ops.get_rows(raw, qtype, (3, 2000), [2, 0]), ops.get_rows(raw, qtype, (3, 2000), [2, 0]))
+
+
+# ---------------------------------------------------------------- 2. get_rows bit-exact
+
+
+@pytest.mark.parametrize("qtype", list(LENGTHS), ids=lambda t: t.name)
+def test_get_rows_bit_exact(qtype, rng):
+    for n_in in LENGTHS[qtype]:
+        shape = (7, n_in)
+        ids = np.array([6, 0, 3, 3, -1])
+        for raw in (random_weight(qtype, shape, rng), random_blocks(qtype, shape, rng) if qtype in BLOCK_TYPES else None):
+            if raw is None:
+                continue
+            assert_bits_equal(numba_ops.get_rows(raw, qtype, shape, ids), ops.get_rows(raw, qtype, shape, ids))
+            assert_bits_equal(numba_ops.get_rows(raw.reshape(-1), qtype, shape, ids[:1]),
+                              ops.get_rows(raw, qtype, shape, ids[:1]))  # flat bytes are accepted too
+
+
+def test_get_rows_empty_ids():
+    raw = quantize(np.ones((4, 256), np.float32), G.Q4_K)
+    assert numba_ops.get_rows(raw, G.Q4_K, (4, 256), np.array([], np.int64)).shape == (0, 256)
+
+
+# ---------------------------------------------------------------- 3. quant_linear vs the oracle
+
+
+@pytest.mark.parametrize("qtype", list(LENGTHS), ids=lambda t: t.name)
+def test_quant_linear_matches_oracle(qtype, rng):
+    for n_in in LENGTHS[qtype]:
+        for n_out, T in ((1, 1), (13, 3), (67, 16)):
+            shape = (n_out, n_in)
+            x = rng.standard_normal((T, n_in), dtype=np.float32)
+            assert_close_to_oracle(x, random_weight(qtype, shape, rng), qtype, shape)
+            if qtype in BLOCK_TYPES:
+                assert_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
+
+
+def test_quant_linear_qwen_shapes(rng):
+    """The Qwen3.5-0.8B projection shapes (hidden 1024, ffn 3584) in the Q4_K_M mix (random blocks:
+    quantizing 3.7M values would take longer than the test)."""
+    for qtype, shape in ((G.Q4_K, (3584, 1024)), (G.Q6_K, (1024, 3584)), (G.Q8_0, (1024, 1024))):
+        x = rng.standard_normal((4, shape[1]), dtype=np.float32)
+        assert_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
+
+
+def test_accuracy_against_float64(rng):
+    """Lane sums of in / 256 products keep y within ~2e-8 * S of the float64 dot (measured); the
+    assertion leaves a 50x margin. S = |x| @ |W|^T, the scale of the rounding error."""
+    for qtype, shape in ((G.Q4_K, (256, 1024)), (G.Q6_K, (128, 3584)), (G.F32, (64, 4099))):
+        raw = random_weight(qtype, shape, rng)
+        x = rng.standard_normal((3, shape[1]), dtype=np.float32)
+        w = dequantize(raw, qtype, shape).astype(np.float64)
+        exact, scale = x.astype(np.float64) @ w.T, np.abs(x).astype(np.float64) @ np.abs(w).T
+        assert np.max(np.abs(numba_ops.quant_linear(x, raw, qtype, shape) - exact) / scale) < 1e-6
+
+
+def test_degenerate_sizes(rng):
+    raw = quantize(rng.standard_normal((5, 256), dtype=np.float32), G.Q4_K)
+    assert numba_ops.quant_linear(np.zeros((0, 256), np.float32), raw, G.Q4_K, (5, 256)).shape == (0, 5)
+    empty = np.zeros(0, np.uint8)
+    assert numba_ops.quant_linear(np.ones((3, 256), np.float32), empty, G.Q4_K, (0, 256)).shape == (3, 0)
+    assert_array_equal(numba_ops.quant_linear(np.ones((2, 0), np.float32), empty, G.F32, (4, 0)), np.zeros((2, 4)))
+
+
+def test_read_only_memory_map(tmp_path, rng):
+    """The model hands in read-only views of the GGUF memory map; the caller's array stays untouched."""
+    raw = quantize(rng.standard_normal((9, 512), dtype=np.float32), G.Q6_K)
+    raw.tofile(tmp_path / "w.bin")
+    mapped = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r", shape=raw.shape)
+    x = rng.standard_normal((2, 512), dtype=np.float32)
+    assert_bits_equal(numba_ops.quant_linear(x, mapped, G.Q6_K, (9, 512)), numba_ops.quant_linear(x, raw, G.Q6_K, (9, 512)))
+    assert_bits_equal(numba_ops.get_rows(mapped, G.Q6_K, (9, 512), [8, 1]), ops.get_rows(raw, G.Q6_K, (9, 512), [8, 1]))
+    assert raw.flags.writeable
+
+
+# ---------------------------------------------------------------- 4. batch invariance
+
+
+@settings(max_examples=30, deadline=None)
+@given(qtype=st.sampled_from(list(LENGTHS)), n_out=st.integers(1, 40), length=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_batch_invariance_bitwise(qtype, n_out, length, seed):
+    """Row t of quant_linear(x[:k]) is bitwise quant_linear(x[t:t+1])[0] for every k = 1..16: a k-token
+    verify pass reproduces one-token decode exactly (the greedy-lossless guarantee rests on it)."""
+    rng = np.random.default_rng(seed)
+    n_in = LENGTHS[qtype][length % len(LENGTHS[qtype])]
+    shape = (n_out, n_in)
+    raw = random_weight(qtype, shape, rng)
+    x = (rng.standard_normal((16, n_in)) * rng.choice([1e-3, 1.0, 1e3], (16, 1))).astype(np.float32)
+    full = numba_ops.quant_linear(x, raw, qtype, shape)
+    for k in range(1, 17):
+        assert_bits_equal(numba_ops.quant_linear(x[:k], raw, qtype, shape), full[:k])
+    for t in range(16):
+        assert_bits_equal(numba_ops.quant_linear(x[t:t + 1], raw, qtype, shape), full[t:t + 1])
+
+
+def test_thread_count_does_not_change_bits(rng):
+    numba = pytest.importorskip("numba")
+    raw = quantize(rng.standard_normal((300, 512), dtype=np.float32), G.Q4_K)
+    x = rng.standard_normal((5, 512), dtype=np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = numba_ops.quant_linear(x, raw, G.Q4_K, (300, 512))
+    finally:
+        numba.set_num_threads(before)
+    assert_bits_equal(numba_ops.quant_linear(x, raw, G.Q4_K, (300, 512)), one)
+
+
+# ---------------------------------------------------------------- 5. errors
+
+
+@pytest.mark.parametrize("qtype", [G.Q3_K, G.Q4_1, G.Q5_0, G.IQ4_XS, G.F64, G.I8])
+def test_unsupported_type_is_named(qtype):
+    raw = np.zeros(qtype.row_nbytes(256) * 2, np.uint8)
+    with pytest.raises(ValueError, match=qtype.name):
+        numba_ops.quant_linear(np.zeros((1, 256), np.float32), raw, qtype, (2, 256))
+    with pytest.raises(ValueError, match=qtype.name):
+        numba_ops.get_rows(raw, qtype, (2, 256), [0])
+
+
+def test_shape_errors(rng):
+    raw = quantize(rng.standard_normal((4, 512), dtype=np.float32), G.Q4_K)
+    x = np.zeros((1, 512), np.float32)
+    with pytest.raises(ValueError, match="unknown ggml type"):
+        numba_ops.quant_linear(x, raw, 999, (4, 512))
+    with pytest.raises(ValueError, match="bytes"):
+        numba_ops.quant_linear(x, raw, G.Q4_K, (5, 512))  # raw too short for 5 rows
+    with pytest.raises(ValueError, match="bytes"):
+        numba_ops.quant_linear(x, raw.view(np.int8), G.Q4_K, (4, 512))  # not uint8
+    with pytest.raises(ValueError, match="block size"):
+        numba_ops.quant_linear(np.zeros((1, 300), np.float32), raw, G.Q4_K, (4, 300))
+    with pytest.raises(ValueError, match=r"x must be \[T, 512\]"):
+        numba_ops.quant_linear(np.zeros((1, 256), np.float32), raw, G.Q4_K, (4, 512))
+    with pytest.raises(ValueError, match=r"x must be"):
+        numba_ops.quant_linear(np.zeros(512, np.float32), raw, G.Q4_K, (4, 512))
+    with pytest.raises(IndexError):
+        numba_ops.get_rows(raw, G.Q4_K, (4, 512), [4])
+    with pytest.raises(IndexError):
+        numba_ops.get_rows(raw, G.Q4_K, (4, 512), [-5])
