@@ -147,3 +147,30 @@ def test_generate_show_marks_tokens(tiny_model, capsys):
 def test_spec_draft_needs_draft_model(tiny_model, capsys):
     assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "draft"]) == 2
     assert "--draft-model" in capsys.readouterr().err
+
+
+def test_bench_json_reports_every_field(tiny_model, capsys):
+    args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "3", "--repeats", "2",
+            "--max-new", "10", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["backend"] == "numpy" and r["decode_tok_s"] > 0 and r["copy_gb_s"] > 0 and r["weight_gb_s"] > 0
+    assert set(r["verify_cost_ratio"]) == {"1", "2", "4", "8"} and r["verify_cost_ratio"]["1"] == 1.0
+    assert set(r["spec"]) == {"mtp", "lookup", "synthetic"}
+    for s in r["spec"].values():
+        assert s["identical"] and set(s) >= {"tok_s", "speedup", "acceptance_rate", "mean_accepted_length"}
+    assert r["spec"]["synthetic"]["acceptance_setting"] == 0.8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drafters", "mtp,oracle"], "unknown oracle"),
+    (["--synth-acceptance", "1.5"], "must be in [0, 1]"),
+    (["--backend", "cuda"], "cuda backend needs cupy"),
+])
+def test_bench_bad_input_exit_2(tiny_model, capsys, args, message):
+    from tinyspec.backends import cuda_available
+
+    if "cuda" in args and cuda_available():
+        pytest.skip("a GPU is present")
+    assert main(["bench", "--model", str(tiny_model), *args]) == 2
+    assert message in capsys.readouterr().err

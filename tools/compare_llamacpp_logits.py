@@ -12,6 +12,12 @@ compared: neither side runs the MTP head here.
 
 Printed per model: max |diff|, the logit scale (max |logit| from llama.cpp), their ratio, and
 how many positions have the same argmax (with the first mismatching positions, if any).
+
+    python tools/compare_llamacpp_logits.py --llama-cpp TREE --build-dir DIR MODEL.gguf --greedy 32 \
+        --prompt "def main():" --prompt "class Stack:"
+
+Greedy mode: each prompt is tokenized by tinyspec, then both runtimes decode N tokens greedily (llama.cpp one
+llama_decode per token, F32 KV cache); printed: whether the continuations are equal, and where they part.
 """
 
 from __future__ import annotations
@@ -97,6 +103,43 @@ def compare(ref: np.ndarray, ours: np.ndarray) -> dict:
     }
 
 
+def llamacpp_greedy(harness: Path, model: str | os.PathLike, tokens, n: int) -> list[int]:
+    """llama.cpp's greedy continuation of `tokens`, n tokens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([str(harness), str(model), str(Path(tmp) / "logits.f32"), *map(str, tokens)],
+                           capture_output=True, text=True, env=os.environ | {"LLAMACPP_GREEDY": str(n)})
+        if r.returncode:
+            raise RuntimeError(f"llama.cpp harness failed on {model}:\n{r.stderr[-4000:]}")
+        return [int(t) for t in r.stdout.splitlines()[-1].split()]
+
+
+def tinyspec_greedy(model_path: str | os.PathLike, tokens, n: int) -> list[int]:
+    from tinyspec.generate import generate
+    from tinyspec.model import Model
+
+    return generate(Model.from_gguf(model_path), tokens, n).tokens  # no stop ids: exactly n tokens
+
+
+def run_greedy(models, tree, build_dir, prompts: list[str], n: int) -> dict:
+    from tinyspec.model import Model
+    from tinyspec.tokenizer import Tokenizer
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        harness = build_harness(tree, build_dir, tmp)
+        for m in models:
+            tok = Tokenizer.from_gguf(Model.from_gguf(m).metadata)
+            rows = []
+            for text in prompts:
+                ids = tok.encode(text)
+                ref, ours = llamacpp_greedy(harness, m, ids, n), tinyspec_greedy(m, ids, n)
+                split = next((i for i, (a, b) in enumerate(zip(ref, ours)) if a != b), None)
+                rows.append({"prompt": text, "prompt_tokens": ids, "llama_cpp": ref, "tinyspec": ours,
+                             "equal": ref == ours, "first_difference": split, "text": tok.decode(ours)})
+            results[str(m)] = rows
+    return results
+
+
 def default_tokens(n_vocab: int, n: int = 32, seed: int = 0) -> list[int]:
     """A reproducible prompt: `n` ids drawn uniformly from the vocabulary."""
     return [int(t) for t in np.random.default_rng(seed).integers(0, n_vocab, size=n)]
@@ -129,7 +172,21 @@ def main(argv=None) -> int:
     ap.add_argument("--n-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--greedy", type=int, metavar="N", help="compare greedy continuations of N tokens instead")
+    ap.add_argument("--prompt", action="append", default=[], help="prompt text for --greedy (repeatable)")
     a = ap.parse_args(argv)
+    if a.greedy:
+        if not a.prompt:
+            ap.error("--greedy needs at least one --prompt")
+        results = run_greedy(a.models, a.llama_cpp, a.build_dir, a.prompt, a.greedy)
+        if a.json:
+            print(json.dumps(results, indent=1))
+            return 0
+        for m, rows in results.items():
+            for r in rows:
+                where = "equal" if r["equal"] else f"DIFFER from token {r['first_difference']}"
+                print(f"{Path(m).name}: {r['prompt']!r} -> {len(r['tinyspec'])} greedy tokens {where}: {r['text']!r}")
+        return 0 if all(r["equal"] for rows in results.values() for r in rows) else 1
     tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else None
     results = run(a.models, a.llama_cpp, a.build_dir, tokens, a.n_tokens, a.seed)
     if a.json:

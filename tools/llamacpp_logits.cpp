@@ -1,9 +1,12 @@
 // llamacpp_logits: run llama.cpp's own runtime on a GGUF and dump the logits of every position.
 //
 //   llamacpp_logits MODEL.gguf OUT.f32 TOKEN [TOKEN ...]
+//   LLAMACPP_GREEDY=N llamacpp_logits MODEL.gguf OUT.f32 TOKEN [TOKEN ...]
 //
 // Decodes the tokens as ONE batch (positions 0..T-1, sequence 0) with an output requested on every
 // row, then writes the logits as raw little-endian float32, row-major [T, n_vocab], to OUT.f32.
+// With LLAMACPP_GREEDY=N it then decodes N more tokens greedily, one llama_decode per token (argmax of
+// the last row, ties to the lowest id as NumPy's argmax), and prints them on a second stdout line.
 // Chosen to make llama.cpp as close to an exact F32 reference as it allows:
 //   - K and V cache in F32 (the default is F16, which would round every cached key/value);
 //   - flash attention off (the plain KQ -> softmax -> KQV path);
@@ -47,7 +50,8 @@ int main(int argc, char ** argv) {
     if (!model) { fprintf(stderr, "failed to load %s\n", argv[1]); return 1; }
 
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) (n < 64 ? 64 : n);  // small; attention is causal, padding is masked
+    const int n_more = getenv("LLAMACPP_GREEDY") ? atoi(getenv("LLAMACPP_GREEDY")) : 0;
+    cp.n_ctx = (uint32_t) (n + n_more < 64 ? 64 : n + n_more);  // small; attention is causal, padding is masked
     cp.n_batch = cp.n_ubatch = (uint32_t) n;   // the whole prompt in one ubatch
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = 1;
@@ -81,6 +85,17 @@ int main(int argc, char ** argv) {
     }
     fclose(f);
     printf("%d %d\n", n, n_vocab);  // shape, read by the Python side
+
+    const int n_greedy = getenv("LLAMACPP_GREEDY") ? atoi(getenv("LLAMACPP_GREEDY")) : 0;
+    const float * last = llama_get_logits_ith(ctx, n - 1);
+    for (int g = 0; g < n_greedy; g++) {
+        llama_token best = 0;
+        for (int32_t v = 1; v < n_vocab; v++) if (last[v] > last[best]) best = v;
+        printf("%d%c", best, g + 1 < n_greedy ? ' ' : '\n');
+        llama_batch one = llama_batch_get_one(&best, 1);
+        if (int rc = llama_decode(ctx, one)) { fprintf(stderr, "llama_decode failed: %d\n", rc); return 1; }
+        last = llama_get_logits_ith(ctx, -1);
+    }
 
     llama_batch_free(batch);
     llama_free(ctx);

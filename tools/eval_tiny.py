@@ -1,0 +1,137 @@
+"""Measure the shipped models against the quality bars of issue 5, with tinyspec itself (no torch).
+
+    python tools/eval_tiny.py [--target tinyspec/assets/tiny-target.gguf] [--draft ...] [--json]
+
+  heldout_loss        mean next-token cross-entropy (nats) of the target on held-out standard-library files
+                      (the files tools/train_tiny.py held out: every 50th by CRC32 of its path)
+  mtp depth 1 / 3     greedy speculative decoding with the MTP head drafting k = 1 and k = 3 tokens per verify
+                      pass on prompts cut from those held-out files: acceptance rate and mean accepted length
+                      (tokens emitted per verify pass = accepted drafts + 1)
+  lookup (edit)       prompt-lookup drafting (k = 8) on "edit this code" prompts whose answer repeats the input
+  draft model         the small draft model drafting k = 3
+Every speculative output is checked equal to plain greedy decoding of the same prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+from tinyspec.backends import load_model  # noqa: E402
+from tinyspec.draft import DraftModelDrafter  # noqa: E402
+from tinyspec.generate import generate  # noqa: E402
+from tinyspec.lookup import LookupDrafter  # noqa: E402
+from tinyspec.mtp import MTPDrafter  # noqa: E402
+from tinyspec.tokenizer import Tokenizer  # noqa: E402
+from train_tiny import corpus_files, read_texts  # noqa: E402
+
+ASSETS = REPO / "tinyspec" / "assets"
+EDITS = [  # (original, the start of its edited copy): the continuation should repeat most of the original
+    ("def read_config(path):\n    with open(path) as f:\n        lines = f.read().splitlines()\n"
+     "    result = {}\n    for line in lines:\n        key, value = line.split('=', 1)\n"
+     "        result[key.strip()] = value.strip()\n    return result\n",
+     "def read_config(path, encoding='utf-8'):\n    with open(path, encoding=encoding) as f:\n"),
+    ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+     "    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n\n"
+     "    def __eq__(self, other):\n        return self.x == other.x and self.y == other.y\n",
+     "class Point3:\n    def __init__(self, x, y):\n"),
+    ("def copy_file(src, dst):\n    with open(src, 'rb') as fsrc:\n        with open(dst, 'wb') as fdst:\n"
+     "            while True:\n                buf = fsrc.read(16384)\n                if not buf:\n"
+     "                    break\n                fdst.write(buf)\n",
+     "def copy_file(src, dst, length=16384):\n    with open(src, 'rb') as fsrc:\n"),
+]
+
+
+def heldout_prompts(tok: Tokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens, each from a different held-out file, starting at a line in its middle."""
+    _, _, held = corpus_files()
+    out = []
+    for text in read_texts(held):
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 40:
+            continue
+        ids = tok.encode("".join(lines[len(lines) // 2:]))
+        if len(ids) >= length:
+            out.append(ids[:length])
+        if len(out) == n:
+            break
+    return out
+
+
+def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
+    """Mean next-token cross-entropy over n_windows windows of `length` tokens of held-out text."""
+    _, _, held = corpus_files()
+    eot = tok.eog_ids[0] if tok.eog_ids else None
+    stream = []
+    for text in read_texts(held):
+        stream += tok.encode(text) + ([eot] if eot is not None else [])
+    rng = np.random.default_rng(1234)
+    losses = []
+    for start in rng.integers(0, len(stream) - length - 1, n_windows):
+        window = stream[start:start + length + 1]
+        logits, _ = model.forward(np.array(window[:-1]), model.new_state())
+        logits = logits.astype(np.float64)
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        losses.append(float(np.mean(logz - logits[np.arange(length), window[1:]])))
+    return float(np.mean(losses))
+
+
+def spec_stats(model, prompts, make_drafter, k: int, max_new: int) -> dict:
+    steps = drafted = accepted = 0
+    identical = True
+    for p in prompts:
+        res = generate(model, p, max_new, drafter=make_drafter(), draft_n=k)
+        identical &= res.tokens == generate(model, p, max_new).tokens
+        steps, drafted, accepted = steps + res.stats["steps"], drafted + res.stats["drafted"], accepted + res.stats["accepted"]
+    return {"k": k, "prompts": len(prompts), "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_length": (accepted + steps) / steps if steps else 0.0, "identical_to_plain": identical}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--target", type=Path, default=ASSETS / "tiny-target.gguf")
+    ap.add_argument("--draft", type=Path, default=ASSETS / "tiny-draft.gguf")
+    ap.add_argument("--backend", default=None, help="numpy, cpu or cuda (default: tinyspec's default)")
+    ap.add_argument("--prompts", type=int, default=12, help="held-out prompts (12)")
+    ap.add_argument("--max-new", type=int, default=48, help="tokens generated per prompt (48)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    target, draft = load_model(a.target, a.backend), load_model(a.draft, a.backend)
+    tok = Tokenizer.from_gguf(target.metadata)
+    prompts = heldout_prompts(tok, a.prompts, 64)
+    edits = [tok.encode(orig + "\n\n" + start) for orig, start in EDITS]
+    report = {
+        "target": str(a.target), "draft": str(a.draft),
+        "training": {k: v for k, v in target.metadata.items() if k.startswith("training.")},
+        "heldout_loss": heldout_loss(target, tok, 16, 128),
+        "heldout_loss_draft": heldout_loss(draft, tok, 16, 128),
+        "mtp_depth1": spec_stats(target, prompts, lambda: MTPDrafter(target), 1, a.max_new),
+        "mtp_depth3": spec_stats(target, prompts, lambda: MTPDrafter(target), 3, a.max_new),
+        "lookup_edit": spec_stats(target, edits, lambda: LookupDrafter(n_max=4), 8, a.max_new),
+        "draft_model": spec_stats(target, prompts, lambda: DraftModelDrafter(draft, target=target, max_draft=3), 3,
+                                  a.max_new),
+        "sample": tok.decode(prompts[0]) + "|>>>|" + tok.decode(generate(target, prompts[0], a.max_new).tokens),
+    }
+    if a.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"held-out loss: target {report['heldout_loss']:.3f}, draft {report['heldout_loss_draft']:.3f} nats/token")
+    for key in ("mtp_depth1", "mtp_depth3", "lookup_edit", "draft_model"):
+        r = report[key]
+        print(f"{key:<12} k={r['k']}  acceptance {r['acceptance_rate']:.3f}  mean accepted length "
+              f"{r['mean_accepted_length']:.3f}  ({r['prompts']} prompts, identical to plain: {r['identical_to_plain']})")
+    print("sample (prompt|>>>|greedy continuation):\n" + report["sample"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
