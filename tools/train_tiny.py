@@ -268,8 +268,9 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32)
 
 
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
-          seed: int, device: str, ckpt_every: int, stop_after: int | None = None) -> dict | None:
-    """Train (or resume) one model; export its HF folder. None when stopped early by stop_after."""
+          seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False) -> dict | None:
+    """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
+    export_now: export the last checkpoint as it is (the record says how many steps it had)."""
     import torch
 
     torch.manual_seed(seed)
@@ -315,7 +316,9 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
 
     model.train()
     first = step
-    while step < recipe.steps:
+    if export_now:
+        say(f"{name}: exporting the checkpoint at step {step} of {recipe.steps} (--export-now)")
+    while step < recipe.steps and not export_now:
         if stop_after is not None and step - first >= stop_after:
             save()
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
@@ -344,7 +347,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             save()
     held = evaluate(torch, model, mtp, held_ids, recipe)
     say(f"{name}: held-out {json.dumps({k: round(v, 4) for k, v in held.items()})}")
-    record = {"steps": step, "seconds": round(seconds, 1), "tokens": seen, "train_loss": round(ema, 4),
+    record = {"steps": step, "planned_steps": recipe.steps, "seconds": round(seconds, 1), "tokens": seen,
+              "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
@@ -394,6 +398,8 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", type=Path, help="a folder of .py files instead of the standard library")
     ap.add_argument("--max-files", type=int, help="use only the first N corpus files (quick runs)")
     ap.add_argument("--stop-after", type=int, help="stop after N steps of this invocation (resume by running again)")
+    ap.add_argument("--export-now", action="store_true",
+                    help="export the last checkpoint without training further (when time runs out)")
     ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
     args = ap.parse_args(argv)
     try:
@@ -442,11 +448,12 @@ def main(argv=None) -> int:
         corpus = f"{root.name} ({len(train_files)} files)"
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
-                    args.ckpt_every, args.stop_after)
+                    args.ckpt_every, args.stop_after, args.export_now)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
-                    "seed": args.seed, "steps": rec["steps"], "seconds": rec["seconds"], "tokens": rec["tokens"],
+                    "seed": args.seed, "steps": rec["steps"], "planned_steps": rec["planned_steps"],
+                    "seconds": rec["seconds"], "tokens": rec["tokens"],
                     "loss.train": rec["train_loss"], "loss.heldout": rec["heldout"]["loss"],
                     "tool": "tools/train_tiny.py --preset " + args.preset}
         if "mtp1_loss" in rec["heldout"]:
