@@ -2,7 +2,7 @@
 
 1. one hand-worked Q8_0 block, and the two fp16 decoders on all 65,536 bit patterns;
 2. get_rows bit-exact with ops.get_rows: quantized random weights, random block bytes, odd shapes,
-   lengths that cross the SPAN boundary, every F16 pattern, random BF16/F32 bit patterns;
+   lengths of many 256-value spans, every F16 pattern, random BF16/F32 bit patterns;
 3. quant_linear within 1.1 * in * 2^-23 * (|x| @ |W|^T) of ops.quant_linear (the float32 rounding bound
    of two summation orders, see the module docstring), for every supported type, and within 1e-6 of
    that scale of the float64 dot;
@@ -32,7 +32,7 @@ G = GGMLType
 QUANTIZABLE = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_K, G.Q5_K, G.Q6_K]
 BLOCK_TYPES = [G.Q8_0, G.Q4_0, G.Q2_K, G.Q4_K, G.Q5_K, G.Q6_K]
 F16_FIELDS = {G.Q8_0: [0], G.Q4_0: [0], G.Q2_K: [80, 82], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208]}
-# Row lengths per type: one block, several, a partial LANES chunk, and more than one SPAN (4096).
+# Row lengths per type: one block, several, a partial LANES chunk, and many 256-value spans.
 LENGTHS = {G.F32: [1, 3, 257, 4099], G.F16: [2, 255, 4097], G.BF16: [5, 300],
            G.Q8_0: [32, 96, 4128], G.Q4_0: [32, 160],
            G.Q2_K: [256, 768], G.Q4_K: [256, 1280, 4352], G.Q5_K: [256, 512], G.Q6_K: [256, 4352]}
@@ -235,3 +235,16 @@ def test_shape_errors(rng):
         numba_ops.get_rows(raw, G.Q4_K, (4, 512), [4])
     with pytest.raises(IndexError):
         numba_ops.get_rows(raw, G.Q4_K, (4, 512), [-5])
+
+
+@pytest.mark.parametrize("qtype", [G.Q4_K, G.Q6_K, G.Q8_0, G.F16], ids=lambda t: t.name)
+def test_serial_and_parallel_paths_agree(qtype, rng, monkeypatch):
+    """Small matrices run on one thread (SERIAL_BELOW); forcing the threaded path changes no bit."""
+    shape = (45, 512)
+    raw = random_weight(qtype, shape, rng)
+    x = rng.standard_normal((5, 512), dtype=np.float32)
+    serial = numba_ops.quant_linear(x, raw, qtype, shape)
+    monkeypatch.setattr(numba_ops, "SERIAL_BELOW", 0)
+    assert_bits_equal(numba_ops.quant_linear(x, raw, qtype, shape), serial)
+    for t in range(5):
+        assert_bits_equal(numba_ops.quant_linear(x[t:t + 1], raw, qtype, shape), serial[t:t + 1])

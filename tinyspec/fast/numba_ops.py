@@ -12,32 +12,40 @@ operations in the same order (`d * q`, `(d * sc) * q - (dmin * m)`), no fused mu
 
 Loop structure (weight-stationary: x is small, W is the memory traffic):
 
-    for each task of ROWS output rows, in parallel (prange):
+    for each task of ROWS output rows, in parallel (prange; one thread below SERIAL_BELOW weights):
         for each row r:
             acc[t, l] = 0                                     T x LANES float32 partial sums
-            for each span of up to SPAN = 4096 values of the row:
-                wbuf = decode(span)                           read the bytes once, exact f32 weights
+            for each span s of LANES = 256 values (one K-quant super-block, 8 legacy blocks):
+                w = decode(span)                              read the bytes once, exact f32 weights
                 for t in range(T):                            reuse them for every input row
-                    for j in span:  acc[t, j % LANES] += wbuf[j] * x[t, j]      (j in increasing order)
+                    for l in span:  acc[t, l] = fma(w[l], x[t, 256 s + l], acc[t, l])
             y[t, r] = pairwise sum of acc[t, 0..LANES-1]      fixed tree: (l, l + 128), (l, l + 64), ...
 
 Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]): the operations that
 produce y[t, r] - which products, added into which lane, in which order, then the fixed lane tree -
-depend only on r, on t's own row of x and on the constants SPAN and LANES, never on T or on the other
-rows of x. Nothing is compiled with fastmath, so LLVM may vectorize across the LANES independent
-accumulators but may neither reassociate a sum nor contract a multiply-add into an FMA. Threads split
-output rows, never a sum. Checked bitwise for T = 1..16 by tests/test_numba_ops.py.
+depend only on r, on t's own row of x and on LANES, never on T or on the other rows of x. Nothing is
+compiled with fastmath: LLVM vectorizes across the LANES independent accumulators but may neither
+reassociate a sum nor contract a multiply-add. The one multiply-add is an explicit llvm.fma (_fma),
+rounded once in every lane, vector or scalar remainder alike, so its bits do not depend on the code
+path. Threads split output rows, never a sum. Checked bitwise for T = 1..16 and serial vs threaded by
+tests/test_numba_ops.py.
+
+Measured (tools/bench_kernels.py, Qwen3.5-0.8B shapes, one thread, a 2-core VM with the other core busy,
+so +-30% noise): T=1 weight bandwidth Q4_K 0.7-1.3 GB/s, Q6_K ~1.5 GB/s, Q8_0 0.8-1.0 GB/s, Q5_K ~0.7
+GB/s against a np.copyto bandwidth of 5-8 GB/s; T=4 costs 1.4-2.1x T=1. The decode is the cost: the
+K-quant scale unpacking per 32-value group is scalar, and the 32-wide inner loops run 4 vector steps
+behind a run-time alias check.
 
 Accuracy against the oracle (BLAS `W @ x[t]`, another summation order of the same exact products):
 a float32 sum of n products, in any order, is within gamma_n * S of the exact sum, S = sum_j |W[r, j]
 x[t, j]| and gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability of Numerical
 Algorithms, 2nd ed., section 3.1). Two such sums differ by at most 2 gamma_n S, hence the bound we
-test: |y - y_oracle| <= 1.1 * in * 2^-23 * S. Measured errors are far below it: each lane sums only
-in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes, 2-4x closer than
+test: |y - y_oracle| <= 1.1 * in * 2^-23 * S (an fma-based sum obeys the same bound). Measured errors
+are far below it: each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes, 2-4x closer than
 BLAS (tests/test_numba_ops.py::test_accuracy_against_float64 asserts < 1e-6 S).
 
 get_rows runs the same decoders on one thread (a few embedding rows are not worth a parallel region)
-and copies the decoded spans out.
+and copies the decoded spans out, so it is bit-exact with the oracle.
 
 Official implementation: ggml `ggml-cpu/ggml-cpu.c` ggml_compute_forward_mul_mat and the
 `ggml_vec_dot_q4_K_q8_K` family. Those quantize x to 8 bits and sum integers; we keep x in float32, so
@@ -47,14 +55,17 @@ raise ValueError and the caller falls back to the oracle), SIMD intrinsics, inte
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from ..quants import GGMLType
 
-LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES
-SPAN = 4096  # values decoded per call into the float32 buffer (16 KB); a multiple of LANES and of 256
-ROWS = 8  # output rows per parallel task (buffers are allocated once per task)
+LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
+ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
+SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
@@ -66,16 +77,30 @@ _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLTyp
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """fma(a, b, c) = a * b + c rounded once: LLVM's llvm.fma.f32, one vfmadd per lane when vectorized.
+    An explicit, always-taken operation (not a contraction the compiler may or may not choose), so the
+    bits do not depend on vector width, loop remainders or T."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
 # ---------------------------------------------------------------------------------------------
-# Decoders. `blocks` is the weight as [out, n_blocks, type_size] uint8 (plain types: [out, in, 2 or 4],
-# one value per block). A decoder writes nb consecutive blocks b0 .. b0 + nb - 1 of row r into `dst`,
-# peeling fields in the order of the byte tables in tinyspec/quants. Block types write `dst` = the
-# span buffer seen as [SPAN / 32, 32] groups (a legacy block, or one of the 8 groups of a super-block).
+# Decoders. `row` is one weight row as flat uint8 bytes. A decoder writes the n values of span s, values
+# LANES * s .. LANES * s + n - 1 (n <= LANES, a multiple of the block size), into w[0 .. n-1], peeling
+# fields in the order of the byte tables in tinyspec/quants.
 #
 # Written for LLVM's loop vectorizer: codes stay np.uint8 / np.int8 up to the float conversion (a
-# Python-int intermediate would be int64); inner indices are a loop variable plus constants, so numba's
-# negative-index wraparound folds away; the inner trip count G = dst.shape[1] is read at run time, so
-# LLVM vectorizes that loop (behind a run-time alias check) instead of unrolling it into scalar code.
+# Python-int intermediate would be int64); inner indices are a loop variable plus an offset; the inner
+# trip count G = w.shape[0] // 8 (32) is read at run time, so LLVM vectorizes that loop (behind a
+# run-time alias check) instead of unrolling it into scalar code.
 
 
 @njit(cache=True)
@@ -93,225 +118,217 @@ def _f16(lo, hi):  # two little-endian bytes -> float32, exact
     return -v if h & 0x8000 else v
 
 
-@njit(cache=True)
-def _decode_f32(blocks, r, b0, n, dst):  # n values of 4 bytes: the IEEE bits themselves
-    v = blocks[r, b0:b0 + n].view(np.float32)  # [n, 1]
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_f32(row, s, n, w):  # 4 bytes a value: the IEEE bits themselves
+    v = row[4 * LANES * s:4 * (LANES * s + n)].view(np.float32)
     for j in range(n):
-        dst[j] = v[j, 0]
+        w[j] = v[j]
 
 
-@njit(cache=True)
-def _decode_bf16(blocks, r, b0, n, dst):  # n values of 2 bytes: the high half of the f32 bits
-    h, bits = blocks[r, b0:b0 + n].view(np.uint16), dst.view(np.uint32)  # [n, 1], [SPAN]
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_bf16(row, s, n, w):  # 2 bytes a value: the high half of the f32 bits
+    h, bits = row[2 * LANES * s:2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
     for j in range(n):
-        bits[j] = np.uint32(h[j, 0]) << 16
+        bits[j] = np.uint32(h[j]) << 16
 
 
-@njit(cache=True)
-def _decode_f16(blocks, r, b0, n, dst):  # n values of 2 bytes
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_f16(row, s, n, w):  # 2 bytes a value
     """fp16 -> f32 in three vector passes: place exponent and mantissa 13 bits up (an f32 2^112 too
     small, subnormals included), multiply by 2^112 (exact), then OR in the sign and inf/NaN exponent."""
-    h, bits = blocks[r, b0:b0 + n].view(np.uint16), dst.view(np.uint32)  # [n, 1], [SPAN]
+    h, bits = row[2 * LANES * s:2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
     for j in range(n):
-        bits[j] = (np.uint32(h[j, 0]) & 0x7FFF) << 13
+        bits[j] = (np.uint32(h[j]) & 0x7FFF) << 13
     for j in range(n):
-        dst[j] = dst[j] * np.float32(2.0**112)
+        w[j] = w[j] * np.float32(2.0**112)
     for j in range(n):
-        inf_nan = np.uint32(0x7F800000) if (h[j, 0] & 0x7C00) == 0x7C00 else np.uint32(0)
-        bits[j] |= ((np.uint32(h[j, 0]) & 0x8000) << 16) | inf_nan
+        inf_nan = np.uint32(0x7F800000) if (h[j] & 0x7C00) == 0x7C00 else np.uint32(0)
+        bits[j] |= ((np.uint32(h[j]) & 0x8000) << 16) | inf_nan
 
 
-@njit(cache=True)
-def _decode_q4_0(blocks, r, b0, nb, dst):  # 18 bytes: d, qs[16];  x = d * (q - 8)
-    G = dst.shape[1] // 2  # 16: byte l holds value l (low nibble) and value 16 + l (high nibble)
-    for k in range(nb):
-        d = _f16(blocks[r, b0 + k, 0], blocks[r, b0 + k, 1])
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q4_0(row, s, n, w):  # 18 bytes: d, qs[16];  x = d * (q - 8)
+    G = w.shape[0] // 16  # 16: byte l holds value l (low nibble) and value 16 + l (high nibble)
+    for k in range(n // 32):
+        o = (8 * s + k) * 18
+        d = _f16(row[o], row[o + 1])
         for l in range(G):
-            q = blocks[r, b0 + k, 2 + l]
-            dst[k, l] = d * (np.float32(np.uint8(q & 15)) - np.float32(8))
-            dst[k, 16 + l] = d * (np.float32(np.uint8(q >> 4)) - np.float32(8))
+            q = row[o + 2 + l]
+            w[32 * k + l] = d * (np.float32(np.uint8(q & 15)) - np.float32(8))
+            w[32 * k + 16 + l] = d * (np.float32(np.uint8(q >> 4)) - np.float32(8))
 
 
-@njit(cache=True)
-def _decode_q8_0(blocks, r, b0, nb, dst):  # 34 bytes: d, qs[32] int8;  x = d * q
-    G = dst.shape[1]  # 32
-    for k in range(nb):
-        d = _f16(blocks[r, b0 + k, 0], blocks[r, b0 + k, 1])
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q8_0(row, s, n, w):  # 34 bytes: d, qs[32] int8;  x = d * q
+    G = w.shape[0] // 8  # 32
+    for k in range(n // 32):
+        o = (8 * s + k) * 34
+        d = _f16(row[o], row[o + 1])
         for l in range(G):
-            dst[k, l] = d * np.float32(np.int8(blocks[r, b0 + k, 2 + l]))
+            w[32 * k + l] = d * np.float32(np.int8(row[o + 2 + l]))
 
 
-@njit(cache=True)
-def _decode_q2_k(blocks, r, b0, nb, dst):  # 84 bytes: scales[16], qs[64], d, dmin
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q2_k(row, s, n, w):  # 84 bytes: scales[16], qs[64], d, dmin
     """x = (d * sc) * q - (dmin * m). Group 4c + s (values 128c + 32s + l) is bit pair s of qs[32c + l];
     its two 16-value halves use scales[8c + 2s] and scales[8c + 2s + 1] (sc low nibble, m high)."""
-    G = dst.shape[1]  # 32
-    for k in range(nb):
-        b = b0 + k
-        d, dmin = _f16(blocks[r, b, 80], blocks[r, b, 81]), _f16(blocks[r, b, 82], blocks[r, b, 83])
-        for c in range(2):
-            for s in range(4):
-                j = 8 * c + 2 * s
-                dl0, ml0 = d * np.float32(blocks[r, b, j] & 15), dmin * np.float32(blocks[r, b, j] >> 4)
-                dl1, ml1 = d * np.float32(blocks[r, b, j + 1] & 15), dmin * np.float32(blocks[r, b, j + 1] >> 4)
-                for l in range(G):
-                    dl, ml = (dl0, ml0) if l < 16 else (dl1, ml1)
-                    q = np.uint8((blocks[r, b, 16 + 32 * c + l] >> (2 * s)) & 3)
-                    dst[8 * k + 4 * c + s, l] = dl * np.float32(q) - ml
+    G = w.shape[0] // 16  # 16
+    o = s * 84
+    d, dmin = _f16(row[o + 80], row[o + 81]), _f16(row[o + 82], row[o + 83])
+    for c in range(2):
+        for s in range(4):
+            j = o + 8 * c + 2 * s
+            dl0, ml0 = d * np.float32(row[j] & 15), dmin * np.float32(row[j] >> 4)
+            dl1, ml1 = d * np.float32(row[j + 1] & 15), dmin * np.float32(row[j + 1] >> 4)
+            qo, wo = o + 16 + 32 * c, 128 * c + 32 * s
+            for l in range(G):
+                w[wo + l] = dl0 * np.float32(np.uint8((row[qo + l] >> (2 * s)) & 3)) - ml0
+                w[wo + 16 + l] = dl1 * np.float32(np.uint8((row[qo + 16 + l] >> (2 * s)) & 3)) - ml1
 
 
-@njit(cache=True)
-def _scale_min_k(blocks, r, b, j):  # Q4_K/Q5_K: 6-bit (sc[j], m[j]) from the 12 bytes at offset 4
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _scale_min_k(row, o, j):  # Q4_K/Q5_K: 6-bit (sc[j], m[j]) from the 12 bytes at o + 4
     if j < 4:
-        return np.uint8(blocks[r, b, 4 + j] & 63), np.uint8(blocks[r, b, 8 + j] & 63)
-    sc = (blocks[r, b, 8 + j] & 15) | ((blocks[r, b, j] >> 6) << 4)
-    m = (blocks[r, b, 8 + j] >> 4) | ((blocks[r, b, 4 + j] >> 6) << 4)
+        return np.uint8(row[o + 4 + j] & 63), np.uint8(row[o + 8 + j] & 63)
+    sc = (row[o + 8 + j] & 15) | ((row[o + j] >> 6) << 4)
+    m = (row[o + 8 + j] >> 4) | ((row[o + 4 + j] >> 6) << 4)
     return np.uint8(sc), np.uint8(m)
 
 
-@njit(cache=True)
-def _decode_q4_k(blocks, r, b0, nb, dst):  # 144 bytes: d, dmin, scales[12], qs[128]
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q4_k(row, s, n, w):  # 144 bytes: d, dmin, scales[12], qs[128]
     """x = (d * sc) * q - (dmin * m); qs[32c + l] holds value l of group 2c (low nibble) and 2c + 1."""
-    G = dst.shape[1]  # 32
-    for k in range(nb):
-        b = b0 + k
-        d, dmin = _f16(blocks[r, b, 0], blocks[r, b, 1]), _f16(blocks[r, b, 2], blocks[r, b, 3])
-        for c in range(4):
-            sc0, m0 = _scale_min_k(blocks, r, b, 2 * c)
-            sc1, m1 = _scale_min_k(blocks, r, b, 2 * c + 1)
-            dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
-            dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
-            for l in range(G):
-                q = blocks[r, b, 16 + 32 * c + l]
-                dst[8 * k + 2 * c, l] = dl0 * np.float32(np.uint8(q & 15)) - ml0
-                dst[8 * k + 2 * c + 1, l] = dl1 * np.float32(np.uint8(q >> 4)) - ml1
+    G = w.shape[0] // 8  # 32
+    o = s * 144
+    d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
+    for c in range(4):
+        sc0, m0 = _scale_min_k(row, o, 2 * c)
+        sc1, m1 = _scale_min_k(row, o, 2 * c + 1)
+        dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
+        dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
+        qo = o + 16 + 32 * c
+        for l in range(G):
+            q = row[qo + l]
+            w[64 * c + l] = dl0 * np.float32(np.uint8(q & 15)) - ml0
+            w[64 * c + 32 + l] = dl1 * np.float32(np.uint8(q >> 4)) - ml1
 
 
-@njit(cache=True)
-def _decode_q5_k(blocks, r, b0, nb, dst):  # 176 bytes: d, dmin, scales[12], qh[32], qs[128]
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q5_k(row, s, n, w):  # 176 bytes: d, dmin, scales[12], qh[32], qs[128]
     """As Q4_K (qs at offset 48), plus the fifth bit (16) of value l of group j: bit j of qh[l]."""
-    G = dst.shape[1]  # 32
-    for k in range(nb):
-        b = b0 + k
-        d, dmin = _f16(blocks[r, b, 0], blocks[r, b, 1]), _f16(blocks[r, b, 2], blocks[r, b, 3])
-        for c in range(4):
-            sc0, m0 = _scale_min_k(blocks, r, b, 2 * c)
-            sc1, m1 = _scale_min_k(blocks, r, b, 2 * c + 1)
-            dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
-            dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
-            for l in range(G):
-                q, qh = blocks[r, b, 48 + 32 * c + l], blocks[r, b, 16 + l]
-                q0 = np.uint8((q & 15) | (((qh >> (2 * c)) & 1) << 4))
-                q1 = np.uint8((q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
-                dst[8 * k + 2 * c, l] = dl0 * np.float32(q0) - ml0
-                dst[8 * k + 2 * c + 1, l] = dl1 * np.float32(q1) - ml1
+    G = w.shape[0] // 8  # 32
+    o = s * 176
+    d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
+    for c in range(4):
+        sc0, m0 = _scale_min_k(row, o, 2 * c)
+        sc1, m1 = _scale_min_k(row, o, 2 * c + 1)
+        dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
+        dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
+        qo = o + 48 + 32 * c
+        for l in range(G):
+            q, qh = row[qo + l], row[o + 16 + l]
+            q0 = np.uint8((q & 15) | (((qh >> (2 * c)) & 1) << 4))
+            q1 = np.uint8((q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
+            w[64 * c + l] = dl0 * np.float32(q0) - ml0
+            w[64 * c + 32 + l] = dl1 * np.float32(q1) - ml1
 
 
-@njit(cache=True)
-def _decode_q6_k(blocks, r, b0, nb, dst):  # 210 bytes: ql[128], qh[64], scales[16] int8, d
-    """x = (d * sc) * (q - 32). Group 4h + g (values 128h + 32g + l): low 4 bits are nibble g // 2 of
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q6_k(row, s, n, w):  # 210 bytes: ql[128], qh[64], scales[16] int8, d
+    """x = (d * sc) * (q - 32). Values 128h + 32g + l (group 4h + g): low 4 bits are nibble g // 2 of
     ql[64h + 32(g % 2) + l], high 2 bits are bits 2g of qh[32h + l]; scales[8h + 2g] for l < 16, then
-    scales[8h + 2g + 1]."""
-    G = dst.shape[1]  # 32
-    for k in range(nb):
-        b = b0 + k
-        d = _f16(blocks[r, b, 208], blocks[r, b, 209])
-        for h in range(2):
-            for g in range(4):
-                dl0 = d * np.float32(np.int8(blocks[r, b, 192 + 8 * h + 2 * g]))
-                dl1 = d * np.float32(np.int8(blocks[r, b, 193 + 8 * h + 2 * g]))
-                for l in range(G):
-                    dl = dl0 if l < 16 else dl1
-                    low4 = (blocks[r, b, 64 * h + 32 * (g % 2) + l] >> (4 * (g // 2))) & 15
-                    high2 = (blocks[r, b, 128 + 32 * h + l] >> (2 * g)) & 3
-                    q = np.float32(np.uint8(low4 | (high2 << 4))) - np.float32(32)
-                    dst[8 * k + 4 * h + g, l] = dl * q
+    scales[8h + 2g + 1]. One pass per h decodes the four groups from the same ql and qh bytes."""
+    G = w.shape[0] // 16  # 16
+    o = s * 210
+    d = _f16(row[o + 208], row[o + 209])
+    for h in range(2):
+        for half in range(2):  # l < 16, then l >= 16: one scale per (group, half)
+            so = o + 192 + 8 * h + half
+            dl0, dl1 = d * np.float32(np.int8(row[so])), d * np.float32(np.int8(row[so + 2]))
+            dl2, dl3 = d * np.float32(np.int8(row[so + 4])), d * np.float32(np.int8(row[so + 6]))
+            lo, hi, wo = o + 64 * h + 16 * half, o + 128 + 32 * h + 16 * half, 128 * h + 16 * half
+            for l in range(G):
+                a, b, qh = row[lo + l], row[lo + 32 + l], row[hi + l]
+                w[wo + l] = dl0 * (np.float32(np.uint8((a & 15) | ((qh & 3) << 4))) - np.float32(32))
+                w[wo + 32 + l] = dl1 * (np.float32(np.uint8((b & 15) | (((qh >> 2) & 3) << 4))) - np.float32(32))
+                w[wo + 64 + l] = dl2 * (np.float32(np.uint8((a >> 4) | (((qh >> 4) & 3) << 4))) - np.float32(32))
+                w[wo + 96 + l] = dl3 * (np.float32(np.uint8((b >> 4) | ((qh >> 6) << 4))) - np.float32(32))
 
 
-@njit(cache=True)
-def _decode_span(kind, blocks, r, v0, n, wbuf, groups):
-    """Values v0 .. v0 + n of row r -> wbuf[:n] (groups = wbuf seen as [SPAN / 32, 32])."""
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_span(kind, row, s, n, w):
+    """Values LANES * s .. LANES * s + n - 1 of the row -> w[:n] (n <= LANES; a K-quant super-block)."""
     if kind == _Q4_K:
-        _decode_q4_k(blocks, r, v0 // 256, n // 256, groups)
+        _decode_q4_k(row, s, n, w)
     elif kind == _Q6_K:
-        _decode_q6_k(blocks, r, v0 // 256, n // 256, groups)
+        _decode_q6_k(row, s, n, w)
     elif kind == _Q8_0:
-        _decode_q8_0(blocks, r, v0 // 32, n // 32, groups)
+        _decode_q8_0(row, s, n, w)
     elif kind == _Q5_K:
-        _decode_q5_k(blocks, r, v0 // 256, n // 256, groups)
+        _decode_q5_k(row, s, n, w)
     elif kind == _Q4_0:
-        _decode_q4_0(blocks, r, v0 // 32, n // 32, groups)
+        _decode_q4_0(row, s, n, w)
     elif kind == _Q2_K:
-        _decode_q2_k(blocks, r, v0 // 256, n // 256, groups)
+        _decode_q2_k(row, s, n, w)
     elif kind == _F16:
-        _decode_f16(blocks, r, v0, n, wbuf)
+        _decode_f16(row, s, n, w)
     elif kind == _BF16:
-        _decode_bf16(blocks, r, v0, n, wbuf)
+        _decode_bf16(row, s, n, w)
     else:
-        _decode_f32(blocks, r, v0, n, wbuf)
+        _decode_f32(row, s, n, w)
 
 
 # ---------------------------------------------------------------------------------------------
-# The two kernels. x and the get_rows output are [T, chunks, LANES]: the row cut into LANES-wide chunks.
+# The kernels. x is [T, chunks * LANES] (zero-padded); acc is [T, LANES].
 
 
-@njit(cache=True)
-def _sum_lanes(acc, t):  # fixed pairwise tree over acc[t, 0..LANES-1] (overwrites it)
-    h = LANES // 2
-    while h > 0:
-        for l in range(h):
-            acc[t, l] = acc[t, l] + acc[t, l + h]
-        h //= 2
-    return acc[t, 0]
-
-
-@njit(cache=True, parallel=True)
-def _quant_linear_kernel(xc, blocks, kind, n_in, y):  # xc [T, chunks, LANES] f32, blocks u8 -> y [T, out]
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _rows(xc, rows, kind, n_in, y, r0, r1, w, acc):
+    """y[:, r] for rows r0 .. r1 - 1: per span of LANES values, decode once into w, then for each t
+    acc[t, l] = fma(w[l], x[t, v0 + l], acc[t, l]) over independent lanes (vectorized, never reordered),
+    then the fixed lane tree."""
     T = xc.shape[0]
-    n_out = blocks.shape[0]
-    for task in prange((n_out + ROWS - 1) // ROWS):
-        wbuf = np.zeros(SPAN, np.float32)
-        groups, chunks = wbuf.reshape(SPAN // 32, 32), wbuf.reshape(SPAN // LANES, LANES)
-        acc = np.empty((T, LANES), np.float32)
-        for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
-            acc[:] = np.float32(0)
-            for v0 in range(0, n_in, SPAN):
-                n = min(SPAN, n_in - v0)
-                _decode_span(kind, blocks, r, v0, n, wbuf, groups)
-                c0, full = v0 // LANES, n // LANES  # first chunk of the span, whole chunks in it
-                for t in range(T):
-                    # acc[t, j] += chunk c's value j * x, for c = 0, 1, ... in order. Vertical loops over
-                    # j: LLVM vectorizes them without reordering any lane's sum. Four chunks per pass
-                    # make the same additions in the same order with 1/4 of the acc loads and stores.
-                    c = 0
-                    while c + 4 <= full:
-                        for j in range(LANES):
-                            a = acc[t, j] + chunks[c, j] * xc[t, c0 + c, j]
-                            a = a + chunks[c + 1, j] * xc[t, c0 + c + 1, j]
-                            a = a + chunks[c + 2, j] * xc[t, c0 + c + 2, j]
-                            acc[t, j] = a + chunks[c + 3, j] * xc[t, c0 + c + 3, j]
-                        c += 4
-                    while c < full:
-                        for j in range(LANES):
-                            acc[t, j] += chunks[c, j] * xc[t, c0 + c, j]
-                        c += 1
-                    for j in range(n - LANES * full):  # a last, partial chunk (plain types only)
-                        acc[t, j] += chunks[full, j] * xc[t, c0 + full, j]
+    for r in range(r0, r1):
+        row = rows[r]
+        acc[:] = np.float32(0)
+        for s in range((n_in + LANES - 1) // LANES):  # span s: values v0 .. v0 + n - 1
+            v0 = LANES * s
+            n = min(LANES, n_in - v0)
+            _decode_span(kind, row, s, n, w)
             for t in range(T):
-                y[t, r] = _sum_lanes(acc, t)
+                at, xt = acc[t], xc[t]
+                for l in range(n):
+                    at[l] = _fma(w[l], xt[v0 + l], at[l])
+        for t in range(T):
+            at = acc[t]
+            h = LANES // 2
+            while h > 0:  # fixed pairwise tree: (l, l + 128), (l, l + 64), ...
+                for l in range(h):
+                    at[l] = at[l] + at[l + h]
+                h //= 2
+            y[t, r] = at[0]
 
 
-@njit(cache=True)
-def _get_rows_kernel(blocks, kind, n_in, ids, out):  # blocks u8, ids [n] int64 -> out [n, chunks, LANES]
-    wbuf = np.zeros(SPAN, np.float32)  # one thread: an embedding lookup is a few rows, memory-bound
-    groups, chunks = wbuf.reshape(SPAN // 32, 32), wbuf.reshape(SPAN // LANES, LANES)
+@njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
+def _quant_linear_parallel(xc, rows, kind, n_in, y):  # tasks of ROWS output rows over the threads
+    n_out = rows.shape[0]
+    for task in prange((n_out + ROWS - 1) // ROWS):
+        w = np.zeros(LANES, np.float32)
+        acc = np.empty((xc.shape[0], LANES), np.float32)
+        _rows(xc, rows, kind, n_in, y, task * ROWS, min(n_out, (task + 1) * ROWS), w, acc)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _get_rows_kernel(rows, kind, n_in, ids, out):  # rows u8 [n_rows, bytes], ids [n] int64 -> out [n, in]
+    w = np.zeros(LANES, np.float32)  # one thread: an embedding lookup is a few rows, memory-bound
     for i in range(ids.size):
-        for v0 in range(0, n_in, SPAN):
-            n = min(SPAN, n_in - v0)
-            _decode_span(kind, blocks, ids[i], v0, n, wbuf, groups)
-            for c in range((n + LANES - 1) // LANES):
-                for j in range(min(LANES, n - LANES * c)):
-                    out[i, v0 // LANES + c, j] = chunks[c, j]
+        row, dst = rows[ids[i]], out[i]
+        for s in range((n_in + LANES - 1) // LANES):
+            v0 = LANES * s
+            n = min(LANES, n_in - v0)
+            _decode_span(kind, row, s, n, w)
+            for j in range(n):
+                dst[v0 + j] = w[j]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +336,7 @@ def _get_rows_kernel(blocks, kind, n_in, ids, out):  # blocks u8, ids [n] int64 
 
 
 def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndarray]:
-    """Validate type and sizes; return the type and raw as a C-contiguous [out, n_blocks, type_size] view."""
+    """Validate type and sizes; return the type and raw as a C-contiguous [out, row_bytes] view."""
     try:
         qtype = GGMLType(ggml_type)
     except ValueError:
@@ -339,9 +356,9 @@ def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndar
     if raw.dtype != np.uint8 or raw.size != n_out * n_blocks * qtype.type_size:
         raise ValueError(f"numba_ops: {qtype.name} shape {tuple(shape)} needs {n_out * n_blocks * qtype.type_size}"
                          f" uint8 bytes, got {raw.size} of {raw.dtype}")
-    blocks = np.ascontiguousarray(raw).reshape(n_out, n_blocks, qtype.type_size)  # a view when raw is contiguous
-    blocks.flags.writeable = False  # read-only always: one compiled kernel for memory maps and arrays alike
-    return qtype, blocks
+    rows = np.ascontiguousarray(raw).reshape(n_out, n_blocks * qtype.type_size)  # a view when raw is contiguous
+    rows.flags.writeable = False  # read-only always: one compiled kernel for memory maps and arrays alike
+    return qtype, rows
 
 
 def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
@@ -350,32 +367,41 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     Batch-invariant bit for bit (row t never depends on T); within 1.1 * in * 2^-23 * (|W| @ |x|)
     of tinyspec.ops.quant_linear. Raises ValueError for unsupported types and mismatched shapes.
     """
-    qtype, blocks = _weight_blocks(raw, ggml_type, shape)
+    qtype, rows = _weight_blocks(raw, ggml_type, shape)
     x = np.asarray(x)
-    if x.ndim != 2 or x.shape[1] != blocks.shape[1] * qtype.block_size:
+    n_out, n_in = int(shape[0]), int(shape[1])
+    if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"numba_ops: x must be [T, {shape[1]}] for weight shape {tuple(shape)}, got {x.shape}")
-    T, n_in = x.shape
-    n_chunks = -(-n_in // LANES)
-    xc = np.zeros((T, n_chunks * LANES), dtype=np.float32)  # x cut into LANES-wide chunks, zero-padded
+    T = x.shape[0]
+    xc = np.zeros((T, -(-n_in // LANES) * LANES), dtype=np.float32)  # zero-padded to whole spans
     xc[:, :n_in] = x
-    y = np.zeros((T, blocks.shape[0]), dtype=np.float32)
+    y = np.zeros((T, n_out), dtype=np.float32)
     if y.size and n_in:
-        _quant_linear_kernel(xc.reshape(T, n_chunks, LANES), blocks, int(qtype), n_in, y)
+        threads = numba.get_num_threads()
+        if threads > 1 and (n_out * n_in < SERIAL_BELOW or n_out <= ROWS):
+            # Small matrix: the same kernel on the calling thread only. (Waking the pool costs ~7 ms when
+            # another process holds a core; a separate non-parallel kernel measured 25% slower, LLVM
+            # vectorizes the parfor body better.)
+            numba.set_num_threads(1)
+            try:
+                _quant_linear_parallel(xc, rows, int(qtype), n_in, y)
+            finally:
+                numba.set_num_threads(threads)
+        else:
+            _quant_linear_parallel(xc, rows, int(qtype), n_in, y)
     return y
 
 
 def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of the [n_rows, n_cols] weight in `raw`: [n] -> [n, n_cols] float32, bit-exact with
     tinyspec.ops.get_rows (negative ids count from the end, as in NumPy)."""
-    qtype, blocks = _weight_blocks(raw, ggml_type, shape)
-    n_rows, n_in = blocks.shape[0], blocks.shape[1] * qtype.block_size
+    qtype, rows = _weight_blocks(raw, ggml_type, shape)
+    n_rows, n_in = int(shape[0]), int(shape[1])
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < -n_rows or ids.max() >= n_rows):
         raise IndexError(f"numba_ops: row ids must be in [-{n_rows}, {n_rows}), got {ids.min()}..{ids.max()}")
     ids = np.where(ids < 0, ids + n_rows, ids)
-    n_chunks = -(-n_in // LANES)
-    out = np.zeros((ids.size, n_chunks, LANES), dtype=np.float32)
+    out = np.zeros((ids.size, n_in), dtype=np.float32)
     if out.size:
-        _get_rows_kernel(blocks, int(qtype), n_in, ids, out)
-    out = out.reshape(ids.size, n_chunks * LANES)
-    return out if n_in == n_chunks * LANES else np.ascontiguousarray(out[:, :n_in])
+        _get_rows_kernel(rows, int(qtype), n_in, ids, out)
+    return out
