@@ -1,0 +1,302 @@
+"""CuPy kernels (tinyspec/fast/cuda_ops.py) against the NumPy oracle; the whole file skips without a GPU.
+
+1. get_rows is bit-exact with tinyspec.ops.get_rows: quantized weights and random blocks (finite fp16
+   scale fields), negative and repeated ids, rows that end in a partial chunk, unaligned plain rows;
+2. quant_linear is within the float summation bound of tinyspec.ops.quant_linear, for every type,
+   shapes that exercise every split S (1, 2, 4, 8), partial chunks and partial quads, T up to 37;
+3. batch invariance: row t of a T-row call is bitwise equal to a one-row call, T = 1..16 and tiles of 16;
+4. the GDN scan against tinyspec.gdn (delta_rule_step, gdn_scan, its snapshot ring), and bitwise
+   against itself: T tokens in one call = T one-token steps; the ring holds the state after each token.
+"""
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+cp = pytest.importorskip("cupy")
+try:
+    _gpus = cp.cuda.runtime.getDeviceCount()
+except Exception:  # no driver, no device or a broken CUDA install: nothing here can run
+    _gpus = 0
+if not _gpus:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from quant_helpers import with_finite_f16_fields  # noqa: E402
+
+from tinyspec import gdn, ops  # noqa: E402
+from tinyspec.fast import cuda_ops  # noqa: E402
+from tinyspec.quants import GGMLType, dequantize, quantize  # noqa: E402
+
+F32, F16, BF16, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0
+Q4_K, Q5_K, Q6_K = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K
+TYPES = [F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K]
+SCALE_FIELDS = {Q8_0: [0], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208]}  # fp16 byte offsets in a block
+
+# (out, in) per type family. S = split warps per row follows from the shape (cuda_ops._split): 1 chunk
+# -> S = 1; 3 chunks -> 2; 8 chunks and few rows -> 8; MANY_ROWS rows -> 1 with many blocks, the last partial.
+MANY_ROWS = 8200
+SHAPES = {
+    "k": [(37, 256), (50, 768), (300, 2048), (MANY_ROWS, 256)],
+    "q8": [(37, 96), (50, 736), (300, 2048)],  # 736 = 2 chunks + 7 blocks: a partial last chunk
+    "plain": [(37, 1), (37, 3), (50, 257), (50, 300), (300, 2048)],  # in % 4 != 0: partial quads
+}
+
+
+def shapes(qtype):
+    return SHAPES["k" if qtype in (Q4_K, Q5_K, Q6_K) else "q8" if qtype == Q8_0 else "plain"]
+
+
+def quantized(rng, qtype, shape) -> np.ndarray:  # -> [out, row bytes] uint8
+    return quantize(rng.standard_normal(shape).astype(np.float32), qtype)
+
+
+def random_raw(rng, qtype, shape) -> np.ndarray:  # -> [out, row bytes] uint8, every value finite
+    """Random bytes; inf/nan fp16 scale fields (and plain values) get their top exponent bit cleared."""
+    raw = rng.integers(0, 256, (shape[0], qtype.row_nbytes(shape[1])), dtype=np.uint8)
+    if qtype in SCALE_FIELDS:
+        blocks = with_finite_f16_fields(raw.reshape(-1, qtype.type_size), SCALE_FIELDS[qtype])
+        return blocks.reshape(raw.shape)
+    bits, exp_mask, top = {F32: ("<u4", 0x7F800000, 0x40000000), F16: ("<u2", 0x7C00, 0x4000),
+                           BF16: ("<u2", 0x7F80, 0x4000)}[qtype]
+    v = raw.view(bits)
+    v[(v & exp_mask) == exp_mask] &= ~np.array(top, dtype=bits)
+    return raw
+
+
+def assert_bits_equal(ours, ref) -> None:
+    ours = cp.asnumpy(ours)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    assert_array_equal(ours.view(np.uint32), np.asarray(ref, np.float32).view(np.uint32))
+
+
+def assert_within_sum_bound(y, raw, qtype, shape, x) -> None:
+    """|y - oracle| <= 2 * 1.01 * in * 2^-24 * (|W| @ |x|): both are float32 sums of the same exact
+    products in different orders, each within gamma_in of the exact sum (Higham eq. 3.5)."""
+    y, ref = cp.asnumpy(y), ops.quant_linear(x, raw, qtype, shape)
+    W = dequantize(raw, qtype, shape).astype(np.float64)
+    bound = 2.02 * shape[1] * 2.0**-24 * (np.abs(x.astype(np.float64)) @ np.abs(W).T)  # [T, out]
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.shape == ref.shape and np.isfinite(y).all()
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), f"{qtype.name} {shape}: |diff| {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+
+
+# ---------------------------------------------------------------- 1. get_rows
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("make", [quantized, random_raw], ids=["quantized", "random"])
+def test_get_rows_bit_exact(rng, qtype, make):
+    for shape in shapes(qtype):
+        raw = make(rng, qtype, shape)
+        ids = np.array([0, shape[0] - 1, -1, 3 % shape[0], 3 % shape[0], -shape[0]], dtype=np.int64)
+        ours = cuda_ops.get_rows(cp.asarray(raw), qtype, shape, ids)
+        assert_bits_equal(ours, ops.get_rows(raw, qtype, shape, ids))
+        ours_dev_ids = cuda_ops.get_rows(cp.asarray(raw), qtype, shape, cp.asarray(ids))
+        assert_bits_equal(ours_dev_ids, ops.get_rows(raw, qtype, shape, ids))
+
+
+def test_get_rows_all_rows_of_a_random_vocab(rng):
+    """Every row of a bigger random Q6_K table (the LM head / embedding type of qwen35 q4_k_m files)."""
+    shape = (2000, 1024)
+    raw = random_raw(rng, Q6_K, shape)
+    ids = rng.permutation(shape[0])
+    assert_bits_equal(cuda_ops.get_rows(cp.asarray(raw), Q6_K, shape, ids), ops.get_rows(raw, Q6_K, shape, ids))
+
+
+def test_get_rows_unaligned_plain_rows(rng):
+    """F32 rows that start 4 bytes past a 16-byte boundary take the scalar path; same bits."""
+    shape = (9, 64)
+    raw = quantized(rng, F32, shape)
+    buf = cp.zeros(raw.size + 4, dtype=cp.uint8)
+    buf[4:] = cp.asarray(raw.reshape(-1))
+    ids = np.arange(9)
+    assert_bits_equal(cuda_ops.get_rows(buf[4:], F32, shape, ids), ops.get_rows(raw, F32, shape, ids))
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    assert_within_sum_bound(cuda_ops.quant_linear(cp.asarray(x), buf[4:], F32, shape), raw, F32, shape, x)
+
+
+def test_get_rows_rejects_bad_ids_and_empty_ids(rng):
+    raw = quantized(rng, Q8_0, (5, 64))
+    with pytest.raises(IndexError):
+        cuda_ops.get_rows(cp.asarray(raw), Q8_0, (5, 64), [5])
+    with pytest.raises(IndexError):
+        cuda_ops.get_rows(cp.asarray(raw), Q8_0, (5, 64), cp.asarray([-6]))
+    assert cuda_ops.get_rows(cp.asarray(raw), Q8_0, (5, 64), np.zeros(0, np.int64)).shape == (0, 64)
+
+
+# ---------------------------------------------------------------- 2. quant_linear against the oracle
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_quant_linear_matches_oracle(rng, qtype):
+    for shape in shapes(qtype):
+        raw = quantized(rng, qtype, shape)
+        raw_dev = cp.asarray(raw)
+        for T in (1, 3, 8, 16, 37):
+            x = rng.standard_normal((T, shape[1])).astype(np.float32)
+            assert_within_sum_bound(cuda_ops.quant_linear(cp.asarray(x), raw_dev, qtype, shape), raw, qtype, shape, x)
+
+
+@pytest.mark.parametrize("qtype", [Q8_0, Q4_K, Q5_K, Q6_K, F16], ids=lambda t: t.name)
+def test_quant_linear_random_blocks(rng, qtype):
+    """Every code and scale bit pattern (finite fp16 fields): the decoders must match the oracle's unpacking."""
+    for shape in shapes(qtype)[:3]:
+        raw = random_raw(rng, qtype, shape)
+        x = rng.standard_normal((4, shape[1])).astype(np.float32)
+        y = cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), qtype, shape)
+        assert_within_sum_bound(y, raw, qtype, shape, x)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_quant_linear_at_a_real_shape(rng, qtype):
+    """Qwen3.5-0.8B's ffn_down (1024 x 3584) from random blocks: several chunks per split warp."""
+    shape = (1024, 3584)
+    raw = random_raw(rng, qtype, shape) if qtype in SCALE_FIELDS else quantized(rng, qtype, shape)
+    x = rng.standard_normal((3, shape[1])).astype(np.float32)
+    assert_within_sum_bound(cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), qtype, shape), raw, qtype, shape, x)
+
+
+def test_quant_linear_hand_worked_q8_0():
+    """One Q8_0 block, d = 0.5, codes -16..15: y = 0.5 * sum(q * x) exactly (small integers)."""
+    d = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    codes = np.arange(-16, 16, dtype=np.int8)
+    raw = np.concatenate([d, codes.view(np.uint8)])[None]  # [1, 34]
+    x = np.stack([np.ones(32), np.arange(32) % 3]).astype(np.float32)  # [2, 32]
+    y = cp.asnumpy(cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), Q8_0, (1, 32)))
+    assert_array_equal(y[:, 0], 0.5 * (codes.astype(np.float32) * x).sum(axis=1))
+
+
+def test_quant_linear_out_argument_and_empty_shapes(rng):
+    shape = (20, 256)
+    raw = cp.asarray(quantized(rng, Q4_K, shape))
+    x = cp.asarray(rng.standard_normal((5, 256)).astype(np.float32))
+    out = cp.full((5, 20), np.nan, dtype=cp.float32)
+    assert cuda_ops.quant_linear(x, raw, Q4_K, shape, out=out) is out
+    assert_bits_equal(out, cp.asnumpy(cuda_ops.quant_linear(x, raw, Q4_K, shape)))
+    assert cuda_ops.quant_linear(x[:0], raw, Q4_K, shape).shape == (0, 20)
+    empty = cuda_ops.quant_linear(cp.zeros((2, 0), cp.float32), cp.zeros(0, cp.uint8), F32, (3, 0))
+    assert_array_equal(cp.asnumpy(empty), np.zeros((2, 3), np.float32))
+
+
+def test_unsupported_types_and_bad_arguments_raise(rng):
+    raw = cp.zeros(4 * 18, dtype=cp.uint8)
+    x = cp.zeros((1, 32), cp.float32)
+    for qtype in (GGMLType.Q4_0, GGMLType.Q2_K, GGMLType.IQ4_XS, 999):
+        with pytest.raises(ValueError, match="cuda_ops"):
+            cuda_ops.quant_linear(x, raw, qtype, (4, 32))
+        with pytest.raises(ValueError, match="cuda_ops"):
+            cuda_ops.get_rows(raw, qtype, (4, 32), [0])
+    q8 = cp.asarray(quantized(rng, Q8_0, (4, 64)))
+    with pytest.raises(ValueError, match="bytes"):
+        cuda_ops.quant_linear(cp.zeros((1, 64), cp.float32), q8[:-1], Q8_0, (4, 64))
+    with pytest.raises(ValueError, match="block size"):
+        cuda_ops.quant_linear(cp.zeros((1, 60), cp.float32), q8, Q8_0, (4, 60))
+    with pytest.raises(ValueError, match="x must be"):
+        cuda_ops.quant_linear(cp.zeros((1, 32), cp.float32), q8, Q8_0, (4, 64))
+    q4k = cp.zeros(144 + 1, dtype=cp.uint8)
+    with pytest.raises(ValueError, match="boundary"):  # a uint4 header load needs 16-byte alignment
+        cuda_ops.quant_linear(cp.zeros((1, 256), cp.float32), q4k[1:], Q4_K, (1, 256))
+
+
+# ---------------------------------------------------------------- 3. batch invariance
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_quant_linear_is_batch_invariant(rng, qtype):
+    """Row t of a T-row call must equal a one-row call bit for bit, for every T: the speculative engine
+    verifies k drafts in one (k+1)-row pass and keeps its greedy picks only if they are exactly the
+    picks plain one-token decoding would make. NT and rows-per-warp change with T; the sums must not."""
+    for shape in (shapes(qtype)[0], shapes(qtype)[2], (MANY_ROWS, shapes(qtype)[0][1])):
+        raw = cp.asarray(quantized(rng, qtype, shape))
+        x = cp.asarray(rng.standard_normal((37, shape[1])).astype(np.float32))
+        one = cp.concatenate([cuda_ops.quant_linear(x[t:t + 1], raw, qtype, shape) for t in range(37)])
+        for T in list(range(1, 17)) + [37]:
+            assert_bits_equal(cuda_ops.quant_linear(x[:T], raw, qtype, shape), cp.asnumpy(one[:T]))
+        tail = cuda_ops.quant_linear(x[5:16], raw, qtype, shape)  # rows in a different position of the tile
+        assert_bits_equal(tail, cp.asnumpy(one[5:16]))
+
+
+# ---------------------------------------------------------------- 4. GDN delta rule
+
+
+def core_inputs(rng, T, HV, K, V):
+    """As tests/test_gdn.py: unit q and k (q scaled by 1/sqrt(K)), log decay in [-2, 0], beta in (0, 1)."""
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    q = f32(ops.l2_norm(f32(rng.standard_normal((T, HV, K))), 1e-6) / np.sqrt(K))
+    k = ops.l2_norm(f32(rng.standard_normal((T, HV, K))), 1e-6)
+    v = f32(rng.standard_normal((T, HV, V)))
+    log_decay = f32(rng.uniform(-2, 0, (T, HV)))
+    beta = f32(rng.uniform(0, 1, (T, HV)))
+    state = f32(rng.standard_normal((HV, K, V)) * 0.5)
+    return q, k, v, log_decay, beta, state
+
+
+GDN_SIZES = [(3, 16, 12), (4, 128, 128), (2, 64, 40)]  # (HV, K, V); (4, 128, 128) is qwen35's head
+
+
+@pytest.mark.parametrize("HV,K,V", GDN_SIZES)
+def test_delta_rule_step_matches_oracle(rng, HV, K, V):
+    q, k, v, log_decay, beta, state = core_inputs(rng, 1, HV, K, V)
+    o_ref, S_ref = gdn.delta_rule_step(state, q[0], k[0], v[0], log_decay[0], beta[0])
+    state_dev = cp.asarray(state)
+    o, S = cuda_ops.delta_rule_step(state_dev, *(cp.asarray(a[0]) for a in (q, k, v, log_decay, beta)))
+    # the same f32 operations in the same order; only exp may differ in its last bit
+    assert_allclose(cp.asnumpy(o), o_ref, rtol=1e-5, atol=1e-6)
+    assert_allclose(cp.asnumpy(S), S_ref, rtol=1e-5, atol=1e-6)
+    assert_array_equal(cp.asnumpy(state_dev), state)  # the input state is not modified
+
+
+@pytest.mark.parametrize("HV,K,V", GDN_SIZES)
+@pytest.mark.parametrize("T", [1, 5, 16])
+def test_gdn_scan_and_snapshot_ring_match_oracle(rng, HV, K, V, T):
+    q, k, v, log_decay, beta, state = core_inputs(rng, T, HV, K, V)
+    slots = T + 2
+    ring_ref = np.full((slots, HV, K, V), 7.0, np.float32)
+    o_ref, S_ref = gdn.gdn_scan(q, k, v, log_decay, beta, state, states_out=ring_ref)
+    ring = cp.full((slots, HV, K, V), 7.0, dtype=cp.float32)  # preallocated on the device, like SnapshotRing
+    o, S = cuda_ops.gdn_scan(*(cp.asarray(a) for a in (q, k, v, log_decay, beta, state)), states_out=ring)
+    tol = dict(rtol=2e-5, atol=2e-6)
+    assert_allclose(cp.asnumpy(o), o_ref, **tol)
+    assert_allclose(cp.asnumpy(S), S_ref, **tol)
+    assert_allclose(cp.asnumpy(ring), ring_ref, **tol)  # slots >= T keep their 7.0
+    assert_bits_equal(ring[T - 1], cp.asnumpy(S))  # the last slot is the final state, bit for bit
+
+
+@pytest.mark.parametrize("HV,K,V", GDN_SIZES[:2])
+def test_gdn_scan_is_batch_invariant_and_ring_restores(rng, HV, K, V):
+    """A T-token scan equals T one-token steps bit for bit (outputs, final state, every ring slot), so a
+    verify pass followed by a rollback to j tokens leaves exactly the state of j plain decode steps."""
+    T = 9
+    q, k, v, log_decay, beta, state = (cp.asarray(a) for a in core_inputs(rng, T, HV, K, V))
+    ring = cp.zeros((T, HV, K, V), dtype=cp.float32)
+    o_all, S_all = cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=ring)
+    S = state
+    for t in range(T):
+        o_t, S = cuda_ops.delta_rule_step(S, q[t], k[t], v[t], log_decay[t], beta[t])
+        assert_bits_equal(o_all[t], cp.asnumpy(o_t))
+        assert_bits_equal(ring[t], cp.asnumpy(S))
+    assert_bits_equal(S_all, cp.asnumpy(S))
+
+    j = 4  # keep 4 tokens: restore slot 3 device to device, then continue from it
+    restored = ring[j - 1].copy()
+    o_rest, _ = cuda_ops.gdn_scan(q[j:], k[j:], v[j:], log_decay[j:], beta[j:], restored)
+    assert_bits_equal(o_rest, cp.asnumpy(o_all[j:]))
+
+
+def test_gdn_scan_in_place_and_errors(rng):
+    q, k, v, log_decay, beta, state = (cp.asarray(a) for a in core_inputs(rng, 3, 2, 16, 8))
+    o_ref, S_ref = cuda_ops.gdn_scan(q, k, v, log_decay, beta, state)
+    live = state.copy()
+    o, S = cuda_ops.gdn_scan(q, k, v, log_decay, beta, live, out_state=live)
+    assert S is live
+    assert_bits_equal(live, cp.asnumpy(S_ref))
+    assert_bits_equal(o, cp.asnumpy(o_ref))
+    with pytest.raises(ValueError, match="states_out"):
+        cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=cp.zeros((2, 2, 16, 8), cp.float32))
+    with pytest.raises(ValueError, match="state"):
+        cuda_ops.gdn_scan(q, k, v, log_decay, beta, state[:, :8])
+    with pytest.raises(ValueError, match="K <="):
+        big = cp.zeros((1, 1, 512), cp.float32)
+        cuda_ops.gdn_scan(big, big, cp.zeros((1, 1, 4), cp.float32), cp.zeros((1, 1), cp.float32),
+                          cp.zeros((1, 1), cp.float32), cp.zeros((1, 512, 4), cp.float32))

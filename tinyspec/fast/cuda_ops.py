@@ -1,0 +1,644 @@
+"""CuPy kernels: quant_linear and get_rows straight from GGUF bytes, and the GDN delta-rule scan, on the GPU.
+
+Same names, arguments and results as the NumPy oracles (tinyspec/ops.py, tinyspec/gdn.py), on cupy arrays:
+
+    quant_linear(x, raw, ggml_type, shape)   y[t, r] = sum_j W[r, j] * x[t, j]        [T, in] -> [T, out]
+    get_rows(raw, ggml_type, shape, ids)     W[ids], bit-exact                          [n] -> [n, in]
+    delta_rule_step(state, q, k, v, log_decay, beta)          one token, every value head
+    gdn_scan(q, k, v, log_decay, beta, state, states_out)     T tokens; states_out = the snapshot ring
+
+W = dequantize(raw, ggml_type, shape) is never built: raw (uint8, [out, row bytes], uploaded once at load)
+is decoded block by block in registers. Types: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K (others raise
+ValueError; the caller falls back to the oracle).
+
+Byte layouts (names after ggml's block structs; bit-exact decoders and longer tables in tinyspec/quants):
+
+    type  block   bytes  fields in order                         value
+    F32   1       4      IEEE binary32                            the bits themselves
+    F16   1       2      IEEE binary16                            exact widening
+    BF16  1       2      high half of a binary32                  bits << 16
+    Q8_0  32      34     d f16 | qs[32] int8                      d * q
+    Q4_K  256     144    d f16 | dmin f16 | scales[12] | qs[128]  (d*sc) * q - (dmin*m), q 4-bit, sc/m 6-bit
+    Q5_K  256     176    d | dmin | scales[12] | qh[32] | qs[128] same, q = nibble | (bit j of qh[l]) << 4
+    Q6_K  256     210    ql[128] | qh[64] | scales[16] int8 | d    (d*sc) * (q - 32), q = 4 low + 2 high bits
+
+    Q4_K/Q5_K sub-block j (32 values): qs byte 32(j/2) + l holds value l in nibble j%2; the 12 scale bytes
+    s give sc[j] = s[j] & 63, m[j] = s[j+4] & 63 for j < 4, and for j >= 4
+    sc[j] = (s[j+4] & 15) | (s[j-4] >> 6) << 4,  m[j] = (s[j+4] >> 4) | (s[j] >> 6) << 4.
+    Q6_K value 128h + 32k + l: low 4 bits in nibble k/2 of ql[64h + 32(k%2) + l], high 2 bits at bit 2k
+    of qh[32h + l], scale scales[(128h + 32k + l) / 16].
+
+Every weight is decoded to exactly the oracle's float32 (same f32 operations in the same order, written
+with __fmul_rn / __fsub_rn, which the compiler never fuses into an FMA), so get_rows is bit-exact and
+quant_linear sums exact weights. Small integer codes become floats by the "magic number" trick
+(int bits 0x4B400000 + q is the float 1.5*2^23 + q; subtracting 1.5*2^23 leaves q exactly), which runs
+on the full-rate FP32/INT pipes instead of the quarter-rate int->float converter.
+
+Thread mapping of quant_linear (weight-stationary; W is the memory traffic, x is tiny):
+
+    row of `in` values = chunks of 256 (one K-quant super-block, 8 Q8_0 blocks, 256 floats)
+    in a chunk, lane l of a warp owns two quads: values 4l..4l+3 and 128+4l..128+4l+3
+    block = 8 warps = G row groups x S split warps  (S in 1, 2, 4, 8 from the shape only, G = 8 / S)
+    warp (g, s) handles RPW rows and the chunks c = s, s+S, s+2S, ...; for each chunk it decodes its
+        8 values of each of its RPW rows once into registers, then for every t < T loads x[t] quads
+        (float4, read-only cache) and adds w * x[t] into acc[row][t] with one fmaf per value
+    epilogue: each acc[row][t] is summed over the 32 lanes by a xor butterfly (16, 8, 4, 2, 1), then
+        over the S split warps in order s = 0, 1, ..., S-1 through shared memory
+
+S > 1 gives short matrices enough warps (1024 rows alone would fill an eighth of an H100). x is read
+through the read-only cache (__ldg float4), not staged in shared memory: each x quad goes into registers
+once per chunk and serves the warp's RPW rows, and the G row groups of a block read the same quads at
+about the same time, so L1 serves them. All of x would not fit in shared memory (T * in * 4 bytes =
+786 KB at 16 x 12288), and tiling it would add a block barrier per tile.
+
+Batch invariance (row t of a T-row call is bitwise equal to a one-row call on x[t]): the arithmetic
+that produces y[t, r] is fixed by the lane map (quads), the split S (a function of out and in only),
+the per-lane order (chunks ascending, quad 0 then 1, elements 0..3, one fmaf each) and the two fixed
+reduction trees. T only selects NT (the template's row capacity, 1/2/4/8/16; T > 16 runs in tiles of
+16) and RPW (rows per warp); both change which thread computes a sum, never the sum. Checked bitwise
+for T = 1..16 by tests/test_cuda_ops.py (which runs where a GPU is present and skips elsewhere).
+
+Subnormals: CuPy compiles every kernel with -ftz=true (appended after our options), so float32
+arithmetic flushes values below 2^-126 to zero. No weight decoded from a block type is subnormal: fp16
+fields widen to normal floats, and (d*sc)*q and dmin*m are exact multiples of 2^-24, so every decoded
+value is 0 or at least 2^-24 in magnitude. get_rows of plain types only moves bits. So get_rows stays
+bit-exact for every input; quant_linear and the GDN scan differ from the oracle only where an F32/BF16
+weight, a product or a sum falls below 1.2e-38.
+
+Accuracy against the oracle (a BLAS matvec of the same exact weights, another summation order): both
+are within gamma_in * sum_j |W[r, j] x[t, j]| of the exact sum (Higham, Accuracy and Stability, eq. 3.5),
+so |y - y_oracle| <= 2 * 1.01 * in * 2^-24 * (|W| @ |x|), the bound the tests check.
+
+Roofline (H100 SXM: ~3.35 TB/s HBM, 33.5 T fp32 FMA/s, 128 lane-ops per clock per SM): decoding costs
+~4-5 lane-ops per value (extract, magic convert, multiply, subtract) and then T fmaf per value. At 70% of
+HBM, Q4_K delivers 4.2 T values/s, so T = 1 fits, T = 2 is near the issue limit and T >= 4 is compute-
+bound: a 4-bit type at T = 8 would need 33 T fmaf/s, the whole chip. Q8_0 stays memory-bound to T ~ 4,
+F16/BF16 to T ~ 8, F32 to T = 16. Integer dot products (llama.cpp's dp4a on an 8-bit x) would go
+faster but quantize x, which this module does not do: its results stay within float rounding of the
+oracle. tools/bench_cuda.py measures the numbers.
+
+GDN (gdn_scan): one thread block per value head, one thread per value column v, the K entries S[:, v]
+of its column in registers for the whole call. Per token: decay, predict (sum over K in order), correct,
+write, read, exactly the oracle's f32 operations in the oracle's order (NumPy sums axis 1 in order);
+the only differences are exp (computed in float64 and rounded once) and the flush of subnormals
+described above. K = 128 keeps its column in 255 registers (a few spill to L1). If states_out (the snapshot ring,
+[>= T, HV, K, V] on the device) is given, the state after token t is written to slot t from registers:
+no copy through the host. A T-token scan is bitwise equal to T one-token steps (same per-token
+arithmetic, state kept in float32 registers). Rolling back to "j tokens kept" is
+`state[...] = states_out[j - 1]` (a device-to-device copy).
+
+Official implementation: llama.cpp ggml-cuda mmvq.cu / dequantize.cuh (integer dot products) and
+gated_delta_net.cu; fla ops/gated_delta_rule/fused_recurrent.py. Does NOT include: other GGML types,
+tensor cores, quantized activations, the conv step, multi-sequence batching of the scan.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ..quants import GGMLType
+
+SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+# Byte alignment each decoder needs of the weight's first byte (widest load: uint4 header, float, ushort).
+_ALIGN = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2, GGMLType.Q8_0: 2,
+          GGMLType.Q4_K: 16, GGMLType.Q5_K: 16, GGMLType.Q6_K: 2}
+CHUNK = 256  # values per chunk: 32 lanes x 2 quads x 4
+WARPS = 8  # warps per block of quant_linear
+NT_RPW = ((1, 1), (2, 2), (4, 4), (8, 4), (16, 4))  # (max rows of x per launch, weight rows per warp)
+TARGET_WARPS = 8192  # split a row over more warps until out * S reaches this (a full H100 is ~8448 warps)
+MAX_K, MAX_V = 256, 256  # GDN head sizes the scan kernel accepts (K registers per thread, V threads)
+
+_SOURCE = r"""
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+// ------------------------------------------------------------------ exact conversions
+
+__device__ __forceinline__ float f16_to_f32(u32 h) {  // IEEE binary16 bits -> float, exact
+    const u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0u) {  // zero or subnormal: m * 2^-24
+        const float v = __fmul_rn((float)m, 5.9604644775390625e-08f);
+        return sign ? -v : v;
+    }
+    if (e == 31u) return __uint_as_float(sign | 0x7F800000u | (m << 13));  // inf, nan (payload kept)
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));  // rebias the exponent 15 -> 127
+}
+
+__device__ __forceinline__ float code_to_f32(int q) {  // exact for |q| < 2^22
+    // 0x4B400000 is 1.5 * 2^23, where the float spacing is 1: adding q to its bits adds q to its value.
+    return __fsub_rn(__int_as_float(0x4B400000 + q), 12582912.0f);
+}
+
+__device__ __forceinline__ int s8(u32 bits) { return (int)((bits & 0xFFu) ^ 0x80u) - 128; }  // low byte as int8
+
+__device__ __forceinline__ u32 ld16(const u8* p) { return *(const u16*)p; }  // p even
+__device__ __forceinline__ u32 ld32_a2(const u8* p) { return ld16(p) | (ld16(p + 2) << 16); }  // p even
+__device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }  // p multiple of 4
+
+// ------------------------------------------------------------------ decoders
+// A chunk is values 256c .. 256c + 255 of a row; lane l decodes quad 0 = values 256c + 4l + e and
+// quad 1 = values 256c + 128 + 4l + e (e = 0..3) into w[e] and w[4 + e]. Quads at or past n_in are
+// not read (w = 0); only the plain types and Q8_0 can have them (K-quant rows are whole chunks).
+
+__device__ __forceinline__ void quad_f32(const u8* row, int p, int n_in, int vec, float* w) {
+    const float* r = (const float*)row;
+    if (vec && p + 4 <= n_in) {
+        const float4 f = *(const float4*)(r + p);
+        w[0] = f.x; w[1] = f.y; w[2] = f.z; w[3] = f.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = p + e < n_in ? r[p + e] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void quad_f16(const u8* row, int p, int n_in, int vec, float* w) {
+    const u16* r = (const u16*)row;
+    if (vec && p + 4 <= n_in) {
+        const uint2 u = *(const uint2*)(r + p);  // little-endian: element p in the low half of u.x
+        w[0] = f16_to_f32(u.x & 0xFFFFu); w[1] = f16_to_f32(u.x >> 16);
+        w[2] = f16_to_f32(u.y & 0xFFFFu); w[3] = f16_to_f32(u.y >> 16);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = p + e < n_in ? f16_to_f32(r[p + e]) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void quad_bf16(const u8* row, int p, int n_in, int vec, float* w) {
+    const u16* r = (const u16*)row;
+    if (vec && p + 4 <= n_in) {
+        const uint2 u = *(const uint2*)(r + p);
+        w[0] = __uint_as_float(u.x << 16); w[1] = __uint_as_float(u.x & 0xFFFF0000u);
+        w[2] = __uint_as_float(u.y << 16); w[3] = __uint_as_float(u.y & 0xFFFF0000u);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = p + e < n_in ? __uint_as_float((u32)r[p + e] << 16) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void quad_q8_0(const u8* row, int p, float* w) {
+    // block p / 32 (34 bytes: d f16, qs[32] int8); x = d * q
+    const u8* blk = row + 34 * (p >> 5);
+    const float d = f16_to_f32(ld16(blk));
+    const u32 q = ld32_a2(blk + 2 + (p & 31));  // codes of values p .. p+3
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = __fmul_rn(d, code_to_f32(s8(q >> (8 * e))));
+}
+
+__device__ __forceinline__ void chunk_q4_k(const u8* row, int c, int lane, float* w) {
+    // super-block c (144 bytes: d, dmin, scales[12], qs[128]); x = (d * sc) * q - (dmin * m)
+    const u8* blk = row + 144 * c;
+    const uint4 hd = *(const uint4*)blk;  // .x = d | dmin << 16, .y = s[0..3], .z = s[4..7], .w = s[8..11]
+    const float d = f16_to_f32(hd.x & 0xFFFFu), dmin = f16_to_f32(hd.x >> 16);
+    const int i = lane >> 3;  // quad 0 lies in sub-block i (0..3), quad 1 in sub-block 4 + i
+    const u32 sy = (hd.y >> (8 * i)) & 0xFFu, sz = (hd.z >> (8 * i)) & 0xFFu, sw = (hd.w >> (8 * i)) & 0xFFu;
+    const int sc0 = sy & 63, m0 = sz & 63;  // sub-block i < 4
+    const int sc1 = (sw & 15) | ((sy >> 6) << 4), m1 = (sw >> 4) | ((sz >> 6) << 4);  // sub-block 4 + i
+    const float dl0 = __fmul_rn(d, code_to_f32(sc0)), ml0 = __fmul_rn(dmin, code_to_f32(m0));
+    const float dl1 = __fmul_rn(d, code_to_f32(sc1)), ml1 = __fmul_rn(dmin, code_to_f32(m1));
+    // sub-block j, value l is nibble j % 2 of qs[32 (j / 2) + l]; here l = 4 (lane % 8) + e
+    const int off = 16 + 32 * (lane >> 4) + 4 * (lane & 7), shift = 4 * (i & 1);
+    const u32 q0 = ld32(blk + off) >> shift, q1 = ld32(blk + off + 64) >> shift;  // sub-blocks i, 4 + i
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        w[e] = __fsub_rn(__fmul_rn(dl0, code_to_f32((q0 >> (8 * e)) & 15u)), ml0);
+        w[4 + e] = __fsub_rn(__fmul_rn(dl1, code_to_f32((q1 >> (8 * e)) & 15u)), ml1);
+    }
+}
+
+__device__ __forceinline__ void chunk_q5_k(const u8* row, int c, int lane, float* w) {
+    // super-block c (176 bytes: d, dmin, scales[12], qh[32], qs[128]); Q4_K plus a fifth bit
+    const u8* blk = row + 176 * c;
+    const uint4 hd = *(const uint4*)blk;
+    const float d = f16_to_f32(hd.x & 0xFFFFu), dmin = f16_to_f32(hd.x >> 16);
+    const int i = lane >> 3;
+    const u32 sy = (hd.y >> (8 * i)) & 0xFFu, sz = (hd.z >> (8 * i)) & 0xFFu, sw = (hd.w >> (8 * i)) & 0xFFu;
+    const int sc0 = sy & 63, m0 = sz & 63;
+    const int sc1 = (sw & 15) | ((sy >> 6) << 4), m1 = (sw >> 4) | ((sz >> 6) << 4);
+    const float dl0 = __fmul_rn(d, code_to_f32(sc0)), ml0 = __fmul_rn(dmin, code_to_f32(m0));
+    const float dl1 = __fmul_rn(d, code_to_f32(sc1)), ml1 = __fmul_rn(dmin, code_to_f32(m1));
+    const int l = 4 * (lane & 7), off = 48 + 32 * (lane >> 4) + l, shift = 4 * (i & 1);
+    const u32 q0 = ld32(blk + off) >> shift, q1 = ld32(blk + off + 64) >> shift;
+    const u32 h = ld32(blk + 16 + l);  // qh[l .. l+3]: bit j of qh[l] is the fifth bit of value l of sub-block j
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int c0 = ((q0 >> (8 * e)) & 15u) | (((h >> (8 * e + i)) & 1u) << 4);
+        const int c1 = ((q1 >> (8 * e)) & 15u) | (((h >> (8 * e + 4 + i)) & 1u) << 4);
+        w[e] = __fsub_rn(__fmul_rn(dl0, code_to_f32(c0)), ml0);
+        w[4 + e] = __fsub_rn(__fmul_rn(dl1, code_to_f32(c1)), ml1);
+    }
+}
+
+__device__ __forceinline__ void chunk_q6_k(const u8* row, int c, int lane, float* w) {
+    // super-block c (210 bytes, only 2-aligned: ql[128], qh[64], scales[16] int8, d); x = (d * sc) * (q - 32)
+    const u8* blk = row + 210 * c;
+    const float d = f16_to_f32(ld16(blk + 208));
+    const int k = lane >> 3, l = 4 * (lane & 7);  // quad h (0, 1) holds values 128h + 32k + l + e
+    const int sl = 4 * (k >> 1), sh = 2 * k;
+    const u32 ql0 = ld32_a2(blk + 32 * (k & 1) + l) >> sl, ql1 = ld32_a2(blk + 64 + 32 * (k & 1) + l) >> sl;
+    const u32 qh0 = ld32_a2(blk + 128 + l) >> sh, qh1 = ld32_a2(blk + 160 + l) >> sh;
+    // 16-value sub-blocks: (128h + 32k + l) / 16 = 8h + lane / 4
+    const float dl0 = __fmul_rn(d, code_to_f32(s8(blk[192 + (lane >> 2)])));
+    const float dl1 = __fmul_rn(d, code_to_f32(s8(blk[200 + (lane >> 2)])));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int c0 = (int)(((ql0 >> (8 * e)) & 15u) | (((qh0 >> (8 * e)) & 3u) << 4)) - 32;
+        const int c1 = (int)(((ql1 >> (8 * e)) & 15u) | (((qh1 >> (8 * e)) & 3u) << 4)) - 32;
+        w[e] = __fmul_rn(dl0, code_to_f32(c0));
+        w[4 + e] = __fmul_rn(dl1, code_to_f32(c1));
+    }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void decode_chunk(const u8* row, int c, int lane, int n_in, int vec, float* w) {
+    if (TYPE == T_Q4_K) chunk_q4_k(row, c, lane, w);
+    else if (TYPE == T_Q5_K) chunk_q5_k(row, c, lane, w);
+    else if (TYPE == T_Q6_K) chunk_q6_k(row, c, lane, w);
+    else {  // 32-value blocks and plain values: two independent quads, either may lie past the row
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = 256 * c + 128 * h + 4 * lane;
+            float* wq = w + 4 * h;
+            if (p >= n_in) wq[0] = wq[1] = wq[2] = wq[3] = 0.0f;
+            else if (TYPE == T_Q8_0) quad_q8_0(row, p, wq);
+            else if (TYPE == T_F16) quad_f16(row, p, n_in, vec, wq);
+            else if (TYPE == T_BF16) quad_bf16(row, p, n_in, vec, wq);
+            else quad_f32(row, p, n_in, vec, wq);
+        }
+    }
+}
+
+__device__ __forceinline__ int quad_len(int p, int n_in) {  // values of the quad at p that exist: 0..4
+    const int n = n_in - p;
+    return n < 0 ? 0 : (n > 4 ? 4 : n);
+}
+
+// ------------------------------------------------------------------ quant_linear
+
+template <int TYPE, int NT, int RPW>
+__global__ void __launch_bounds__(256) quant_linear_k(
+    const float* __restrict__ x, long long ldx, int T,      // x [T, ldx] float32, T <= NT
+    const u8* __restrict__ raw, long long row_bytes,        // weight [n_out, row_bytes]
+    int n_out, int n_in, int vec, int S,                    // S split warps per row (1, 2, 4, 8)
+    float* __restrict__ y)                                  // y [T, n_out]
+{
+    __shared__ float part[8][RPW][NT];  // per-warp lane sums, combined over the S split warps
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int s = warp % S, g = warp / S, G = 8 / S;
+    const int row0 = (blockIdx.x * G + g) * RPW;
+    const int n_chunks = (n_in + 255) >> 8;
+
+    float acc[RPW][NT];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+    for (int c = s; c < n_chunks; c += S) {
+        const int p0 = 256 * c + 4 * lane, p1 = p0 + 128;
+        const int n0 = quad_len(p0, n_in), n1 = quad_len(p1, n_in);
+        float w[RPW][8];  // 1. decode this lane's 8 values of each row once
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+            if (row0 + r < n_out) {
+                decode_chunk<TYPE>(raw + (long long)(row0 + r) * row_bytes, c, lane, n_in, vec, w[r]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) w[r][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {  // 2. apply them to every row of x
+            if (t < T) {
+                const float* xt = x + t * ldx;
+                const float4 a = n0 > 0 ? __ldg((const float4*)(xt + p0)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 b = n1 > 0 ? __ldg((const float4*)(xt + p1)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float xa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int r = 0; r < RPW; ++r) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (e < n0) acc[r][t] = __fmaf_rn(w[r][e], xa[e], acc[r][t]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (e < n1) acc[r][t] = __fmaf_rn(w[r][4 + e], xa[4 + e], acc[r][t]);
+                }
+            }
+        }
+    }
+
+    // 3. sum over the 32 lanes: xor butterfly, every lane ends with the same (commutative) sums
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+            acc[r][t] = v;
+        }
+
+    if (S == 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+                    if (t < T && row0 + r < n_out) y[(long long)t * n_out + row0 + r] = acc[r][t];
+        }
+        return;
+    }
+    // 4. sum over the S split warps of each row group, in order s = 0 .. S-1
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPW; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * RPW * NT; i += blockDim.x) {
+        const int gg = i / (RPW * NT), r = (i / NT) % RPW, t = i % NT;
+        const int row = (blockIdx.x * G + gg) * RPW + r;
+        if (t < T && row < n_out) {
+            float v = part[gg * S][r][t];
+            for (int ss = 1; ss < S; ++ss) v = __fadd_rn(v, part[gg * S + ss][r][t]);
+            y[(long long)t * n_out + row] = v;
+        }
+    }
+}
+
+// ------------------------------------------------------------------ get_rows
+
+template <int TYPE>
+__global__ void get_rows_k(const u8* __restrict__ raw, long long row_bytes, int n_rows, int n_in, int vec,
+                           const long long* __restrict__ ids, float* __restrict__ out)  // out [n_ids, n_in]
+{
+    // one block per id; warp wid decodes chunks wid, wid + nw, ... with the quant_linear lane map
+    long long id = ids[blockIdx.x];
+    if (id < 0) id += n_rows;
+    float* o = out + (long long)blockIdx.x * n_in;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int n_chunks = (n_in + 255) >> 8;
+    const bool bad = id < 0 || id >= n_rows;  // the host checks ids; never read out of bounds anyway
+    const u8* row = raw + (bad ? 0 : id) * row_bytes;
+    for (int c = wid; c < n_chunks; c += nw) {
+        float w[8];
+        if (!bad) decode_chunk<TYPE>(row, c, lane, n_in, vec, w);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = 256 * c + 128 * h + 4 * lane, n = quad_len(p, n_in);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (e < n) o[p + e] = bad ? __int_as_float(0x7FC00000) : w[4 * h + e];
+        }
+    }
+}
+
+// ------------------------------------------------------------------ GDN delta-rule scan
+
+template <int K>
+__global__ void __launch_bounds__(256) gdn_scan_k(
+    const float* __restrict__ q, const float* __restrict__ k,  // [T, HV, K]
+    const float* __restrict__ v,                               // [T, HV, V]
+    const float* __restrict__ log_decay, const float* __restrict__ beta,  // [T, HV]
+    const float* state_in, float* state_out,                   // [HV, K, V]; may be the same buffer
+    float* __restrict__ o,                                     // [T, HV, V]
+    float* ring, int has_ring,                                 // [>= T, HV, K, V] snapshot slots
+    int T, int HV, int V)
+{
+    __shared__ float qs[K], ks[K], gb[2];
+    const int h = blockIdx.x, j = threadIdx.x;  // head, value column
+    const bool active = j < V;
+    float S[K];  // S[:, j] of head h, in registers for the whole scan
+    const long long base = (long long)h * K * V + j;  // S[i, j] of head h is at base + i * V (i * V < 2^16)
+#pragma unroll
+    for (int i = 0; i < K; ++i) S[i] = active ? state_in[base + i * V] : 0.0f;
+
+    for (int t = 0; t < T; ++t) {
+        const long long th = (long long)t * HV + h;
+        __syncthreads();  // everyone is done with the previous token's q and k
+        for (int i = threadIdx.x; i < K; i += blockDim.x) { qs[i] = q[th * K + i]; ks[i] = k[th * K + i]; }
+        if (threadIdx.x == 0) {
+            gb[0] = (float)exp((double)log_decay[th]);  // exp(log decay): computed in double, rounded once
+            gb[1] = beta[th];
+        }
+        __syncthreads();
+        if (active) {
+            const float g = gb[0], b = gb[1];
+#pragma unroll
+            for (int i = 0; i < K; ++i) S[i] = __fmul_rn(g, S[i]);  // 1. decay
+            float pred = __fmul_rn(S[0], ks[0]);  // 2. predict: (S^T k)[j], summed over K in order
+#pragma unroll
+            for (int i = 1; i < K; ++i) pred = __fadd_rn(pred, __fmul_rn(S[i], ks[i]));
+            const float delta = __fmul_rn(b, __fsub_rn(v[th * V + j], pred));  // 3. correct
+#pragma unroll
+            for (int i = 0; i < K; ++i) S[i] = __fadd_rn(S[i], __fmul_rn(ks[i], delta));  // 4. write
+            float out = __fmul_rn(S[0], qs[0]);  // 5. read: (S^T q)[j]
+#pragma unroll
+            for (int i = 1; i < K; ++i) out = __fadd_rn(out, __fmul_rn(S[i], qs[i]));
+            o[th * V + j] = out;
+            if (has_ring) {
+                float* slot = ring + (long long)t * HV * K * V + base;
+#pragma unroll
+                for (int i = 0; i < K; ++i) slot[i * V] = S[i];
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) state_out[base + i * V] = S[i];
+    }
+}
+"""
+
+_OPTIONS = ("--fmad=false",)  # belt and braces: every float op that must not fuse is an _rn intrinsic anyway
+_modules: dict = {}  # module key -> cupy.RawModule, compiled on first use (CuPy caches the cubin on disk)
+_kernels: dict = {}  # (device, name expression) -> kernel; a loaded function belongs to one device
+
+
+def _kernel(module_key, names: list[str], name: str):
+    key = (cp.cuda.runtime.getDevice(), name)
+    fn = _kernels.get(key)
+    if fn is None:
+        if module_key not in _modules:
+            _modules[module_key] = cp.RawModule(code=_SOURCE, options=_OPTIONS, name_expressions=names)
+        fn = _kernels[key] = _modules[module_key].get_function(name)
+    return fn
+
+
+def _quant_kernel(qtype: GGMLType, name: str):
+    t = int(qtype)  # one module per type: its five quant_linear variants and get_rows
+    names = [f"quant_linear_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW] + [f"get_rows_k<{t}>"]
+    return _kernel(("quant", t), names, name)
+
+
+def _split(n_out: int, n_chunks: int) -> int:
+    """Split warps per row, S in 1, 2, 4, 8: from the shape only, never from T (batch invariance)."""
+    S = 1
+    while S < WARPS and n_out * S < TARGET_WARPS and 2 * S <= n_chunks:
+        S *= 2
+    return S
+
+
+def _weight(raw, ggml_type, shape) -> tuple[GGMLType, "cp.ndarray", int, int, int, int]:
+    """Validate; return (type, raw as flat contiguous uint8 on device, n_out, n_in, row_bytes, vec)."""
+    try:
+        qtype = GGMLType(ggml_type)
+    except ValueError:
+        raise ValueError(f"cuda_ops: unknown ggml type id {ggml_type!r}") from None
+    if qtype not in SUPPORTED:
+        names = ", ".join(t.name for t in SUPPORTED)
+        raise ValueError(f"cuda_ops: ggml type {qtype.name} is not supported (supported: {names}); "
+                         "use tinyspec.ops for it")
+    if len(shape) != 2 or min(int(s) for s in shape) < 0:
+        raise ValueError(f"cuda_ops: shape must be (out, in) >= 0, got {shape}")
+    n_out, n_in = int(shape[0]), int(shape[1])
+    if n_in % qtype.block_size:
+        raise ValueError(f"cuda_ops: {qtype.name} row length {n_in} is not a multiple of the block size "
+                         f"{qtype.block_size}")
+    if max(n_out, n_in) >= 2**31:
+        raise ValueError(f"cuda_ops: shape {shape} too large (each side must be < 2^31)")
+    row_bytes = n_in // qtype.block_size * qtype.type_size
+    raw = cp.asarray(raw)  # no copy for a cupy array; a NumPy one is uploaded (every call: upload once instead)
+    if raw.dtype != cp.uint8 or raw.size != n_out * row_bytes:
+        raise ValueError(f"cuda_ops: {qtype.name} shape {shape} needs {n_out * row_bytes} uint8 bytes, "
+                         f"got {raw.size} of {raw.dtype}")
+    raw = cp.ascontiguousarray(raw).reshape(-1)
+    if raw.size and raw.data.ptr % _ALIGN[qtype]:
+        raise ValueError(f"cuda_ops: {qtype.name} weight bytes must start on a {_ALIGN[qtype]}-byte boundary "
+                         f"(cupy allocations do; GGUF aligns tensors to 32)")
+    wide = {GGMLType.F32: 16, GGMLType.F16: 8, GGMLType.BF16: 8}.get(qtype, 0)  # vector loads of plain rows
+    vec = int(bool(wide) and n_in % 4 == 0 and raw.data.ptr % wide == 0)
+    return qtype, raw, n_out, n_in, row_bytes, vec
+
+
+def quant_linear(x, raw, ggml_type: GGMLType | int, shape: tuple[int, int], out=None):
+    """y[t] = dequantize(raw) @ x[t] without the float32 matrix: cupy [T, in] -> cupy float32 [T, out].
+
+    raw: the weight's GGUF bytes as a cupy uint8 array (on the device once, at load). Batch-invariant
+    bit for bit; within 2.02 * in * 2^-24 * (|W| @ |x|) of tinyspec.ops.quant_linear. out: an optional
+    C-contiguous cupy float32 [T, out] to write into (no allocation when x is contiguous float32 with
+    in % 4 == 0, so calls can be captured in a CUDA graph). Raises ValueError for unsupported types and
+    mismatched shapes.
+    """
+    qtype, raw, n_out, n_in, row_bytes, vec = _weight(raw, ggml_type, shape)
+    x = cp.asarray(x, dtype=cp.float32)
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"cuda_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
+    T = x.shape[0]
+    ldx = -(-n_in // 4) * 4  # float4 loads of x need rows of a multiple of 4 floats, 16-byte aligned
+    if ldx != n_in or not x.flags.c_contiguous or x.data.ptr % 16:
+        padded = cp.zeros((T, ldx), dtype=cp.float32)
+        padded[:, :n_in] = x
+        x = padded
+    if out is None:
+        y = cp.empty((T, n_out), dtype=cp.float32)
+    else:
+        y = out
+        if not isinstance(y, cp.ndarray) or y.dtype != cp.float32 or y.shape != (T, n_out) or not y.flags.c_contiguous:
+            raise ValueError(f"cuda_ops: out must be a C-contiguous cupy float32 array of shape {(T, n_out)}")
+    if T == 0 or n_out == 0:
+        return y
+    if n_in == 0:
+        y.fill(0)
+        return y
+    S = _split(n_out, -(-n_in // CHUNK))
+    G = WARPS // S
+    for t0 in range(0, T, 16):  # tiles of at most 16 rows of x; each row's arithmetic is the same in any tile
+        tt = min(16, T - t0)
+        nt, rpw = next((nt, rpw) for nt, rpw in NT_RPW if nt >= tt)
+        kernel = _quant_kernel(qtype, f"quant_linear_k<{int(qtype)}, {nt}, {rpw}>")
+        blocks = -(-n_out // (G * rpw))
+        kernel((blocks,), (32 * WARPS,),
+               (x[t0:t0 + tt], np.int64(ldx), np.int32(tt), raw, np.int64(row_bytes),
+                np.int32(n_out), np.int32(n_in), np.int32(vec), np.int32(S), y[t0:t0 + tt]))
+    return y
+
+
+def get_rows(raw, ggml_type: GGMLType | int, shape: tuple[int, int], ids):
+    """Rows `ids` of the [n_rows, n_cols] weight in `raw`: [n] -> cupy float32 [n, n_cols], bit-exact with
+    tinyspec.ops.get_rows (negative ids count from the end, as in NumPy; out of range raises IndexError).
+
+    ids: NumPy (checked on the host, then uploaded) or cupy (checked with one small device reduction,
+    which synchronizes) integers.
+    """
+    qtype, raw, n_rows, n_in, row_bytes, vec = _weight(raw, ggml_type, shape)
+    if isinstance(ids, cp.ndarray):
+        ids = ids.reshape(-1).astype(cp.int64, copy=False)
+        bad = ids.size and bool(((ids < -n_rows) | (ids >= n_rows)).any())
+    else:
+        ids_host = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids_host.size and bool(((ids_host < -n_rows) | (ids_host >= n_rows)).any())
+        ids = cp.asarray(ids_host)
+    if bad:
+        raise IndexError(f"cuda_ops: row ids must be in [-{n_rows}, {n_rows})")
+    ids = cp.ascontiguousarray(ids)
+    out = cp.empty((ids.size, n_in), dtype=cp.float32)
+    if out.size:
+        kernel = _quant_kernel(qtype, f"get_rows_k<{int(qtype)}>")
+        kernel((ids.size,), (128,),
+               (raw, np.int64(row_bytes), np.int32(n_rows), np.int32(n_in), np.int32(vec), ids, out))
+    return out
+
+
+def _f32(a):
+    return cp.ascontiguousarray(cp.asarray(a, dtype=cp.float32))
+
+
+def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
+    # [T, HV, K] x2, [T, HV, V], [T, HV] x2, [HV, K, V] -> [T, HV, V], [HV, K, V]
+    """The delta-rule recurrence over T tokens on the device (tinyspec.gdn.gdn_scan's contract).
+
+    states_out: optional preallocated cupy float32 [>= T, HV, K, V] (the snapshot ring); slot t receives
+    the state after token t. out_state: optional cupy float32 [HV, K, V] for the final state; it may be
+    `state` itself (updated in place). Returns (o, final state).
+    """
+    q, k, v, log_decay, beta, state = (_f32(a) for a in (q, k, v, log_decay, beta, state))
+    if q.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"cuda_ops: q must be [T, HV, K] and v [T, HV, V], got {q.shape}, {v.shape}")
+    T, HV, K = q.shape
+    V = v.shape[2]
+    if k.shape != q.shape or v.shape[:2] != (T, HV) or log_decay.shape != (T, HV) or beta.shape != (T, HV):
+        raise ValueError(f"cuda_ops: inconsistent shapes q {q.shape}, k {k.shape}, v {v.shape}, "
+                         f"log_decay {log_decay.shape}, beta {beta.shape}")
+    if state.shape != (HV, K, V):
+        raise ValueError(f"cuda_ops: state must be [HV, K, V] = {(HV, K, V)}, got {state.shape}")
+    if not (1 <= K <= MAX_K and 1 <= V <= MAX_V):
+        raise ValueError(f"cuda_ops: gdn_scan needs 1 <= K <= {MAX_K} and 1 <= V <= {MAX_V}, got K={K}, V={V}")
+    for buf, name, min_shape in ((states_out, "states_out", (T, HV, K, V)), (out_state, "out_state", (HV, K, V))):
+        if buf is None:
+            continue
+        ok = (isinstance(buf, cp.ndarray) and buf.dtype == cp.float32 and buf.flags.c_contiguous
+              and buf.ndim == len(min_shape) and buf.shape[-3:] == (HV, K, V) and buf.shape[0] >= min_shape[0])
+        if not ok or (name == "out_state" and buf.shape != min_shape):
+            raise ValueError(f"cuda_ops: {name} must be a C-contiguous cupy float32 array of shape "
+                             f"{'>= ' if name == 'states_out' else ''}{min_shape}")
+    o = cp.empty((T, HV, V), dtype=cp.float32)
+    final = out_state if out_state is not None else cp.empty_like(state)
+    if T == 0 or HV == 0:
+        if final is not state:
+            final[...] = state
+        return o, final
+    kernel = _kernel(("gdn", K), [f"gdn_scan_k<{K}>"], f"gdn_scan_k<{K}>")
+    ring = states_out if states_out is not None else o  # never written when has_ring = 0
+    kernel((HV,), (-(-V // 32) * 32,),
+           (q, k, v, log_decay, beta, state, final, o, ring, np.int32(states_out is not None),
+            np.int32(T), np.int32(HV), np.int32(V)))
+    return o, final
+
+
+def delta_rule_step(state, q, k, v, log_decay, beta):
+    # [HV, K, V], [HV, K], [HV, K], [HV, V], [HV], [HV] -> [HV, V], [HV, K, V]
+    """One token of the gated delta rule for every value head (tinyspec.gdn.delta_rule_step's contract)."""
+    q, k, v, log_decay, beta = (cp.asarray(a, dtype=cp.float32)[None] for a in (q, k, v, log_decay, beta))
+    o, S = gdn_scan(q, k, v, log_decay, beta, state)
+    return o[0], S
