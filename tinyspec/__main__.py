@@ -6,7 +6,8 @@
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
     bench --model FILE [--backend cpu] [--json]     decode tok/s, verify cost for k = 1..8, bandwidth, spec speedups
-    (no command)                                    the demo: plain vs MTP vs lookup vs draft model on the shipped model
+    demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
+    (no command)                                    the same demo with its defaults
 
 Errors are one line on stderr and exit code 2.
 """
@@ -343,7 +344,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", help="the demo (also what `python -m tinyspec` runs): speculation on the shipped model",
+                       description="Decode a few prompts greedily with the shipped qwen35 model (tinyspec/assets) "
+                                   "plainly and with MTP, prompt-lookup and draft-model speculation; print tokens/s, "
+                                   "speedup, acceptance and tokens per verify pass, check the outputs are identical, "
+                                   "and show one generation with its accepted drafts marked.")
+    p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=None,
+                   help="compute backend (default: the demo's own choice, see tinyspec/demo.py)")
+    p.add_argument("--max-new", type=int, default=40, help="tokens per prompt (40)")
+    p.set_defaults(func=lambda args: demo_main(args.backend, args.max_new))
     return parser
+
+
+def demo_main(backend: str | None = None, max_new: int = 40) -> int:
+    from .demo import demo
+
+    if max_new < 1:
+        raise ValueError(f"--max-new must be >= 1, got {max_new}")
+    return demo(max_new=max_new, backend=backend)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,9 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is None:
-            from .demo import demo
-
-            return demo()
+            return demo_main()
         return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0

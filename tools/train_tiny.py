@@ -75,6 +75,13 @@ class Recipe:
     warmup: int = 50
     mtp_w1: float = 0.5
     mtp_w2: float = 0.25
+    copy_steps: int = 0  # a second phase after `steps`: windows that repeat themselves teach copying
+    copy_frac: float = 0.5  # share of copy windows in that phase
+    copy_lr: float = 6e-4  # its constant learning rate
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps + self.copy_steps
 
 
 PRESETS = {
@@ -83,7 +90,7 @@ PRESETS = {
     # when the machine is quiet; smaller models learn more per FLOP at this budget).
     "ship": {"vocab": 4096,
              "target": Recipe(Arch(hidden=192, ffn=512, layers=6, heads=3, interval=3), steps=500, batch=16, seq=256,
-                              lr=2e-3),
+                              lr=2e-3, copy_steps=150),
              "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=300, batch=16,
                              seq=256, lr=3e-3)},
     # a minute-long end-to-end run of every step, for tests and for trying the tool
@@ -284,7 +291,9 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=recipe.lr, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%
+    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%, then the copy phase's constant rate
+        if step >= recipe.steps:
+            return recipe.copy_lr
         if step < recipe.warmup:
             return recipe.lr * (step + 1) / recipe.warmup
         t = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
@@ -306,7 +315,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         ema = state.get("ema")
         say(f"{name}: resuming at step {step}")
     n_params = sum(p.numel() for p in params)
-    say(f"{name}: {n_params / 1e6:.2f} M parameters, {recipe.steps} steps of {recipe.batch} x {recipe.seq} tokens")
+    say(f"{name}: {n_params / 1e6:.2f} M parameters, {recipe.total_steps} steps of {recipe.batch} x {recipe.seq} tokens")
 
     def save() -> None:
         torch.save({"model": model.state_dict(), "mtp": mtp.state_dict() if mtp is not None else None,
@@ -317,14 +326,19 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     model.train()
     first = step
     if export_now:
-        say(f"{name}: exporting the checkpoint at step {step} of {recipe.steps} (--export-now)")
-    while step < recipe.steps and not export_now:
+        say(f"{name}: exporting the checkpoint at step {step} of {recipe.total_steps} (--export-now)")
+    while step < recipe.total_steps and not export_now:
         if stop_after is not None and step - first >= stop_after:
             save()
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
             return None
         rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
-        batch = torch.from_numpy(windows(train_ids, recipe.batch, recipe.seq + 2, rng)).to(device)
+        batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng)
+        if step >= recipe.steps:  # copy phase: [A, A] windows, so that "edit this code" prompts get copied
+            half = (recipe.seq + 2) // 2
+            for row in np.flatnonzero(rng.random(recipe.batch) < recipe.copy_frac):
+                batch[row, half:] = batch[row, : recipe.seq + 2 - half]
+        batch = torch.from_numpy(batch).to(device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         t0 = time.perf_counter()
@@ -337,17 +351,17 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         seen += recipe.batch * recipe.seq
         step += 1
         ema = main.item() if ema is None else 0.95 * ema + 0.05 * main.item()
-        if step % 25 == 0 or step == recipe.steps:
+        if step % 25 == 0 or step == recipe.total_steps:
             rate = seen / seconds
-            eta = (recipe.steps - step) * seconds / step if step else 0
+            eta = (recipe.total_steps - step) * seconds / step if step else 0
             extra = f" mtp1 {l1.item():.3f} mtp2 {l2.item():.3f}" if l1 is not None else ""
-            say(f"{name}: step {step}/{recipe.steps} loss {ema:.3f}{extra}  {rate:.0f} tok/s  eta {eta / 60:.1f} min")
+            say(f"{name}: step {step}/{recipe.total_steps} loss {ema:.3f}{extra}  {rate:.0f} tok/s  eta {eta / 60:.1f} min")
             log.append({"step": step, "loss": round(ema, 4)})
-        if step % ckpt_every == 0 or step == recipe.steps:
+        if step % ckpt_every == 0 or step == recipe.total_steps:
             save()
     held = evaluate(torch, model, mtp, held_ids, recipe)
     say(f"{name}: held-out {json.dumps({k: round(v, 4) for k, v in held.items()})}")
-    record = {"steps": step, "planned_steps": recipe.steps, "seconds": round(seconds, 1), "tokens": seen,
+    record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
