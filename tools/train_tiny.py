@@ -90,7 +90,7 @@ PRESETS = {
     # when the machine is quiet; smaller models learn more per FLOP at this budget).
     "ship": {"vocab": 4096,
              "target": Recipe(Arch(hidden=192, ffn=512, layers=6, heads=3, interval=3), steps=500, batch=16, seq=256,
-                              lr=2e-3, copy_steps=150),
+                              lr=2e-3, copy_steps=400),
              "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=300, batch=16,
                              seq=256, lr=3e-3)},
     # a minute-long end-to-end run of every step, for tests and for trying the tool
