@@ -48,8 +48,12 @@ class MTPHead:
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_head_kv, self.cfg.head_dim)
 
-    def forward(self, tokens, hidden_prev: np.ndarray, cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
-        """tokens [T] at positions cache.n .., hidden_prev [T, D] (h_{p-1} per row) -> logits [T, N], h_mtp [T, D]."""
+    def forward(self, tokens, hidden_prev: np.ndarray, cache: KVCache,
+                logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+        """tokens [T] at positions cache.n .., hidden_prev [T, D] (h_{p-1} per row) -> logits [T, N], h_mtp [T, D].
+
+        logits=False skips the output projection (None instead of logits): feeding the cache with kept
+        tokens needs only the KV rows, and the [N, D] head is most of the block's cost on a small model."""
         cfg, w = self.cfg, self.w
         tokens = np.asarray(tokens, dtype=np.int64)
         if hidden_prev.shape != (tokens.size, cfg.n_embd):
@@ -60,7 +64,7 @@ class MTPHead:
         y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg)
         y = y + ffn(rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w)
         h_mtp = rms_norm(y, self.head_norm, cfg.rms_eps)
-        return linear(h_mtp, self.head), h_mtp
+        return (linear(h_mtp, self.head) if logits else None), h_mtp
 
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
@@ -85,7 +89,7 @@ class MTPDrafter:
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.cache = self.head.new_cache()
-        self.head.forward(prompt, shift_hidden(hidden), self.cache)
+        self.head.forward(prompt, shift_hidden(hidden), self.cache, logits=False)
         self.h_last = hidden[-1]
 
     def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
@@ -104,5 +108,5 @@ class MTPDrafter:
         return drafts, q_rows
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
-        self.head.forward(fed, shift_hidden(hidden, self.h_last), self.cache)
+        self.head.forward(fed, shift_hidden(hidden, self.h_last), self.cache, logits=False)
         self.h_last = hidden[-1]
