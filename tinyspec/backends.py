@@ -95,20 +95,26 @@ class PackedWeight:
         return f"PackedWeight({self.ggml_type.name}, {self.shape})"
 
 
-def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Matmul weights of a type the Numba kernels read -> PackedWeight over the memory map; the rest float32."""
-    from .fast import numba_ops
-
+def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
+                   progress: Callable[[int, int], None] | None = None) -> dict:
+    """Matmul weights of a type `kernels` read -> PackedWeight over upload(bytes); every other tensor float32."""
     out = {}
     for i, (name, t) in enumerate(g.tensors.items()):
         packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and len(t.shape) == 2
-        if packable and t.ggml_type in numba_ops.SUPPORTED:
-            out[name] = PackedWeight(g.raw(name), t.ggml_type, t.shape, numba_ops)
+        if packable and t.ggml_type in kernels.SUPPORTED:
+            out[name] = PackedWeight(upload(g.raw(name)), t.ggml_type, t.shape, kernels)
         else:
             out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
         if progress:
             progress(i + 1, len(g.tensors))
     return out
+
+
+def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Packed weights are views of the memory map, multiplied by the Numba kernels."""
+    from .fast import numba_ops
+
+    return packed_tensors(g, numba_ops, progress=progress)
 
 
 class CudaKernels:
@@ -120,7 +126,7 @@ class CudaKernels:
 
         from .fast import cuda_ops
 
-        self.cp, self.ops = cupy, cuda_ops
+        self.cp, self.ops, self.SUPPORTED = cupy, cuda_ops, cuda_ops.SUPPORTED
 
     def quant_linear(self, x, raw, ggml_type, shape):
         return self.cp.asnumpy(self.ops.quant_linear(self.cp.asarray(x), raw, ggml_type, shape))
@@ -130,18 +136,9 @@ class CudaKernels:
 
 
 def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Matmul weights uploaded to the GPU in their GGUF bytes (PackedWeight over CuPy arrays); the rest float32."""
+    """Packed weights are uploaded to the GPU in their GGUF bytes, multiplied by the CuPy kernels."""
     kernels = CudaKernels()
-    out = {}
-    for i, (name, t) in enumerate(g.tensors.items()):
-        packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and len(t.shape) == 2
-        if packable and t.ggml_type in kernels.ops.SUPPORTED:
-            out[name] = PackedWeight(kernels.cp.asarray(g.raw(name)), t.ggml_type, t.shape, kernels)
-        else:
-            out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
-        if progress:
-            progress(i + 1, len(g.tensors))
-    return out
+    return packed_tensors(g, kernels, kernels.cp.asarray, progress)
 
 
 def load_model(path: str | os.PathLike, backend: str | None = None,

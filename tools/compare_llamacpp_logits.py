@@ -113,11 +113,10 @@ def llamacpp_greedy(harness: Path, model: str | os.PathLike, tokens, n: int) -> 
         return [int(t) for t in r.stdout.splitlines()[-1].split()]
 
 
-def tinyspec_greedy(model_path: str | os.PathLike, tokens, n: int) -> list[int]:
+def tinyspec_greedy(model, tokens, n: int) -> list[int]:
     from tinyspec.generate import generate
-    from tinyspec.model import Model
 
-    return generate(Model.from_gguf(model_path), tokens, n).tokens  # no stop ids: exactly n tokens
+    return generate(model, tokens, n).tokens  # no stop ids: exactly n tokens
 
 
 def run_greedy(models, tree, build_dir, prompts: list[str], n: int) -> dict:
@@ -128,11 +127,12 @@ def run_greedy(models, tree, build_dir, prompts: list[str], n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         harness = build_harness(tree, build_dir, tmp)
         for m in models:
-            tok = Tokenizer.from_gguf(Model.from_gguf(m).metadata)
+            model = Model.from_gguf(m)  # loaded once for every prompt
+            tok = Tokenizer.from_gguf(model.metadata)
             rows = []
             for text in prompts:
                 ids = tok.encode(text)
-                ref, ours = llamacpp_greedy(harness, m, ids, n), tinyspec_greedy(m, ids, n)
+                ref, ours = llamacpp_greedy(harness, m, ids, n), tinyspec_greedy(model, ids, n)
                 split = next((i for i, (a, b) in enumerate(zip(ref, ours)) if a != b), None)
                 rows.append({"prompt": text, "prompt_tokens": ids, "llama_cpp": ref, "tinyspec": ours,
                              "equal": ref == ours, "first_difference": split, "text": tok.decode(ours)})
