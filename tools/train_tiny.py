@@ -20,6 +20,9 @@ What it does, step by step (every step is deterministic given --seed and --steps
                  where mtp_1 is the head at depth 1 exactly as tinyspec.mtp computes it (row p pairs token x_p with
                  the trunk's post-norm hidden h_{p-1}, zeros at p = 0, and predicts x_{p+1}), and mtp_2 chains the
                  head once more on its own output h_mtp with the next token, as MTPDrafter drafts at depth 2.
+                 Some rows get a planted copy (a span repeated a little later, sometimes with an edit;
+                 plant_copies), a quarter of them in the main phase and three quarters in a final copy phase,
+                 so the model learns to copy by content (induction) and prompt lookup has something to find.
   4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
   5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
                  training record in `training.*` metadata keys (corpus, seconds, tokens, final losses).
@@ -75,9 +78,10 @@ class Recipe:
     warmup: int = 50
     mtp_w1: float = 0.5
     mtp_w2: float = 0.25
-    copy_steps: int = 0  # a second phase after `steps`: windows that repeat themselves teach copying
-    copy_frac: float = 0.5  # share of copy windows in that phase
-    copy_lr: float = 6e-4  # its constant learning rate
+    copy_frac_main: float = 0.0  # share of rows with a planted copy (plant_copies) during the main steps
+    copy_steps: int = 0  # a second phase after `steps`, at a constant learning rate, that teaches copying
+    copy_frac: float = 0.5  # share of rows with a planted copy in that phase
+    copy_lr: float = 6e-4  # its constant learning rate (constant, so a longer copy phase resumes exactly)
 
     @property
     def total_steps(self) -> int:
@@ -90,7 +94,7 @@ PRESETS = {
     # when the machine is quiet; smaller models learn more per FLOP at this budget).
     "ship": {"vocab": 4096,
              "target": Recipe(Arch(hidden=192, ffn=512, layers=6, heads=3, interval=3), steps=500, batch=16, seq=256,
-                              lr=2e-3, copy_steps=400),
+                              lr=2e-3, copy_frac_main=0.25, copy_steps=600, copy_frac=0.75),
              "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=300, batch=16,
                              seq=256, lr=3e-3)},
     # a minute-long end-to-end run of every step, for tests and for trying the tool
@@ -257,6 +261,28 @@ def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -
     return np.stack([stream[s:s + length] for s in start]).astype(np.int64)
 
 
+def plant_copies(batch: np.ndarray, rng: np.random.Generator, frac: float) -> np.ndarray:
+    """In a share `frac` of the rows, overwrite a later span with a copy of an earlier one, in place:
+
+        row = [ ... A ... gap ... A' ... ]      A: n tokens at a random place, 16 <= n < len/2; gap: 0-8 tokens
+
+    and in half of the copies one or two tokens of A' replaced by other tokens of the row (an edit).
+    The distance between A and A' varies, so the model cannot learn "repeat what was 129 tokens back"
+    (a fixed-offset head, which is what our first copy phase with [A, A] halves taught): it has to find
+    where it is in A by content (an induction head) and pick the copy up again after an edit."""
+    length = batch.shape[1]
+    for row in np.flatnonzero(rng.random(len(batch)) < frac):
+        n = int(rng.integers(16, length // 2 - 4))
+        gap = int(rng.integers(0, 9))
+        at = int(rng.integers(0, length - 2 * n - gap + 1))
+        copy = batch[row, at:at + n].copy()
+        if rng.random() < 0.5:
+            for j in rng.integers(0, n, size=int(rng.integers(1, 3))):
+                copy[j] = batch[row, rng.integers(0, length)]
+        batch[row, at + n + gap:at + 2 * n + gap] = copy
+    return batch
+
+
 def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32) -> dict:
     """Mean losses on n fixed windows of the held-out stream."""
     batch = windows(stream, n, recipe.seq + 2, np.random.default_rng(1234))
@@ -334,10 +360,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             return None
         rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
         batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng)
-        if step >= recipe.steps:  # copy phase: [A, A] windows, so that "edit this code" prompts get copied
-            half = (recipe.seq + 2) // 2
-            for row in np.flatnonzero(rng.random(recipe.batch) < recipe.copy_frac):
-                batch[row, half:] = batch[row, : recipe.seq + 2 - half]
+        # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
+        plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
         batch = torch.from_numpy(batch).to(device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -405,6 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "train", help="work folder (checkpoints, HF dirs)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="ship")
     ap.add_argument("--steps", type=int, help="override the preset's step count (target; the draft gets half)")
+    ap.add_argument("--copy-steps", type=int, help="override the target's copy-phase step count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="torch device: cpu, or cuda when a GPU is lent")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
@@ -428,6 +453,9 @@ def main(argv=None) -> int:
         recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
                    "draft": Recipe(**{**asdict(recipes["draft"]), "arch": recipes["draft"].arch,
                                       "steps": max(1, args.steps // 2)})}
+    if args.copy_steps is not None:
+        recipes["target"] = Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch,
+                                      "copy_steps": args.copy_steps})
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
