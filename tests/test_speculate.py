@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tiny_models import write_tiny_qwen35
 
 from tinyspec.draft import DraftModelDrafter
+from tinyspec.draft_vocab import DraftVocab
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
@@ -78,8 +79,11 @@ class OracleDrafter:
 
 
 def make_drafter(kind: str, target: Model, draft_model: Model, plain: list[int]):
+    vocab = DraftVocab(np.random.default_rng(5).permutation(N_VOCAB), N_VOCAB // 3, N_VOCAB)  # a third of the ids
     return {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=3),
             "draft": lambda: DraftModelDrafter(draft_model, target=target),
+            "mtp-vocab": lambda: MTPDrafter(target, vocab),
+            "draft-vocab": lambda: DraftModelDrafter(draft_model, target=target, vocab=vocab),
             "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain)}[kind]()
 
 
@@ -186,7 +190,7 @@ CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32
             11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70}
 
 
-@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft"])
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "mtp-vocab", "draft-vocab"])
 def test_sampled_speculation_keeps_the_target_law(target, draft_model, kind):
     """Monte-Carlo chi-square: the joint law of the first two emitted tokens under speculative sampling
     (the second one went through the accept/residual rule against the drafter's q) equals the target's

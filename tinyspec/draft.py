@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .draft_vocab import DraftVocab, draw, subset_rows
 from .model import Model
+from .ops import linear
 from .sampling import SamplingParams, probs_from_logits, sample
 from .state import SnapshotRing
 
 
 class DraftModelDrafter:
-    def __init__(self, draft_model: Model, target: Model | None = None, max_draft: int = 16):
+    def __init__(self, draft_model: Model, target: Model | None = None, max_draft: int = 16,
+                 vocab: DraftVocab | None = None):
         if target is not None and draft_model.cfg.n_vocab != target.cfg.n_vocab:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
@@ -28,6 +31,8 @@ class DraftModelDrafter:
         self.ring = SnapshotRing(draft_model.cfg, max_draft)
         self.state = draft_model.new_state()
         self.n_drafted = 0  # forwards made by the last propose
+        self.vocab = vocab  # draft over these ids only (draft_vocab.py); None: the whole vocabulary
+        self.output_sub = subset_rows(draft_model.output, vocab.ids) if vocab is not None else None  # [n, D]
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.state = self.model.new_state()
@@ -40,10 +45,13 @@ class DraftModelDrafter:
         drafts, q_rows, token = [], [], pending
         self.ring.filled = 0
         for i in range(k):
-            logits, _ = self.model.forward(np.array([token]), self.state)
+            logits, hidden = self.model.forward(np.array([token]), self.state, logits=self.vocab is None)
             self.ring.save(self.state, i)  # slot i: pending + d_1..d_i fed
-            q_draft = probs_from_logits(logits[0], params)
-            token = sample(q_draft, rng)
+            if self.vocab is None:
+                q_draft = probs_from_logits(logits[0], params)
+                token = sample(q_draft, rng)
+            else:
+                token, q_draft = draw(self.vocab, linear(hidden, self.output_sub)[0], params, rng)
             drafts.append(token)
             q_rows.append(q_draft)
         self.n_drafted = k
@@ -54,5 +62,5 @@ class DraftModelDrafter:
         if self.n_drafted and n <= self.n_drafted:
             self.ring.restore(self.state, n - 1)
         else:  # nothing drafted, or every draft kept: feed what the draft model has not seen
-            self.model.forward(np.array(fed[self.n_drafted:]), self.state)
+            self.model.forward(np.array(fed[self.n_drafted:]), self.state, logits=False)
         self.n_drafted = 0

@@ -105,14 +105,16 @@ class Model:
             raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {self.cfg.n_vocab - 1})")
         return self.token_embd[tokens]
 
-    def forward(self, tokens, state: ModelState, chunked: bool = False,
-                ring: SnapshotRing | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, tokens, state: ModelState, chunked: bool = False, ring: SnapshotRing | None = None,
+                logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
         sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
         ring: a SnapshotRing that receives every GDN layer's state after each of the T tokens
         (a verify pass), so any prefix can be restored later without recomputing.
+        logits=False skips the output projection (None instead of logits): for callers that score
+        only some rows of it (draft_vocab.py) or need only the state.
         """
         cfg = self.cfg
         x = self.embed(tokens)  # [T, D]
@@ -129,4 +131,4 @@ class Model:
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)
         state.pos += x.shape[0]
         hidden = rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
-        return linear(hidden, self.output), hidden
+        return (linear(hidden, self.output) if logits else None), hidden

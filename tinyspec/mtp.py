@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_layer
+from .draft_vocab import DraftVocab, draw, subset_rows
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
 from .ops import linear, rms_norm
 from .state import KVCache
@@ -80,12 +81,15 @@ class MTPDrafter:
     h_mtp afterwards (qwen35 has one MTP layer, reused for every depth). Drafting appends rows to the
     head's KV cache; they are dropped afterwards and the kept tokens are re-fed with the TARGET's hidden
     rows, so the cache always ends exactly at the accepted prefix, as llama.cpp keeps it.
+    vocab: score only these token ids when drafting (draft_vocab.py); verification is unchanged.
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, vocab: DraftVocab | None = None):
         self.head = MTPHead(model)
         self.cache = self.head.new_cache()
         self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
+        self.vocab = vocab  # draft over these ids only (draft_vocab.py); None: the whole vocabulary
+        self.head_sub = subset_rows(self.head.head, vocab.ids) if vocab is not None else None  # [n, D]
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.cache = self.head.new_cache()
@@ -99,9 +103,13 @@ class MTPDrafter:
         drafts, q_rows = [], []
         token, h = pending, self.h_last
         for _ in range(k):
-            logits, h_mtp = self.head.forward([token], h[None, :], self.cache)
-            q_draft = probs_from_logits(logits[0], params)
-            token, h = sample(q_draft, rng), h_mtp[0]
+            logits, h_mtp = self.head.forward([token], h[None, :], self.cache, logits=self.vocab is None)
+            if self.vocab is None:
+                q_draft = probs_from_logits(logits[0], params)
+                token = sample(q_draft, rng)
+            else:
+                token, q_draft = draw(self.vocab, linear(h_mtp, self.head_sub)[0], params, rng)
+            h = h_mtp[0]
             drafts.append(token)
             q_rows.append(q_draft)
         self.cache.truncate(n_kept)
