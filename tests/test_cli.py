@@ -137,6 +137,28 @@ def test_generate_spec_equals_plain_and_reports_stats(tiny_model, tmp_path, caps
                                  "accepted_per_position", "accepted_length_histogram", "phase_ms", "tokens_per_s"}
 
 
+@pytest.mark.parametrize("spec", ["mtp", "lookup"])
+def test_generate_defaults_to_adaptive_k_and_takes_a_draft_vocabulary(tiny_model, tmp_path, capsys, spec):
+    base = ["generate", "--model", str(tiny_model), "--prompt", "the the the", "--max-new", "12", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["tokens"]
+    np.save(tmp_path / "rank.npy", np.arange(272)[::-1])
+    assert main(base + ["--spec", spec, "--draft-max", "5", "--draft-vocab", "100", "--ranking",
+                        str(tmp_path / "rank.npy")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == plain
+    chosen = {int(k): n for k, n in out["stats"]["adaptive"]["chosen_k"].items()}
+    assert sum(chosen.values()) == out["stats"]["steps"] and max(chosen) <= 5
+    assert main(base + ["--spec", spec, "--draft-n", "2"]) == 0
+    assert "adaptive" not in json.loads(capsys.readouterr().out)["stats"]  # a fixed k
+
+
+@pytest.mark.parametrize("flag", ["--draft-max", "--draft-vocab"])
+def test_draft_flags_must_be_positive(tiny_model, capsys, flag):
+    assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "mtp", flag, "0"]) == 2
+    assert flag in capsys.readouterr().err
+
+
 def test_generate_show_marks_tokens(tiny_model, capsys):
     assert main(["generate", "--model", str(tiny_model), "--prompt", "hi", "--max-new", "6", "--spec", "mtp",
                  "--show"]) == 0

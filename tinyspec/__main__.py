@@ -140,13 +140,25 @@ def cmd_logits(args) -> int:
     return 0
 
 
-def make_drafter(args, model):
+DRAFT_MAX = {"mtp": 4, "lookup": 8, "draft": 4, "none": 0}  # adaptive draft length: the largest k tried
+
+
+def draft_vocab(args, model):
+    """--draft-vocab N: the N most frequent tokens (draft_vocab.py), ranked by --ranking or the file's record."""
+    if not args.draft_vocab:
+        return None
+    from .draft_vocab import DraftVocab, ranking_for
+
+    return DraftVocab(ranking_for(model, args.ranking), min(args.draft_vocab, model.cfg.n_vocab), model.cfg.n_vocab)
+
+
+def make_drafter(args, model, draft_n: int = 16):
     if args.spec == "none":
         return None
     if args.spec == "mtp":
         from .mtp import MTPDrafter
 
-        return MTPDrafter(model)
+        return MTPDrafter(model, draft_vocab(args, model))
     if args.spec == "lookup":
         from .lookup import LookupDrafter
 
@@ -156,7 +168,8 @@ def make_drafter(args, model):
 
     if not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
-    return DraftModelDrafter(load(args.draft_model, model.backend), target=model, max_draft=max(1, args.draft_n))
+    return DraftModelDrafter(load(args.draft_model, model.backend), target=model, max_draft=max(1, draft_n),
+                             vocab=draft_vocab(args, model))
 
 
 def cmd_generate(args) -> int:
@@ -164,12 +177,18 @@ def cmd_generate(args) -> int:
     from .sampling import SamplingParams
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    if args.draft_n < 0:
+    if args.draft_n is not None and args.draft_n < 0:
         raise ValueError(f"--draft-n must be >= 0, got {args.draft_n}")
+    if args.draft_max is not None and args.draft_max < 1:
+        raise ValueError(f"--draft-max must be >= 1, got {args.draft_max}")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
+    draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
-                      drafter=make_drafter(args, model), draft_n=args.draft_n)
+                      drafter=make_drafter(args, model, draft_n), draft_n=draft_n, adaptive=adaptive)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
@@ -180,8 +199,9 @@ def cmd_generate(args) -> int:
     print(render_marked(tokenizer, result.tokens, result.marks) if args.show and result.marks else text)
     s = result.stats
     if "steps" in s:  # speculative
+        ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
         print(f"[{s['emitted']} tokens in {s['steps']} verify steps, {s['tokens_per_s']:.1f} tok/s, acceptance "
-              f"{s['acceptance_rate']:.2f}, {s['mean_accepted_length']:.2f} tokens/step]", file=sys.stderr)
+              f"{s['acceptance_rate']:.2f}, {s['mean_accepted_length']:.2f} tokens/step{ks}]", file=sys.stderr)
     else:
         print(f"[{s['generated']} tokens, prefill {s['prefill_s']:.2f} s, decode {s['decode_tok_s']:.1f} tok/s]",
               file=sys.stderr)
@@ -288,7 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", choices=["none", "mtp", "lookup", "draft"], default="none",
                    help="speculative decoding drafter: none (plain), mtp (the model's own nextn head), lookup "
                         "(n-grams from the prompt and output), draft (a separate small model, --draft-model)")
-    p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (default 3)")
+    p.add_argument("--draft-n", type=int, default=None,
+                   help="a fixed number of draft tokens per verify pass (default: adaptive, chosen per step for the "
+                        "most tokens per second from measured acceptance and step costs, up to --draft-max)")
+    p.add_argument("--draft-max", type=int, default=None,
+                   help="largest draft length the adaptive choice tries (default: mtp 4, lookup 8, draft 4)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="mtp/draft: score only the N most frequent tokens when drafting (FR-Spec; output unchanged)")
+    p.add_argument("--ranking", default=None, metavar="FILE.npy",
+                   help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
+                        "else id order)")
     p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model)")
     p.add_argument("--show", action="store_true",
                    help="print the output with accepted drafts [in brackets], corrections {in braces} and "

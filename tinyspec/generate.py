@@ -29,16 +29,19 @@ class Result:
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
              rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
-             drafter=None, draft_n: int = 3) -> Result:
+             drafter=None, draft_n: int = 3, adaptive: bool = False) -> Result:
     """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
 
     drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
     draft.DraftModelDrafter) proposing up to draft_n tokens per verify pass (speculate.py).
+    adaptive: choose each step's draft length in 0..draft_n for the most tokens per second (adaptive.py).
     """
     if drafter is not None:
+        from .adaptive import AdaptiveDraftLength
         from .speculate import speculative_generate
 
-        spec = speculative_generate(model, drafter, prompt_tokens, max_new, draft_n, params, rng, stop_ids)
+        policy = AdaptiveDraftLength(draft_n) if adaptive and draft_n > 0 else None
+        spec = speculative_generate(model, drafter, prompt_tokens, max_new, draft_n, params, rng, stop_ids, policy)
         return Result([int(t) for t in prompt_tokens], spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
     prompt = [int(t) for t in prompt_tokens]
     if not prompt:

@@ -40,6 +40,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from .adaptive import AdaptiveDraftLength
 from .model import Model
 from .sampling import SamplingParams, probs_from_logits, sample
 from .spec_sampling import verify_step
@@ -68,6 +69,7 @@ class SpecStats:
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "sample", "rollback"), 0.0))
     rollbacks: int = 0
     wall_s: float = 0.0
+    adaptive: dict | None = None  # the adaptive policy's chosen k's and estimates (adaptive.py)
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         self.steps += 1
@@ -90,7 +92,7 @@ class SpecStats:
             "phase_ms": {k: 1000 * v for k, v in self.phase_s.items()},
             "rollbacks": self.rollbacks,
             "tokens_per_s": self.emitted / decode_s if decode_s > 0 else 0.0,
-        }
+        } | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
 
 @dataclass
@@ -103,8 +105,10 @@ class SpecResult:
 
 def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], max_new: int, draft_n: int = 3,
                          params: SamplingParams = SamplingParams(), rng: np.random.Generator | None = None,
-                         stop_ids: Sequence[int] = ()) -> SpecResult:
-    """Generate up to max_new tokens after `prompt`, drafting up to draft_n tokens per verify pass."""
+                         stop_ids: Sequence[int] = (), adaptive: AdaptiveDraftLength | None = None) -> SpecResult:
+    """Generate up to max_new tokens after `prompt`, drafting up to draft_n tokens per verify pass.
+
+    adaptive: choose each step's k in 0..draft_n with this policy (adaptive.py) instead of always draft_n."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
@@ -130,8 +134,10 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
 
     while pending not in stops and len(out) < max_new:
         # Step 1: draft, never more than the cap leaves room for (each step also emits one target token)
-        t0 = clock()
-        drafts, q_rows = drafter.propose(pending, min(draft_n, max_new - len(out) - 1), params, rng)
+        t0 = t_step = clock()
+        room = min(draft_n, max_new - len(out) - 1)
+        k = adaptive.choose(room) if adaptive is not None else room
+        drafts, q_rows = drafter.propose(pending, k, params, rng) if k else ([], [])
         # Step 2: one target pass over [pending, drafts]; the ring receives the state after each token
         t1 = clock()
         batch = [pending] + [int(d) for d in drafts]
@@ -161,8 +167,11 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         marks.extend(kinds[: len(emitted)])
         pending = emitted[-1]
         stats.record(len(drafts), n_accepted)
+        if adaptive is not None:
+            adaptive.update(len(drafts), n_accepted, clock() - t_step)
         for phase, dt in zip(("draft", "verify", "sample", "rollback"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             stats.phase_s[phase] += dt
     stats.emitted = len(out)
     stats.wall_s = clock() - t_start
+    stats.adaptive = adaptive.as_dict() if adaptive is not None else None
     return SpecResult(out, stats, state, marks)

@@ -1,0 +1,113 @@
+"""Adaptive draft length: the policy's model (E(k), T(k), argmax), its exploration, and losslessness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_speculate import N_VOCAB, RandomDrafter, draft_model, make_drafter, repetitive_prompt, target  # noqa: F401
+
+from tinyspec.adaptive import AdaptiveDraftLength
+from tinyspec.generate import generate
+from tinyspec.speculate import speculative_generate
+from tinyspec.synthetic import expected_mean_accepted_length
+
+
+def run(policy: AdaptiveDraftLength, steps: int, accept_prob: float, cost, rng) -> None:
+    """Drive the policy with a simulated drafter (each draft accepted with accept_prob) and step costs cost(k)."""
+    for _ in range(steps):
+        k = policy.choose()
+        n = 0
+        while n < k and rng.random() < accept_prob:
+            n += 1
+        policy.update(k, n, cost(k))
+
+
+def test_expected_tokens_is_the_closed_form():
+    policy = AdaptiveDraftLength(6, a0=0.7)
+    for k in range(7):
+        assert policy.expected_tokens(k) == pytest.approx(expected_mean_accepted_length(0.7, k))
+
+
+def test_step_cost_estimates_between_and_beyond_measured_sizes():
+    policy = AdaptiveDraftLength(8)
+    assert policy.choose() == 8  # nothing measured: start at k_max
+    policy.update(2, 2, 3.0)
+    policy.update(6, 6, 7.0)
+    assert policy.step_cost(4) == pytest.approx(5.0)  # linear between 2 and 6
+    assert policy.step_cost(8) == 7.0  # flat above
+    assert policy.step_cost(0) == pytest.approx(1.0)  # proportional to k + 1 below
+
+
+@pytest.mark.parametrize("accept_prob, cost, best", [
+    (0.9, lambda k: 1.0 + 0.1 * k, range(5, 9)),  # cheap verify, good drafts: draft long
+    (0.0, lambda k: 1.0 + 0.1 * k, [0]),  # drafts always fail: plain steps
+    (0.8, lambda k: 1.0 + 1.0 * k, [0]),  # each draft costs a whole decode: never worth it
+    (0.6, lambda k: 1.0 + 0.25 * k, range(1, 4)),  # in between: short drafts
+])
+def test_policy_settles_on_the_best_k(accept_prob, cost, best):
+    policy = AdaptiveDraftLength(8)
+    rng = np.random.default_rng(0)
+    run(policy, 400, accept_prob, cost, rng)
+    late = [policy.choose() for _ in range(20)]
+    assert max(set(late), key=late.count) in best, (policy.as_dict(), late)
+    # the k it settles on has a modelled rate within 10% of the best true rate
+    def true_rate(k):
+        return expected_mean_accepted_length(accept_prob, k) / cost(k)
+    chosen = max(set(late), key=late.count)
+    assert true_rate(chosen) >= 0.9 * max(true_rate(k) for k in range(9))
+
+
+def test_probes_the_alternative_every_few_steps():
+    policy = AdaptiveDraftLength(4, probe_every=5)
+    run(policy, 60, 0.0, lambda k: 1.0 + 0.5 * k, np.random.default_rng(1))  # drafts fail: plain steps
+    ks = []
+    for _ in range(10):
+        ks.append(policy.choose())
+        policy.update(ks[-1], 0, 1.0 + 0.5 * ks[-1])
+    assert ks.count(1) == 2 and ks.count(0) == 8, ks  # one probing draft in every 5 steps
+    policy = AdaptiveDraftLength(4, probe_every=5)
+    run(policy, 60, 1.0, lambda k: 1.0 + 0.1 * k, np.random.default_rng(1))  # drafts always kept: k_max
+    ks = []
+    for _ in range(10):
+        ks.append(policy.choose())
+        policy.update(ks[-1], ks[-1], 1.0 + 0.1 * ks[-1])
+    assert ks.count(0) == 2 and ks.count(4) == 8, ks  # one plain step in every 5 re-measures plain
+
+
+def test_bad_k_max():
+    with pytest.raises(ValueError):
+        AdaptiveDraftLength(0)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "random"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), max_new=st.integers(1, 24))
+def test_greedy_output_is_identical_with_adaptive_k(target, draft_model, kind, seed, draft_n, max_new):  # noqa: F811
+    prompt = repetitive_prompt(np.random.default_rng(seed), 8)
+    plain = generate(target, prompt, max_new).tokens
+    policy = AdaptiveDraftLength(draft_n)
+    spec = speculative_generate(target, make_drafter(kind, target, draft_model, plain), prompt, max_new, draft_n,
+                                adaptive=policy)
+    assert spec.tokens == plain
+    assert sum(policy.chosen.values()) == spec.stats.steps == sum(spec.stats.adaptive["chosen_k"].values())
+
+
+def test_adaptive_switches_off_against_an_adversarial_drafter(target, monkeypatch):  # noqa: F811
+    """Random drafts are (almost) never accepted. Each token a forward processes is made to cost 3 ms more
+    (a sleep), so a step's cost grows with k well above timing noise, as on a real model; the policy
+    must then run plain steps, drafting only in its probes."""
+    import time
+
+    forward = target.forward
+
+    def slow_forward(tokens, state, **kw):
+        time.sleep(0.003 * len(tokens))
+        return forward(tokens, state, **kw)
+
+    monkeypatch.setattr(target, "forward", slow_forward)
+    policy = AdaptiveDraftLength(4)
+    spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, 4, adaptive=policy)
+    assert policy.chosen.get(0, 0) >= 0.8 * spec.stats.steps, policy.as_dict()
+    assert policy.accept[0] < 0.1

@@ -1,0 +1,111 @@
+"""Adaptive draft length: choose k for each step to maximise expected tokens per second.
+
+A speculative step with k drafts emits E(k) tokens on average and costs T(k) seconds:
+
+    E(k) = 1 + sum_{i=1..k} prod_{j=1..i} a_j     a_j = P(draft j accepted | drafts 1..j-1 accepted)
+    T(k) = drafting k tokens + a verify pass of k + 1 tokens + rollback + the drafter's bookkeeping
+
+and the policy takes k* = argmax_{0 <= k <= k_max} E(k) / T(k). k = 0 is a plain decode step: when
+drafts keep failing (a_1 small) or drafting costs more than it returns, speculation switches itself
+off instead of losing to plain decoding.
+
+Estimates, updated after every step from what the step measured (online, per generation):
+    a_j    the mean of the accept (1) / reject (0) outcomes at position j, the prior a0 counting as one
+           outcome, until there are 1/rate of them; then a moving average with weight `rate` (recent
+           text matters more). Positions after the first rejection are not observed that step
+    T(k)   a moving average of the measured seconds of steps with k drafts; a k never run is estimated
+           from those that were: linear between the nearest two, flat above the largest, and
+           proportional to k + 1 below the smallest. Both guesses are optimistic, so the policy tries
+           an unmeasured k and measures it instead of ruling it out on a guess. A longer step cannot
+           cost less than a shorter one (it does the same work and more), so T(k) is raised to the
+           largest T(j), j < k: timing noise then cannot make k = 2 look cheaper than a plain step
+
+Exploration: a k that is not chosen is not measured again, so one slow measurement (a busy machine)
+could rule it out for good; and with k = 0 nothing is learnt about a_j. So every `probe_every`-th
+step is a probe: a plain step when the policy is drafting, one draft when it is not. A probe costs at
+most one step in `probe_every` run at a worse k. With the prior a0 and nothing measured the policy
+starts at k_max.
+
+Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
+lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
+measured times, so a fixed seed does not fix the sample path: use a fixed --draft-n for that.
+
+Official implementation: none in llama.cpp (fixed --draft-max with a probability cutoff --draft-p-min);
+the model is the one in Leviathan et al. 2023, section 3.5 (optimal gamma), with online estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveDraftLength:
+    k_max: int
+    a0: float = 0.8  # prior acceptance per position
+    rate: float = 0.15  # weight of the newest observation in every moving average
+    probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
+    accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
+    seen: list[int] = field(init=False)  # outcomes observed at each position
+    step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
+    steps: int = field(init=False, default=0)
+    chosen: dict[int, int] = field(init=False, default_factory=dict)  # k -> steps
+
+    def __post_init__(self):
+        if self.k_max < 1:
+            raise ValueError(f"adaptive draft length needs k_max >= 1, got {self.k_max}")
+        self.accept = [self.a0] * self.k_max
+        self.seen = [0] * self.k_max
+
+    # ------------------------------------------------------------------ the model
+
+    def expected_tokens(self, k: int) -> float:  # E(k)
+        total, run = 1.0, 1.0
+        for a in self.accept[:k]:
+            run *= a
+            total += run
+        return total
+
+    def step_cost(self, k: int) -> float:  # T(k): never below the cost of a shorter step
+        return max([self._estimate(k)] + [v for m, v in self.step_s.items() if m < k])
+
+    def _estimate(self, k: int) -> float:  # T(k) from the measurements, guessed where k was not measured
+        known = sorted(self.step_s)
+        if not known:
+            return 1.0  # nothing measured yet: every k looks alike, so the first step drafts k_max
+        if k in self.step_s:
+            return self.step_s[k]
+        below = [m for m in known if m < k]
+        above = [m for m in known if m > k]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            t = (k - lo) / (hi - lo)
+            return (1 - t) * self.step_s[lo] + t * self.step_s[hi]
+        if below:
+            return self.step_s[below[-1]]
+        return self.step_s[above[0]] * (k + 1) / (above[0] + 1)
+
+    def choose(self, limit: int | None = None) -> int:
+        """k for the next step, at most `limit` (the room left before max_new)."""
+        top = min(self.k_max, self.k_max if limit is None else max(0, limit))
+        best = max(range(top + 1), key=lambda k: (self.expected_tokens(k) / self.step_cost(k), -k))
+        probe = top > 0 and self.steps % self.probe_every == self.probe_every - 1
+        k = (0 if best else 1) if probe else best
+        self.steps += 1
+        self.chosen[k] = self.chosen.get(k, 0) + 1
+        return k
+
+    def update(self, k: int, n_accepted: int, step_s: float) -> None:
+        """Fold in one step: k drafted, the first n_accepted kept, the step took step_s seconds."""
+        r = self.rate
+        for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
+            self.seen[j] += 1
+            w = max(r, 1.0 / (self.seen[j] + 1))
+            self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
+        old = self.step_s.get(k)
+        self.step_s[k] = step_s if old is None else old + r * (step_s - old)
+
+    def as_dict(self) -> dict:
+        return {"chosen_k": {str(k): v for k, v in sorted(self.chosen.items())},
+                "accept_estimates": [round(a, 4) for a in self.accept],
+                "step_ms": {str(k): round(1000 * v, 3) for k, v in sorted(self.step_s.items())}}
