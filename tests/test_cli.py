@@ -184,8 +184,24 @@ def test_bench_json_reports_every_field(tiny_model, capsys):
     assert r["spec"]["synthetic"]["acceptance_setting"] == 0.8
 
 
+def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
+    args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
+            "--max-new", "12", "--drafters", "", "--synth-len", "2.95", "--draft-vocab", "64", "--adaptive", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["spec"]) == {"mtp", "mtp_vocab", "mtp_synth", "mtp_synth_vocab", "mtp_adaptive"}
+    for s in r["spec"].values():
+        assert s["identical"] and s["tok_s"] > 0 and s["speedup"] > 0
+    synth = r["spec"]["mtp_synth"]
+    assert synth["synth_len"] == 2.95 and abs(synth["acceptance_setting"] - 0.7996) < 1e-3  # 1 + p + p^2 + p^3 = 2.95
+    assert synth["phase_ms"]["draft"] > 0  # the MTP head really drafted
+    assert r["spec"]["mtp_vocab"]["draft_vocab"] == 64 and r["spec"]["mtp_adaptive"]["chosen_k"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--drafters", "mtp,oracle"], "unknown oracle"),
+    (["--synth-len", "5"], "--synth-len must be in 1..4"),
+    (["--draft-vocab", "0"], "--draft-vocab must be >= 1"),
     (["--synth-acceptance", "1.5"], "must be in [0, 1]"),
     (["--backend", "cuda"], "cuda backend needs cupy"),
 ])

@@ -86,6 +86,29 @@ def test_greedy_output_equals_plain_greedy(target, reference, a, k, seed, max_ne
         assert all(kept == 0 for _, kept in drafter.history)
 
 
+def test_inner_drafter_pays_the_real_cost_and_changes_nothing_else(target, reference):
+    """With inner=MTPDrafter the MTP head drafts as many tokens as the synthetic drafter proposes (the cost
+    is real), its cache follows the kept tokens, and the output and the accept pattern are those of the
+    same seed without it."""
+    from tinyspec.mtp import MTPDrafter
+
+    class Counting(MTPDrafter):
+        drafted = 0
+
+        def propose(self, pending, k, params, rng):
+            Counting.drafted += k
+            return super().propose(pending, k, params, rng)
+
+    inner = Counting(target)
+    with_inner = SyntheticDrafter(reference, 0.7, seed=3, inner=inner)
+    alone = SyntheticDrafter(reference, 0.7, seed=3)
+    a = speculative_generate(target, with_inner, PROMPT, 40, draft_n=3)
+    b = speculative_generate(target, alone, PROMPT, 40, draft_n=3)
+    assert a.tokens == b.tokens == reference[:40] and with_inner.history == alone.history
+    assert Counting.drafted == a.stats.drafted > 0
+    assert inner.cache.n == len(PROMPT) + 39  # the head's cache holds exactly the kept tokens
+
+
 def test_wrong_drafts_are_certainly_wrong_and_seeded():
     reference = [0, 1, 0, 7, 0, 3, 9, 0, 2, 5]
     drafter = SyntheticDrafter(reference, 0.0, seed=3)

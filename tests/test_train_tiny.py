@@ -57,6 +57,8 @@ def test_exports_load_and_carry_the_training_record(trained):
     assert meta["training.steps"] == 20 and meta["training.tokens"] == 20 * 4 * 64
     assert meta["training.corpus"].startswith(trained[1].name + " (") and meta["training.loss.heldout"] > 0
     assert {"training.loss.heldout_mtp1", "training.loss.heldout_mtp2", "training.seconds"} <= set(meta)
+    ranking = np.asarray(meta["training.token_ranking"])  # every id once, most frequent first
+    assert sorted(ranking.tolist()) == list(range(512))
     assert meta["qwen35.nextn_predict_layers"] == 1 and meta["tokenizer.ggml.pre"] == "qwen35"
     assert read_gguf(target).tensors["token_embd.weight"].ggml_type.name == "Q8_0"
     assert read_gguf(target).tensors["blk.0.ssm_a"].ggml_type.name == "F32"  # as llama.cpp keeps it

@@ -238,11 +238,21 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--drafters: unknown {', '.join(bad)} (choose from mtp, lookup, synthetic)")
     if not 0 <= args.synth_acceptance <= 1:
         raise ValueError(f"--synth-acceptance must be in [0, 1], got {args.synth_acceptance}")
-    if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1:
-        raise ValueError("--draft-n, --max-new, --repeats and --decode-n must be >= 1")
+    if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1 or args.spec_repeats < 1:
+        raise ValueError("--draft-n, --max-new, --repeats, --spec-repeats and --decode-n must be >= 1")
+    if args.synth_len is not None and not 1 <= args.synth_len <= args.draft_n + 1:
+        raise ValueError(f"--synth-len must be in 1..{args.draft_n + 1} (tokens per step with --draft-n "
+                         f"{args.draft_n}), got {args.synth_len}")
+    if (args.synth_len is not None or args.adaptive or args.draft_vocab) and not model.cfg.n_nextn:
+        raise ValueError("--synth-len, --adaptive and --draft-vocab time MTP drafting: this model has no MTP head")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    if args.synth_len is not None or args.adaptive or args.draft_vocab:
+        drafters = tuple(dict.fromkeys(drafters + ("mtp",)))
     report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
-                   say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+                   synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
+                   spec_repeats=args.spec_repeats, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report))
         return 0
@@ -371,6 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafters", default="mtp,lookup,synthetic",
                    help="comma-separated drafters to time against plain: mtp, lookup, synthetic ('' for none)")
     p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
+    p.add_argument("--synth-len", type=float, default=None, metavar="L",
+                   help="also time real MTP drafting whose drafts are right at the per-position rate p giving L tokens "
+                        "per step, (1 - p^(k+1)) / (1 - p) = L, as llama.cpp's --spec-synth-len (spec.mtp_synth)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="also time the MTP runs drafting over the N most frequent tokens only (spec.*_vocab)")
+    p.add_argument("--ranking", default=None, metavar="FILE.npy",
+                   help="token ids by frequency for --draft-vocab (default: the file's training.token_ranking, "
+                        "else id order)")
+    p.add_argument("--adaptive", action="store_true", help="also time MTP with k chosen per step (spec.mtp_adaptive)")
+    p.add_argument("--spec-repeats", type=int, default=1, help="timed runs per drafter; the median is reported (1)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_bench)
 

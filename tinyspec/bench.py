@@ -4,7 +4,9 @@
     verify_cost_ratio  median time of a k-token verify pass (with its snapshot ring) / the k = 1 pass
     weight_gb_s        bytes of weights a decode step reads / its median time
     copy_gb_s          np.copyto of a 256 MB buffer, the memory bandwidth this machine gives right now
-    spec[drafter]      tok_s, speedup over plain greedy, acceptance_rate, mean_accepted_length
+    spec[drafter]      tok_s, speedup over plain greedy, acceptance_rate, mean_accepted_length, phase_ms
+                       (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
+                       drafting at a synthetic acceptance, --synth-len; mtp_adaptive: k chosen per step)
 
 Speculation pays when verify_cost_ratio[k] stays well below the tokens a step emits (mean_accepted_length):
 decode is memory-bound, so a kernel that reads each weight once for all k rows makes the extra rows nearly free.
@@ -24,12 +26,13 @@ from typing import Callable
 
 import numpy as np
 
+from .draft_vocab import DraftVocab
 from .generate import generate
 from .lookup import LookupDrafter
 from .model import Model
 from .mtp import MTPDrafter
 from .state import SnapshotRing
-from .synthetic import SyntheticDrafter, expected_mean_accepted_length
+from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -76,22 +79,21 @@ def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int 
     state = model.new_state()
     model.forward(np.array(prompt), state)
     window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(ks)))
-    out = {}
-    for k in ks:
-        ring = SnapshotRing(model.cfg, k)
-        times = []
-        for _ in range(repeats):
+    rings = {k: SnapshotRing(model.cfg, k) for k in ks}
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every k alike
+        for k in ks:
             s = state.copy()
             t0 = time.perf_counter()
-            model.forward(np.array(window[:k]), s, ring=ring)
-            times.append(time.perf_counter() - t0)
-        out[k] = statistics.median(times)
-    return out
+            model.forward(np.array(window[:k]), s, ring=rings[k])
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, drafters: dict[str, Callable],
-              repeats: int = 1) -> dict:
-    """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain."""
+              repeats: int = 1, adaptive: tuple[str, ...] = ()) -> dict:
+    """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain.
+    Drafters named in `adaptive` choose k per step (adaptive.py, up to draft_n)."""
     plain_s, plain = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -104,19 +106,26 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
         for _ in range(repeats):
             drafter = make(plain.tokens)
             t0 = time.perf_counter()
-            res = generate(model, prompt, max_new, drafter=drafter, draft_n=draft_n)
+            res = generate(model, prompt, max_new, drafter=drafter, draft_n=draft_n, adaptive=name in adaptive)
             walls.append(time.perf_counter() - t0)
         tok_s = len(res.tokens) / statistics.median(walls)
         out[name] = {"tok_s": tok_s, "speedup": tok_s / base, "acceptance_rate": res.stats["acceptance_rate"],
                      "mean_accepted_length": res.stats["mean_accepted_length"], "identical": res.tokens == plain.tokens,
-                     "draft_n": draft_n}
+                     "draft_n": draft_n, "phase_ms": res.stats["phase_ms"]}
+        if name in adaptive:
+            out[name]["chosen_k"] = res.stats["adaptive"]["chosen_k"]
     return out
 
 
 def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8), repeats: int = 5,
           max_new: int = 32, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
-          say: Callable[[str], None] = lambda msg: None) -> dict:
-    """The whole report as a dict (the --json output of `python -m tinyspec bench`)."""
+          synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
+          spec_repeats: int = 1, say: Callable[[str], None] = lambda msg: None) -> dict:
+    """The whole report as a dict (the --json output of `python -m tinyspec bench`).
+
+    synth_len L (needs the MTP head): also "mtp_synth", real MTP drafting whose drafts are right with the
+    per-position rate p solving (1 - p^(k+1)) / (1 - p) = L (llama.cpp's --spec-synth-len); draft_vocab:
+    also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step)."""
     say("memory copy bandwidth")
     copy = copy_bandwidth()
     say(f"decode: {decode_n} one-token passes")
@@ -131,11 +140,28 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
             makers["lookup"] = lambda ref: LookupDrafter()
         elif name == "synthetic":
             makers["synthetic"] = lambda ref: SyntheticDrafter(ref, synth_acceptance, seed=0)
+    mtp = "mtp" in drafters and model.cfg.n_nextn
+    synth_p = acceptance_for_mean_length(synth_len, draft_n) if synth_len is not None else None
+    if mtp and draft_vocab is not None:
+        makers["mtp_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
+    if mtp and synth_p is not None:
+        makers["mtp_synth"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=MTPDrafter(model))
+        if draft_vocab is not None:
+            makers["mtp_synth_vocab"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0,
+                                                                     inner=MTPDrafter(model, draft_vocab))
+    if mtp and adaptive:
+        makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
     say(f"speculative runs: plain, {', '.join(makers) or 'none'} ({max_new} tokens, k = {draft_n})")
-    spec = spec_runs(model, prompt, max_new, draft_n, makers) if makers else {}
+    spec = spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive",)) if makers else {}
     if "synthetic" in spec:
         spec["synthetic"]["acceptance_setting"] = synth_acceptance
         spec["synthetic"]["expected_mean_accepted_length"] = expected_mean_accepted_length(synth_acceptance, draft_n)
+    for name in ("mtp_synth", "mtp_synth_vocab"):
+        if name in spec:
+            spec[name] |= {"synth_len": synth_len, "acceptance_setting": synth_p}
+    for name in ("mtp_vocab", "mtp_synth_vocab"):
+        if name in spec:
+            spec[name]["draft_vocab"] = len(draft_vocab)
     wb = weight_bytes(model)
     return {"model": str(getattr(model, "path", "")), "backend": getattr(model, "backend", "numpy"),
             "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,

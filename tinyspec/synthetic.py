@@ -41,9 +41,12 @@ draft whatever the target says ("generated output is not valid"); here the coin 
 or wrong, so verification is real and the output stays the greedy output. The rate means the same:
 llama.cpp's --spec-synth-len L with n_max = k solves sum_{j=1..k} p^j = L - 1 for p, which is
 acceptance_for_mean_length(L, k) here.
-Does NOT include: per-position rates (llama.cpp's --spec-synth-rates), content-dependent rates, a
-draft-time cost model (drafting here is free, so a measured speedup is the engine's verify-side
-ceiling), sampled targets (a sampled run leaves the greedy reference at once).
+Drafting costs: alone, this drafter drafts for free, so a measured speedup is the engine's verify-side
+ceiling. With inner=<a real drafter> (e.g. MTPDrafter) every propose first runs the real drafter for
+the same k and discards its tokens, and start/commit reach it too, so the run pays exactly the real
+drafting cost (bench --synth-len, as llama.cpp's --spec-synth-len does with real drafting).
+Does NOT include: per-position rates other than p, p^2, .. (llama.cpp's --spec-synth-rates),
+content-dependent rates, sampled targets (a sampled run leaves the greedy reference at once).
 """
 
 from __future__ import annotations
@@ -80,16 +83,20 @@ class SyntheticDrafter:
     history: one (drafted, kept) pair per verify step: drafts proposed, drafts the target kept.
     """
 
-    def __init__(self, reference_tokens: Sequence[int], acceptance: float, seed: int = 0):
+    def __init__(self, reference_tokens: Sequence[int], acceptance: float, seed: int = 0, inner=None):
         if not 0.0 <= float(acceptance) <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         self.reference = [int(t) for t in reference_tokens]
         if any(t < 0 for t in self.reference):
             raise ValueError("reference tokens must be non-negative token ids")
         self.acceptance, self.seed = float(acceptance), seed
-        self.start([], None)
+        self.inner = inner  # a real drafter whose cost is paid (its tokens are not used), or None
+        self.i, self.diverged_at, self.history, self._n_drafted = 0, None, [], 0
+        self.rng = np.random.default_rng(seed)
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+        if self.inner is not None:
+            self.inner.start(prompt, hidden)
         self.rng = np.random.default_rng(self.seed)  # every generation sees the same draws
         self.i = 0  # index in the reference of the pending token
         self.diverged_at: int | None = None
@@ -108,12 +115,16 @@ class SyntheticDrafter:
         if self.diverged_at is not None:
             return [], []
         truth = self.reference[self.i + 1:self.i + 1 + k]  # cut at the end of the reference
+        if self.inner is not None and truth:
+            self.inner.propose(pending, len(truth), params, rng)  # pay the real drafting cost
         right = self.rng.random(len(truth)) < self.acceptance  # one draw per position, used or not
         drafts = [t if ok else (t - 1 if t > 0 else t + 1) for t, ok in zip(truth, right)]
         self._n_drafted = len(drafts)
         return drafts, [None] * len(drafts)  # deterministic proposals: q is one-hot
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        if self.inner is not None:
+            self.inner.commit(fed, hidden)
         for j, token in enumerate(fed):
             self._check(self.i + j, int(token))
         self.history.append((self._n_drafted, len(fed) - 1))

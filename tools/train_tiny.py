@@ -25,7 +25,8 @@ What it does, step by step (every step is deterministic given --seed and --steps
                  so the model learns to copy by content (induction) and prompt lookup has something to find.
   4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
   5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
-                 training record in `training.*` metadata keys (corpus, seconds, tokens, final losses).
+                 training record in `training.*` metadata keys (corpus, seconds, tokens, final losses, and
+                 `training.token_ranking`: token ids by training-corpus frequency, for --draft-vocab).
 
 Checkpoints (`<out>/<model>/ckpt.pt`) are written every --ckpt-every steps and a run resumes from them.
 """
@@ -497,7 +498,11 @@ def main(argv=None) -> int:
                     "seed": args.seed, "steps": rec["steps"], "planned_steps": rec["planned_steps"],
                     "seconds": rec["seconds"], "tokens": rec["tokens"],
                     "loss.train": rec["train_loss"], "loss.heldout": rec["heldout"]["loss"],
-                    "tool": "tools/train_tiny.py --preset " + args.preset}
+                    "tool": "tools/train_tiny.py --preset " + args.preset,
+                    # token ids by descending count in the training tokens: the draft vocabulary's ranking
+                    # (tinyspec/draft_vocab.py, --draft-vocab N)
+                    "token_ranking": np.lexsort((np.arange(preset["vocab"]),
+                                                 -np.bincount(train_ids, minlength=preset["vocab"]))).astype(np.int32)}
         if "mtp1_loss" in rec["heldout"]:
             training |= {"loss.heldout_mtp1": rec["heldout"]["mtp1_loss"], "loss.heldout_mtp2": rec["heldout"]["mtp2_loss"]}
         path = out / f"tiny-{name}.gguf"
