@@ -59,21 +59,21 @@ def test_policy_settles_on_the_best_k(accept_prob, cost, best):
     assert true_rate(chosen) >= 0.9 * max(true_rate(k) for k in range(9))
 
 
-def test_probes_the_alternative_every_few_steps():
-    policy = AdaptiveDraftLength(4, probe_every=5)
-    run(policy, 60, 0.0, lambda k: 1.0 + 0.5 * k, np.random.default_rng(1))  # drafts fail: plain steps
+def test_probes_the_alternative_and_backs_off_while_drafts_fail():
+    policy = AdaptiveDraftLength(4, probe_every=5, probe_max=40)
     ks = []
-    for _ in range(10):
+    for _ in range(200):  # drafts always fail; plain steps are cheapest
         ks.append(policy.choose())
         policy.update(ks[-1], 0, 1.0 + 0.5 * ks[-1])
-    assert ks.count(1) == 2 and ks.count(0) == 8, ks  # one probing draft in every 5 steps
+    drafting = [i for i, k in enumerate(ks) if k]
+    gaps = np.diff(drafting[-4:])  # after the first steps, probing drafts only, ever further apart
+    assert all(k == 1 for k in ks[drafting[3]:] if k) and list(gaps) == [40, 40, 40], (drafting, ks[:30])
     policy = AdaptiveDraftLength(4, probe_every=5)
-    run(policy, 60, 1.0, lambda k: 1.0 + 0.1 * k, np.random.default_rng(1))  # drafts always kept: k_max
     ks = []
-    for _ in range(10):
+    for _ in range(60):  # drafts always kept, cheap: k_max, with one plain step in every 5
         ks.append(policy.choose())
         policy.update(ks[-1], ks[-1], 1.0 + 0.1 * ks[-1])
-    assert ks.count(0) == 2 and ks.count(4) == 8, ks  # one plain step in every 5 re-measures plain
+    assert ks[-20:].count(0) == 4 and ks[-20:].count(4) == 16, ks
 
 
 def test_bad_k_max():
@@ -110,4 +110,4 @@ def test_adaptive_switches_off_against_an_adversarial_drafter(target, monkeypatc
     policy = AdaptiveDraftLength(4)
     spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, 4, adaptive=policy)
     assert policy.chosen.get(0, 0) >= 0.8 * spec.stats.steps, policy.as_dict()
-    assert policy.accept[0] < 0.1
+    assert policy.accept[0] < 0.25  # estimated from the few drafts it made

@@ -23,8 +23,10 @@ Estimates, updated after every step from what the step measured (online, per gen
 Exploration: a k that is not chosen is not measured again, so one slow measurement (a busy machine)
 could rule it out for good; and with k = 0 nothing is learnt about a_j. So every `probe_every`-th
 step is a probe: a plain step when the policy is drafting, one draft when it is not. A probe costs at
-most one step in `probe_every` run at a worse k. With the prior a0 and nothing measured the policy
-starts at k_max.
+most one step in `probe_every` run at a worse k. While drafts keep failing, the gap between probing
+drafts doubles (up to `probe_max`): a drafter that must catch up on the tokens it skipped (the MTP
+head's cache, mtp.py) then pays for a few of them, not all. With the prior a0 and nothing measured
+the policy starts at k_max.
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
@@ -45,10 +47,13 @@ class AdaptiveDraftLength:
     a0: float = 0.8  # prior acceptance per position
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
+    probe_max: int = 128  # the longest gap between probing drafts while drafts keep failing
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
-    steps: int = field(init=False, default=0)
+    since_probe: int = field(init=False, default=0)  # steps since the last probe
+    gap: int = field(init=False, default=0)  # steps between probes now (probe_every, doubled while drafts fail)
+    probing: bool = field(init=False, default=False)  # the step just chosen is a probing draft
     chosen: dict[int, int] = field(init=False, default_factory=dict)  # k -> steps
 
     def __post_init__(self):
@@ -89,15 +94,21 @@ class AdaptiveDraftLength:
         """k for the next step, at most `limit` (the room left before max_new)."""
         top = min(self.k_max, self.k_max if limit is None else max(0, limit))
         best = max(range(top + 1), key=lambda k: (self.expected_tokens(k) / self.step_cost(k), -k))
-        probe = top > 0 and self.steps % self.probe_every == self.probe_every - 1
+        if best:
+            self.gap = self.probe_every
+        probe = top > 0 and self.since_probe + 1 >= (self.gap or self.probe_every)
+        self.since_probe = 0 if probe else self.since_probe + 1
+        self.probing = probe and best == 0
         k = (0 if best else 1) if probe else best
-        self.steps += 1
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
     def update(self, k: int, n_accepted: int, step_s: float) -> None:
         """Fold in one step: k drafted, the first n_accepted kept, the step took step_s seconds."""
         r = self.rate
+        if self.probing:  # a probing draft: back off while drafts keep failing
+            self.gap = self.probe_every if n_accepted else min(2 * (self.gap or self.probe_every), self.probe_max)
+            self.probing = False
         for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
             self.seen[j] += 1
             w = max(r, 1.0 / (self.seen[j] + 1))

@@ -81,29 +81,53 @@ class MTPDrafter:
     h_mtp afterwards (qwen35 has one MTP layer, reused for every depth). Drafting appends rows to the
     head's KV cache; they are dropped afterwards and the kept tokens are re-fed with the TARGET's hidden
     rows, so the cache always ends exactly at the accepted prefix, as llama.cpp keeps it.
+
+    The re-feed is lazy: commit() queues the kept tokens with their hidden rows and the next propose()
+    feeds the whole queue in one head pass. A run of plain steps (k = 0, adaptive.py) then costs no head
+    pass at all until drafting resumes, and the cache is the same bit for bit (the head's rows are
+    batch-invariant like the trunk's). Reading `cache` feeds the queue first. If more than `max_queue`
+    tokens queue up (a long run of plain steps), the head restarts from a fresh cache holding only the
+    last max_queue of them: drafting then attends to a window of the recent past (rope depends only on
+    relative positions, so the window is consistent), which costs draft quality, never correctness
+    (drafts are only proposals), and bounds what a suspended drafter pays to catch up.
     vocab: score only these token ids when drafting (draft_vocab.py); verification is unchanged.
     """
 
-    def __init__(self, model: Model, vocab: DraftVocab | None = None):
+    def __init__(self, model: Model, vocab: DraftVocab | None = None, max_queue: int = 32):
         self.head = MTPHead(model)
-        self.cache = self.head.new_cache()
+        self._cache = self.head.new_cache()
+        self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
+        self.max_queue = max_queue
         self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
         self.vocab = vocab  # draft over these ids only (draft_vocab.py); None: the whole vocabulary
         self.head_sub = subset_rows(self.head.head, vocab.ids) if vocab is not None else None  # [n, D]
 
+    @property
+    def cache(self) -> KVCache:  # the head's KV cache, every kept token fed
+        self._feed_queue()
+        return self._cache
+
+    def _feed_queue(self) -> None:
+        if self.queue:
+            tokens = [t for fed, _ in self.queue for t in fed]
+            rows = np.concatenate([h for _, h in self.queue])  # [n, D]
+            self.queue = []
+            self.head.forward(tokens, rows, self._cache, logits=False)
+
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        self.cache = self.head.new_cache()
-        self.head.forward(prompt, shift_hidden(hidden), self.cache, logits=False)
+        self._cache, self.queue = self.head.new_cache(), []
+        self.head.forward(prompt, shift_hidden(hidden), self._cache, logits=False)
         self.h_last = hidden[-1]
 
     def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
         from .sampling import probs_from_logits, sample
 
-        n_kept = self.cache.n
+        cache = self.cache  # feeds the queue
+        n_kept = cache.n
         drafts, q_rows = [], []
         token, h = pending, self.h_last
         for _ in range(k):
-            logits, h_mtp = self.head.forward([token], h[None, :], self.cache, logits=self.vocab is None)
+            logits, h_mtp = self.head.forward([token], h[None, :], cache, logits=self.vocab is None)
             if self.vocab is None:
                 q_draft = probs_from_logits(logits[0], params)
                 token = sample(q_draft, rng)
@@ -112,9 +136,13 @@ class MTPDrafter:
             h = h_mtp[0]
             drafts.append(token)
             q_rows.append(q_draft)
-        self.cache.truncate(n_kept)
+        cache.truncate(n_kept)
         return drafts, q_rows
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
-        self.head.forward(fed, shift_hidden(hidden, self.h_last), self.cache, logits=False)
+        self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))
         self.h_last = hidden[-1]
+        if sum(len(f) for f, _ in self.queue) > self.max_queue:  # restart from a window of the recent past
+            tokens = [t for f, _ in self.queue for t in f][-self.max_queue:]
+            rows = np.concatenate([h for _, h in self.queue])[-self.max_queue:]
+            self._cache, self.queue = self.head.new_cache(), [(tokens, rows)]

@@ -141,7 +141,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         # Step 2: one target pass over [pending, drafts]; the ring receives the state after each token
         t1 = clock()
         batch = [pending] + [int(d) for d in drafts]
-        logits, hidden = model.forward(np.array(batch), state, ring=ring)
+        logits, hidden = model.forward(np.array(batch), state, ring=ring if drafts else None)  # 1 token: kept
         # Step 3: accept the longest prefix the rule keeps, then a correction or a bonus token
         t2 = clock()
         p_rows = [probs_from_logits(row, params) for row in logits]

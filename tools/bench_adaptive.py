@@ -1,0 +1,132 @@
+"""Adaptive draft length vs every fixed k vs plain decoding, on the shipped model.
+
+    python tools/bench_adaptive.py [--backend numpy] [--prompts 6] [--max-new 64] [--repeats 5] [--json]
+
+Held-out prompts (the training corpus's held-out files, as tools/eval_tiny.py picks them) and one
+adversarial prompt where MTP drafts fail (random token ids: the model's continuation of noise is hard
+to predict). For each method, greedy generation of --max-new tokens per prompt; tokens/s counts emitted
+tokens over decode time (prefill excluded, it is the same for every method). Methods are interleaved
+inside each repeat and the median over repeats is reported, so a burst of load hits all of them alike.
+
+    plain          one target pass per token
+    mtp_k1..k4     MTP drafting with a fixed k
+    mtp_adaptive   k chosen per step in 0..4 (tinyspec/adaptive.py), a fresh policy per generation,
+                   as `python -m tinyspec generate --spec mtp` runs by default
+
+Every speculative output is checked equal to the plain one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+
+from tinyspec.adaptive import AdaptiveDraftLength  # noqa: E402
+from tinyspec.backends import load_model  # noqa: E402
+from tinyspec.generate import generate  # noqa: E402
+from tinyspec.mtp import MTPDrafter  # noqa: E402
+from tinyspec.speculate import speculative_generate  # noqa: E402
+from tinyspec.tokenizer import Tokenizer  # noqa: E402
+
+ASSETS = REPO / "tinyspec" / "assets"
+FIXED = (1, 2, 3, 4)
+
+
+def run(model, method: str, prompt: list[int], max_new: int) -> tuple[list[int], float, dict]:
+    """(tokens, decode seconds, stats) of one greedy generation."""
+    if method == "plain":
+        r = generate(model, prompt, max_new)
+        return r.tokens, r.stats["decode_s"], {}
+    if method == "mtp_adaptive":
+        policy = AdaptiveDraftLength(max(FIXED))
+        spec = speculative_generate(model, MTPDrafter(model), prompt, max_new, max(FIXED), adaptive=policy)
+    else:
+        spec = speculative_generate(model, MTPDrafter(model), prompt, max_new, int(method[len("mtp_k"):]))
+    s = spec.stats
+    return spec.tokens, s.wall_s - s.phase_s["prefill"], s.as_dict()
+
+
+def measure(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
+    methods = ["plain"] + [f"mtp_k{k}" for k in FIXED] + ["mtp_adaptive"]
+    plain = {i: generate(model, p, max_new).tokens for i, p in enumerate(prompts)}
+    per_repeat = {m: [] for m in methods}
+    extra = {m: {"steps": 0, "emitted": 0, "accepted": 0, "drafted": 0, "chosen_k": {}} for m in methods}
+    identical = True
+    for r in range(repeats):
+        for m in methods:
+            tokens_total, seconds = 0, 0.0
+            for i, p in enumerate(prompts):
+                tokens, dt, stats = run(model, m, p, max_new)
+                identical &= tokens == plain[i]
+                tokens_total, seconds = tokens_total + len(tokens), seconds + dt
+                if r == 0 and stats:
+                    e = extra[m]
+                    for key in ("steps", "emitted", "accepted", "drafted"):
+                        e[key] += stats[key]
+                    for k, n in stats.get("adaptive", {}).get("chosen_k", {}).items():
+                        e["chosen_k"][k] = e["chosen_k"].get(k, 0) + n
+            per_repeat[m].append(tokens_total / seconds)
+    out = {}
+    base = statistics.median(per_repeat["plain"])
+    for m in methods:
+        tok_s = statistics.median(per_repeat[m])
+        out[m] = {"tok_s": tok_s, "vs_plain": tok_s / base}
+        e = extra[m]
+        if e["steps"]:
+            out[m] |= {"tokens_per_step": (e["accepted"] + e["steps"]) / e["steps"],
+                       "acceptance_rate": e["accepted"] / e["drafted"] if e["drafted"] else 0.0}
+        if e["chosen_k"]:
+            out[m]["chosen_k"] = dict(sorted(e["chosen_k"].items()))
+    best_fixed = max((f"mtp_k{k}" for k in FIXED), key=lambda m: out[m]["tok_s"])
+    out["summary"] = {"best_fixed": best_fixed, "identical_to_plain": identical,
+                      "adaptive_vs_best_fixed": out["mtp_adaptive"]["tok_s"] / out[best_fixed]["tok_s"],
+                      "adaptive_vs_plain": out["mtp_adaptive"]["vs_plain"]}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--target", type=Path, default=ASSETS / "tiny-target.gguf")
+    ap.add_argument("--backend", default="numpy", help="numpy (default: fastest on the tiny model), cpu or cuda")
+    ap.add_argument("--prompts", type=int, default=6, help="held-out prompts (6)")
+    ap.add_argument("--max-new", type=int, default=64, help="tokens generated per prompt (64)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are reported (5)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.prompts < 1 or a.max_new < 2 or a.repeats < 1:
+        ap.error("--prompts and --repeats must be >= 1, --max-new >= 2")
+    from eval_tiny import heldout_prompts
+
+    model = load_model(a.target, a.backend)
+    tok = Tokenizer.from_gguf(model.metadata)
+    held = heldout_prompts(tok, a.prompts, 64)
+    noise = [[int(t) for t in np.random.default_rng(s).integers(0, model.cfg.n_vocab - 1, 64)] for s in range(2)]
+    report = {"target": str(a.target), "backend": a.backend, "max_new": a.max_new, "repeats": a.repeats,
+              "heldout": measure(model, held, a.max_new, a.repeats),
+              "adversarial": measure(model, noise, a.max_new, a.repeats)}
+    if a.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    for name in ("heldout", "adversarial"):
+        r = report[name]
+        print(f"{name}:")
+        for m, v in r.items():
+            if m != "summary":
+                extra = f"  {v['tokens_per_step']:.2f} tokens/step" if "tokens_per_step" in v else ""
+                extra += f"  k chosen {v['chosen_k']}" if "chosen_k" in v else ""
+                print(f"  {m:<13} {v['tok_s']:7.1f} tok/s  {v['vs_plain']:.2f}x plain{extra}")
+        print(f"  {r['summary']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
