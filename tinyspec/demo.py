@@ -32,12 +32,23 @@ PROMPTS = [
     "class Stack:\n    \"\"\"A last-in first-out stack.\"\"\"\n\n    def __init__(self):\n",
     "    def __repr__(self):\n        return ",
 ]
-EDIT_PROMPT = (
-    "def read_config(path):\n    with open(path) as f:\n        lines = f.read().splitlines()\n"
-    "    result = {}\n    for line in lines:\n        key, value = line.split('=', 1)\n"
-    "        result[key.strip()] = value.strip()\n    return result\n\n\n"
-    "def read_config(path, encoding='utf-8'):\n    with open(path, encoding=encoding) as f:\n"
-)
+# (original, the start of its edited copy): the continuation should repeat most of the original.
+# tools/eval_tiny.py measures prompt lookup on these; notebook 05 compares the drafters on them.
+EDITS = [
+    ("def read_config(path):\n    with open(path) as f:\n        lines = f.read().splitlines()\n"
+     "    result = {}\n    for line in lines:\n        key, value = line.split('=', 1)\n"
+     "        result[key.strip()] = value.strip()\n    return result\n",
+     "def read_config(path, encoding='utf-8'):\n    with open(path, encoding=encoding) as f:\n"),
+    ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+     "    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n\n"
+     "    def __eq__(self, other):\n        return self.x == other.x and self.y == other.y\n",
+     "class Point3:\n    def __init__(self, x, y):\n"),
+    ("def copy_file(src, dst):\n    with open(src, 'rb') as fsrc:\n        with open(dst, 'wb') as fdst:\n"
+     "            while True:\n                buf = fsrc.read(16384)\n                if not buf:\n"
+     "                    break\n                fdst.write(buf)\n",
+     "def copy_file(src, dst, length=16384):\n    with open(src, 'rb') as fsrc:\n"),
+]
+EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
 # The shipped model is so small that per-call overhead, not weight bandwidth, sets its speed; the NumPy
 # oracle needs no compilation, so the demo starts at once (None: tinyspec's default backend).
 DEFAULT_BACKEND = "numpy"

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from tinyspec.backends import load_model  # noqa: E402
+from tinyspec.demo import EDITS  # noqa: E402
 from tinyspec.draft import DraftModelDrafter  # noqa: E402
 from tinyspec.generate import generate  # noqa: E402
 from tinyspec.lookup import LookupDrafter  # noqa: E402
@@ -34,20 +35,6 @@ from tinyspec.tokenizer import Tokenizer  # noqa: E402
 from train_tiny import corpus_files, read_texts  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
-EDITS = [  # (original, the start of its edited copy): the continuation should repeat most of the original
-    ("def read_config(path):\n    with open(path) as f:\n        lines = f.read().splitlines()\n"
-     "    result = {}\n    for line in lines:\n        key, value = line.split('=', 1)\n"
-     "        result[key.strip()] = value.strip()\n    return result\n",
-     "def read_config(path, encoding='utf-8'):\n    with open(path, encoding=encoding) as f:\n"),
-    ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
-     "    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n\n"
-     "    def __eq__(self, other):\n        return self.x == other.x and self.y == other.y\n",
-     "class Point3:\n    def __init__(self, x, y):\n"),
-    ("def copy_file(src, dst):\n    with open(src, 'rb') as fsrc:\n        with open(dst, 'wb') as fdst:\n"
-     "            while True:\n                buf = fsrc.read(16384)\n                if not buf:\n"
-     "                    break\n                fdst.write(buf)\n",
-     "def copy_file(src, dst, length=16384):\n    with open(src, 'rb') as fsrc:\n"),
-]
 
 
 def heldout_prompts(tok: Tokenizer, n: int, length: int) -> list[list[int]]:
