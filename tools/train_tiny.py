@@ -21,8 +21,9 @@ What it does, step by step (every step is deterministic given --seed and --steps
                  the trunk's post-norm hidden h_{p-1}, zeros at p = 0, and predicts x_{p+1}), and mtp_2 chains the
                  head once more on its own output h_mtp with the next token, as MTPDrafter drafts at depth 2.
                  Some rows get a planted copy (a span repeated a little later, sometimes with an edit;
-                 plant_copies), a quarter of them in the main phase and three quarters in a final copy phase,
-                 so the model learns to copy by content (induction) and prompt lookup has something to find.
+                 plant_copies), a quarter of them in the main phase and three quarters in a copy phase, so
+                 the model learns to copy by content (induction); then an edit phase plants copies of whole
+                 lines after an edited first line (plant_edits), the shape of an "edit this code" answer.
   4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
   5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
                  training record in `training.*` metadata keys (corpus, seconds, tokens, final losses, and
@@ -83,10 +84,12 @@ class Recipe:
     copy_steps: int = 0  # a second phase after `steps`, at a constant learning rate, that teaches copying
     copy_frac: float = 0.5  # share of rows with a planted copy in that phase
     copy_lr: float = 6e-4  # its constant learning rate (constant, so a longer copy phase resumes exactly)
+    edit_steps: int = 0  # a third phase, same rate: rows that copy lines of code after an edited first line
+    edit_frac: float = 0.75  # share of rows with a planted edit in that phase
 
     @property
     def total_steps(self) -> int:
-        return self.steps + self.copy_steps
+        return self.steps + self.copy_steps + self.edit_steps
 
 
 PRESETS = {
@@ -95,7 +98,7 @@ PRESETS = {
     # when the machine is quiet; smaller models learn more per FLOP at this budget).
     "ship": {"vocab": 4096,
              "target": Recipe(Arch(hidden=192, ffn=512, layers=6, heads=3, interval=3), steps=500, batch=16, seq=256,
-                              lr=2e-3, copy_frac_main=0.25, copy_steps=600, copy_frac=0.75),
+                              lr=2e-3, copy_frac_main=0.25, copy_steps=600, copy_frac=0.75, edit_steps=400),
              "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=300, batch=16,
                              seq=256, lr=3e-3)},
     # a minute-long end-to-end run of every step, for tests and for trying the tool
@@ -284,6 +287,31 @@ def plant_copies(batch: np.ndarray, rng: np.random.Generator, frac: float) -> np
     return batch
 
 
+def plant_edits(batch: np.ndarray, rng: np.random.Generator, frac: float, line_end: np.ndarray) -> np.ndarray:
+    """In a share `frac` of the rows, plant an edited copy of whole lines, in place:
+
+        row = [ ... A ... gap ... A' ... ]     A: >= 24 tokens starting at a line start; gap: 0-3 tokens
+        A'  = A's first line with 1-4 tokens inserted into it (a changed signature), then A's other lines
+
+    line_end[token] says whether a token ends a line. This is what "edit this code" prompts look like:
+    the model sees a function, then the start of its edited version, and should go on copying the rest."""
+    length = batch.shape[1]
+    for row in np.flatnonzero(rng.random(len(batch)) < frac):
+        starts = np.flatnonzero(line_end[batch[row, :length // 2 - 24]]) + 1  # a line starts after a line end
+        n, gap, k = int(rng.integers(24, length // 2 - 8)), int(rng.integers(0, 4)), int(rng.integers(1, 5))
+        extra = batch[row, rng.integers(0, length, size=k)]  # the inserted tokens: any tokens of the row
+        if starts.size == 0:
+            continue
+        at = int(starts[rng.integers(0, starts.size)])
+        a = batch[row, at:at + n].copy()
+        first = np.flatnonzero(line_end[a])
+        cut = int(first[0]) if first.size else n  # the edit goes before the end of A's first line
+        pos = int(rng.integers(0, cut + 1))
+        edited = np.concatenate([a[:pos], extra, a[pos:]])[: length - (at + n + gap)]
+        batch[row, at + n + gap:at + n + gap + edited.size] = edited
+    return batch
+
+
 def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32) -> dict:
     """Mean losses on n fixed windows of the held-out stream."""
     batch = windows(stream, n, recipe.seq + 2, np.random.default_rng(1234))
@@ -302,7 +330,8 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32)
 
 
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
-          seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False) -> dict | None:
+          seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
+          line_end: np.ndarray | None = None) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had)."""
     import torch
@@ -318,7 +347,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=recipe.lr, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%, then the copy phase's constant rate
+    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%, then the copy and edit phases' constant rate
         if step >= recipe.steps:
             return recipe.copy_lr
         if step < recipe.warmup:
@@ -362,7 +391,10 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
         batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng)
         # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
-        plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
+        if step < recipe.steps + recipe.copy_steps:
+            plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
+        else:
+            plant_edits(batch, rng, recipe.edit_frac, line_end)
         batch = torch.from_numpy(batch).to(device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -431,6 +463,7 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="ship")
     ap.add_argument("--steps", type=int, help="override the preset's step count (target; the draft gets half)")
     ap.add_argument("--copy-steps", type=int, help="override the target's copy-phase step count")
+    ap.add_argument("--edit-steps", type=int, help="override the target's edit-phase step count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="torch device: cpu, or cuda when a GPU is lent")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
@@ -454,9 +487,10 @@ def main(argv=None) -> int:
         recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
                    "draft": Recipe(**{**asdict(recipes["draft"]), "arch": recipes["draft"].arch,
                                       "steps": max(1, args.steps // 2)})}
-    if args.copy_steps is not None:
-        recipes["target"] = Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch,
-                                      "copy_steps": args.copy_steps})
+    for key in ("copy_steps", "edit_steps"):
+        if getattr(args, key) is not None:
+            recipes["target"] = Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch,
+                                          key: getattr(args, key)})
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -486,12 +520,13 @@ def main(argv=None) -> int:
     say(f"corpus: {train_ids.size:,} training tokens, {held_ids.size:,} held out "
         f"({sum(map(len, train_texts)) / train_ids.size:.2f} characters per token)")
     eot = tok.token_to_id(EOT)
+    line_end = np.array([tok.decode([i]).endswith("\n") for i in range(preset["vocab"])])  # for plant_edits
     corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
     if args.corpus:
         corpus = f"{root.name} ({len(train_files)} files)"
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
-                    args.ckpt_every, args.stop_after, args.export_now)
+                    args.ckpt_every, args.stop_after, args.export_now, line_end)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
