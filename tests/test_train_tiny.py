@@ -85,3 +85,49 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
     assert "resuming at step 7" in resumed.stderr
     for name in ("tiny-target.gguf", "tiny-draft.gguf"):
         assert tensors(tmp_path / name) == tensors(out / name), name
+
+
+def load_train_tiny():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import train_tiny
+    finally:
+        sys.path.pop(0)
+    return train_tiny
+
+
+def test_planted_copies_repeat_a_span_at_varying_distances():
+    """Rows of distinct tokens make copies visible: a planted copy is the only way a token appears twice."""
+    train_tiny = load_train_tiny()
+    batch = np.arange(64 * 130).reshape(64, 130) + 10_000  # distinct tokens
+    train_tiny.plant_copies(batch, np.random.default_rng(0), 1.0)
+    distances = set()
+    for row in batch:
+        seen, pairs = {}, []
+        for i, t in enumerate(row.tolist()):
+            if t in seen:
+                pairs.append((seen[t], i))
+            else:
+                seen[t] = i
+        assert len(pairs) >= 16 - 2, len(pairs)  # at least 16 copied tokens, at most 2 of them edited
+        distances |= {j - i for i, j in pairs}
+    assert len(distances) > 10  # not one fixed offset: the model must find the copy by content
+
+
+def test_planted_edits_copy_whole_lines_after_an_edited_first_line():
+    """Distinct tokens, lines of 10: the planted block ends with a run of whole lines of the original."""
+    train_tiny = load_train_tiny()
+    batch = np.arange(32 * 130).reshape(32, 130)
+    line_end = np.arange(32 * 130) % 10 == 9
+    original = batch.copy()
+    train_tiny.plant_edits(batch, np.random.default_rng(1), 1.0, line_end)
+    for row, orig in zip(batch, original):
+        changed = np.flatnonzero(row != orig)
+        end = changed[-1]
+        p = int(np.flatnonzero(orig == row[end])[0])  # where the block's last token sits in the original
+        assert p < changed[0]  # copied from before the block
+        m = 0
+        while m <= p and row[end - m] == orig[p - m]:
+            m += 1
+        run = orig[p - m + 1:p + 1]
+        assert m >= 10 and line_end[run].any(), (m, run)  # at least a line's worth, spanning a line end
