@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.demo import EDITS  # noqa: E402
+from tinyspec.draft_vocab import RANKING_KEY  # noqa: E402
 from tinyspec.draft import DraftModelDrafter  # noqa: E402
 from tinyspec.generate import generate  # noqa: E402
 from tinyspec.lookup import LookupDrafter  # noqa: E402
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     plain = {}  # plain greedy outputs, computed once per prompt
     report = {
         "target": str(a.target), "draft": str(a.draft),
-        "training": {k: v for k, v in target.metadata.items() if k.startswith("training.")},
+        "training": {k: v for k, v in target.metadata.items() if k.startswith("training.") and k != RANKING_KEY},
         "heldout_loss": heldout_loss(target, tok, 16, 128),
         "heldout_loss_draft": heldout_loss(draft, tok, 16, 128),
         "mtp_depth1": spec_stats(target, prompts, lambda: MTPDrafter(target), 1, a.max_new, plain),
