@@ -4,7 +4,8 @@
     verify_cost_ratio  median time of a k-token verify pass (with its snapshot ring) / the k = 1 pass
     weight_gb_s        bytes of weights a decode step reads / its median time
     copy_gb_s          np.copyto of a 256 MB buffer, the memory bandwidth this machine gives right now
-    spec[drafter]      tok_s, speedup over plain greedy, acceptance_rate, mean_accepted_length, phase_ms
+    spec[drafter]      tok_s (after the prefill), speedup over plain greedy, acceptance_rate,
+                       mean_accepted_length, phase_ms
                        (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
                        drafting at a synthetic acceptance, --synth-len; mtp_adaptive: k chosen per step)
 
@@ -94,21 +95,18 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
               repeats: int = 1, adaptive: tuple[str, ...] = ()) -> dict:
     """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain.
     Drafters named in `adaptive` choose k per step (adaptive.py, up to draft_n)."""
-    plain_s, plain = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    plain_rates, plain = [], None
+    for _ in range(repeats):  # tokens/s after the prefill: the prefill is the same pass for every method
         plain = generate(model, prompt, max_new)
-        plain_s.append(time.perf_counter() - t0)
-    base = len(plain.tokens) / statistics.median(plain_s)
+        plain_rates.append(plain.stats["decode_tok_s"])
+    base = statistics.median(plain_rates)
     out = {"plain": {"tok_s": base, "tokens": len(plain.tokens)}}
     for name, make in drafters.items():
-        walls, res = [], None
+        rates, res = [], None
         for _ in range(repeats):
-            drafter = make(plain.tokens)
-            t0 = time.perf_counter()
-            res = generate(model, prompt, max_new, drafter=drafter, draft_n=draft_n, adaptive=name in adaptive)
-            walls.append(time.perf_counter() - t0)
-        tok_s = len(res.tokens) / statistics.median(walls)
+            res = generate(model, prompt, max_new, drafter=make(plain.tokens), draft_n=draft_n, adaptive=name in adaptive)
+            rates.append(res.stats["tokens_per_s"])
+        tok_s = statistics.median(rates)
         out[name] = {"tok_s": tok_s, "speedup": tok_s / base, "acceptance_rate": res.stats["acceptance_rate"],
                      "mean_accepted_length": res.stats["mean_accepted_length"], "identical": res.tokens == plain.tokens,
                      "draft_n": draft_n, "phase_ms": res.stats["phase_ms"]}
