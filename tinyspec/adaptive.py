@@ -14,18 +14,22 @@ Estimates, updated after every step from what the step measured (online, per gen
            outcome, until there are 1/rate of them; then a moving average with weight `rate` (recent
            text matters more). Positions after the first rejection are not observed that step
     T(k)   a moving average of the measured seconds of steps with k drafts; a k never run is estimated
-           from those that were: linear between the nearest two, flat above the largest, and
-           proportional to k + 1 below the smallest. Both guesses are optimistic, so the policy tries
-           an unmeasured k and measures it instead of ruling it out on a guess. A longer step cannot
+           from those that were: linear between the nearest two, flat above them (optimistic, so the
+           policy tries a longer k and measures it), and below them halfway between flat and
+           proportional to k + 1 (with pure k + 1 scaling a good drafter left k_max just to measure a
+           plain step, a fifth of a short generation; flat, a failing one waited for a probe). A longer step cannot
            cost less than a shorter one (it does the same work and more), so T(k) is raised to the
            largest T(j), j < k: timing noise then cannot make k = 2 look cheaper than a plain step
 
 Exploration: a k that is not chosen is not measured again, so one slow measurement (a busy machine)
 could rule it out for good; and with k = 0 nothing is learnt about a_j. So every `probe_every`-th
 step is a probe: a plain step when the policy is drafting, one draft when it is not. A probe costs at
-most one step in `probe_every` run at a worse k. While drafts keep failing, the gap between probing
-drafts doubles (up to `probe_max`): a drafter that must catch up on the tokens it skipped (the MTP
-head's cache, mtp.py) then pays for a few of them, not all. With the prior a0 and nothing measured
+most one step in `probe_every` run at a worse k. Optionally (probe_max > probe_every) the gap
+between probing drafts doubles while they fail, so a drafter that must catch up on the tokens it
+skipped (the MTP head's cache, mtp.py) pays for fewer of them; off by default, because a failed probe
+is also what a good drafter produces now and then, and backing off on it locked the policy into plain
+steps on prompts where every fixed k won (random-token prompts, tools/bench_adaptive.py: 0.92x plain
+against 1.1-1.25x for fixed k). With the prior a0 and nothing measured
 the policy starts at k_max.
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
@@ -47,7 +51,7 @@ class AdaptiveDraftLength:
     a0: float = 0.8  # prior acceptance per position
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
-    probe_max: int = 128  # the longest gap between probing drafts while drafts keep failing
+    probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
@@ -87,8 +91,9 @@ class AdaptiveDraftLength:
             t = (k - lo) / (hi - lo)
             return (1 - t) * self.step_s[lo] + t * self.step_s[hi]
         if below:
-            return self.step_s[below[-1]]
-        return self.step_s[above[0]] * (k + 1) / (above[0] + 1)
+            return self.step_s[below[-1]]  # flat above the measured range
+        m = above[0]
+        return self.step_s[m] * (1 + (k + 1) / (m + 1)) / 2  # below: halfway between flat and proportional
 
     def choose(self, limit: int | None = None) -> int:
         """k for the next step, at most `limit` (the room left before max_new)."""
