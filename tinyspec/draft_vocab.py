@@ -33,7 +33,6 @@ Frequency-Ranked Speculative Sampling".
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
@@ -84,16 +83,14 @@ def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, n
     return int(vocab.ids[sample(q_sub, rng)]), vocab.full_law(q_sub)
 
 
+def rank_ids(ids: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Token ids by descending count in the id stream `ids` (ties by id), every id of the vocabulary once."""
+    return np.lexsort((np.arange(n_vocab), -np.bincount(np.asarray(ids, dtype=np.int64), minlength=n_vocab)))
+
+
 def rank_tokens(tokenizer, texts: Iterable[str]) -> np.ndarray:
     """Token ids by descending count in `texts` (ties by id), then every id never seen, in id order."""
-    counts = Counter()
-    for text in texts:
-        counts.update(tokenizer.encode(text))
-    n_vocab = tokenizer.n_vocab
-    c = np.zeros(n_vocab, dtype=np.int64)
-    for token, n in counts.items():
-        c[token] = n
-    return np.lexsort((np.arange(n_vocab), -c))
+    return rank_ids([t for text in texts for t in tokenizer.encode(text)], tokenizer.n_vocab)
 
 
 def save_ranking(path: str | os.PathLike, ranking: np.ndarray) -> None:

@@ -524,6 +524,8 @@ def main(argv=None) -> int:
     corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
     if args.corpus:
         corpus = f"{root.name} ({len(train_files)} files)"
+    from tinyspec.draft_vocab import rank_ids
+
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
                     args.ckpt_every, args.stop_after, args.export_now, line_end)
@@ -536,8 +538,7 @@ def main(argv=None) -> int:
                     "tool": "tools/train_tiny.py --preset " + args.preset,
                     # token ids by descending count in the training tokens: the draft vocabulary's ranking
                     # (tinyspec/draft_vocab.py, --draft-vocab N)
-                    "token_ranking": np.lexsort((np.arange(preset["vocab"]),
-                                                 -np.bincount(train_ids, minlength=preset["vocab"]))).astype(np.int32)}
+                    "token_ranking": rank_ids(train_ids, preset["vocab"]).astype(np.int32)}
         if "mtp1_loss" in rec["heldout"]:
             training |= {"loss.heldout_mtp1": rec["heldout"]["mtp1_loss"], "loss.heldout_mtp2": rec["heldout"]["mtp2_loss"]}
         path = out / f"tiny-{name}.gguf"
