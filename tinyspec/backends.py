@@ -3,7 +3,8 @@
     numpy   the oracle. Every weight is dequantized to float32 at load; linear() is one NumPy matvec per row.
     cpu     NumPy + Numba. Matmul weights stay in their GGUF bytes (memory-mapped, never expanded) and are
             multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py; the small tensors
-            (norms, conv, ssm_a, biases) are float32 as in the oracle. The default on a machine without a GPU.
+            (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan is
+            tinyspec/fast/numba_gdn.py (bitwise the oracle's). The default on a machine without a GPU.
     cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU.
 
 The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
@@ -80,8 +81,12 @@ class PackedWeight:
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
         self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
         self.nbytes = raw.nbytes
+        # kernels that can check a weight once give a per-weight linear(x) (numba_ops.bind)
+        self._linear = kernels.bind(raw, ggml_type, shape) if hasattr(kernels, "bind") else None
 
     def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
+        if self._linear is not None:
+            return self._linear(x)
         return self.kernels.quant_linear(np.ascontiguousarray(x, dtype=np.float32), self.raw, self.ggml_type,
                                          self.shape)
 
@@ -154,6 +159,10 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
         tensors = cpu_tensors(g, progress) if backend == "cpu" else cuda_tensors(g, progress)
         model = Model(cfg, tensors, g.metadata)
         model.source = g
+        if backend == "cpu":
+            from .fast import numba_gdn
+
+            model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
     model.backend = backend
     model.path = Path(path)
     return model

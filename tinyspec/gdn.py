@@ -170,7 +170,7 @@ def gdn_chunked(
 
 def gdn_layer(
     x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False,
-    snapshots: tuple[np.ndarray, np.ndarray] | None = None,
+    snapshots: tuple[np.ndarray, np.ndarray] | None = None, scan=gdn_scan,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm in place.
 
@@ -178,6 +178,7 @@ def gdn_layer(
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
     snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
     state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores.
+    scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py).
     """
     T, D = x.shape
     if snapshots is not None and (chunked or snapshots[0].shape[0] < T):
@@ -210,11 +211,11 @@ def gdn_layer(
     k = np.tile(k, (1, HV // n_k, 1))  # [T, HV, K]
 
     # 4. the delta-rule memory
-    core = gdn_chunked if chunked else gdn_scan
+    core = gdn_chunked if chunked else scan
     if snapshots is None:
         o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
     else:
-        o, state.ssm = gdn_scan(q, k, v, log_decay, beta, state.ssm, states_out=snapshots[1])
+        o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=snapshots[1])
 
     # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
     y = rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * silu(z)  # [T, HV, V]

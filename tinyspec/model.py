@@ -24,7 +24,7 @@ import numpy as np
 
 from .attention import attention_layer
 from .config import ModelConfig
-from .gdn import gdn_layer
+from .gdn import gdn_layer, gdn_scan
 from .gguf import GGUFFile, read_gguf
 from .ops import linear, rms_norm, silu
 from .quants import dequantize
@@ -62,6 +62,7 @@ class Model:
     def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None):
         self.cfg, self.metadata = cfg, dict(metadata or {})
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
+        self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
         self.tensors = tensors
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -125,7 +126,7 @@ class Model:
             u = rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
             if recurrent:
                 snapshots = ring.layer(i) if ring is not None else None
-                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots)
+                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots, scan=self.gdn_scan)
             else:
                 x = x + attention_layer(u, w, layer_state, cfg)
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)

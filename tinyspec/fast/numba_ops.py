@@ -57,11 +57,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from ..quants import GGMLType
+from . import simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
@@ -77,35 +76,19 @@ _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLTyp
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
 
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """fma(a, b, c) = a * b + c rounded once: LLVM's llvm.fma.f32, one vfmadd per lane when vectorized.
-    An explicit, always-taken operation (not a contraction the compiler may or may not choose), so the
-    bits do not depend on vector width, loop remainders or T."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
-        return builder.call(fn, args)
-
-    return sig, codegen
-
-
 # ---------------------------------------------------------------------------------------------
-# Decoders. `row` is one weight row as flat uint8 bytes. A decoder writes the n values of span s, values
-# LANES * s .. LANES * s + n - 1 (n <= LANES, a multiple of the block size), into w[0 .. n-1], peeling
-# fields in the order of the byte tables in tinyspec/quants.
-#
-# Written for LLVM's loop vectorizer: codes stay np.uint8 / np.int8 up to the float conversion (a
-# Python-int intermediate would be int64); inner indices are a loop variable plus an offset; the inner
-# trip count G = w.shape[0] // 8 (32) is read at run time, so LLVM vectorizes that loop (behind a
-# run-time alias check) instead of unrolling it into scalar code.
+# Decoders. `raw` is the whole weight as flat uint8 bytes and r0 the offset of one row. A decoder writes
+# the n values of span s of that row, values LANES * s .. LANES * s + n - 1 (n <= LANES, a multiple of
+# the block size), into w[0 .. n-1], peeling fields in the order of the byte tables in tinyspec/quants;
+# sm is 16 floats of scratch for a block's scales. The K-quant, Q8_0 and Q4_0 decoders are vector
+# operations from tinyspec/fast/simd.py; the rarer types keep plain loops.
 
 
 @njit(cache=True)
 def _f16(lo, hi):  # two little-endian bytes -> float32, exact
-    """fp16 -> f32 for one scale: (1024 + mantissa) * 2^(e - 25), or mantissa * 2^-24 (subnormal)."""
+    """fp16 -> f32 for one scale: (1024 + mantissa) * 2^(e - 25), or mantissa * 2^-24 (subnormal).
+    (The kernels use simd.half_to_f32, the hardware conversion; this is its readable twin, tested on
+    every bit pattern against NumPy.)"""
     h = np.int32(lo) | (np.int32(hi) << 8)
     e = (h >> 10) & 31
     m = h & 1023
@@ -119,24 +102,24 @@ def _f16(lo, hi):  # two little-endian bytes -> float32, exact
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_f32(row, s, n, w):  # 4 bytes a value: the IEEE bits themselves
-    v = row[4 * LANES * s:4 * (LANES * s + n)].view(np.float32)
+def _decode_f32(raw, r0, s, n, w):  # 4 bytes a value: the IEEE bits themselves
+    v = raw[r0 + 4 * LANES * s:r0 + 4 * (LANES * s + n)].view(np.float32)
     for j in range(n):
         w[j] = v[j]
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_bf16(row, s, n, w):  # 2 bytes a value: the high half of the f32 bits
-    h, bits = row[2 * LANES * s:2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
+def _decode_bf16(raw, r0, s, n, w):  # 2 bytes a value: the high half of the f32 bits
+    h, bits = raw[r0 + 2 * LANES * s:r0 + 2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
     for j in range(n):
         bits[j] = np.uint32(h[j]) << 16
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_f16(row, s, n, w):  # 2 bytes a value
+def _decode_f16(raw, r0, s, n, w):  # 2 bytes a value
     """fp16 -> f32 in three vector passes: place exponent and mantissa 13 bits up (an f32 2^112 too
     small, subnormals included), multiply by 2^112 (exact), then OR in the sign and inf/NaN exponent."""
-    h, bits = row[2 * LANES * s:2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
+    h, bits = raw[r0 + 2 * LANES * s:r0 + 2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
     for j in range(n):
         bits[j] = (np.uint32(h[j]) & 0x7FFF) << 13
     for j in range(n):
@@ -147,186 +130,142 @@ def _decode_f16(row, s, n, w):  # 2 bytes a value
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q4_0(row, s, n, w):  # 18 bytes: d, qs[16];  x = d * (q - 8)
-    G = w.shape[0] // 16  # 16: byte l holds value l (low nibble) and value 16 + l (high nibble)
-    for k in range(n // 32):
-        o = (8 * s + k) * 18
-        d = _f16(row[o], row[o + 1])
-        for l in range(G):
-            q = row[o + 2 + l]
-            w[32 * k + l] = d * (np.float32(np.uint8(q & 15)) - np.float32(8))
-            w[32 * k + 16 + l] = d * (np.float32(np.uint8(q >> 4)) - np.float32(8))
+def _decode_q4_0(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * (q - 8)
+    for k in range(n // 32):  # byte l holds value l (low nibble) and value 16 + l (high nibble)
+        o = r0 + (8 * s + k) * 18
+        simd.affine_q4_0(raw, o + 2, simd.half_to_f32(raw, o), w, 32 * k)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q8_0(row, s, n, w):  # 34 bytes: d, qs[32] int8;  x = d * q
-    G = w.shape[0] // 8  # 32
+def _decode_q8_0(raw, r0, s, n, w):  # 34 bytes: d, qs[32] int8;  x = d * q
     for k in range(n // 32):
-        o = (8 * s + k) * 34
-        d = _f16(row[o], row[o + 1])
-        for l in range(G):
-            w[32 * k + l] = d * np.float32(np.int8(row[o + 2 + l]))
+        o = r0 + (8 * s + k) * 34
+        simd.scaled_i8_32(raw, o + 2, simd.half_to_f32(raw, o), w, 32 * k)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q2_k(row, s, n, w):  # 84 bytes: scales[16], qs[64], d, dmin
+def _decode_q2_k(raw, r0, s, n, w):  # 84 bytes: scales[16], qs[64], d, dmin
     """x = (d * sc) * q - (dmin * m). Group 4c + s (values 128c + 32s + l) is bit pair s of qs[32c + l];
     its two 16-value halves use scales[8c + 2s] and scales[8c + 2s + 1] (sc low nibble, m high)."""
-    G = w.shape[0] // 16  # 16
-    o = s * 84
-    d, dmin = _f16(row[o + 80], row[o + 81]), _f16(row[o + 82], row[o + 83])
+    o = r0 + s * 84
+    d, dmin = simd.half_to_f32(raw, o + 80), simd.half_to_f32(raw, o + 82)
     for c in range(2):
         for s in range(4):
             j = o + 8 * c + 2 * s
-            dl0, ml0 = d * np.float32(row[j] & 15), dmin * np.float32(row[j] >> 4)
-            dl1, ml1 = d * np.float32(row[j + 1] & 15), dmin * np.float32(row[j + 1] >> 4)
+            dl0, ml0 = d * np.float32(raw[j] & 15), dmin * np.float32(raw[j] >> 4)
+            dl1, ml1 = d * np.float32(raw[j + 1] & 15), dmin * np.float32(raw[j + 1] >> 4)
             qo, wo = o + 16 + 32 * c, 128 * c + 32 * s
-            for l in range(G):
-                w[wo + l] = dl0 * np.float32(np.uint8((row[qo + l] >> (2 * s)) & 3)) - ml0
-                w[wo + 16 + l] = dl1 * np.float32(np.uint8((row[qo + 16 + l] >> (2 * s)) & 3)) - ml1
+            for l in range(16):
+                w[wo + l] = dl0 * np.float32(np.uint8((raw[qo + l] >> (2 * s)) & 3)) - ml0
+                w[wo + 16 + l] = dl1 * np.float32(np.uint8((raw[qo + 16 + l] >> (2 * s)) & 3)) - ml1
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _scale_min_k(row, o, j):  # Q4_K/Q5_K: 6-bit (sc[j], m[j]) from the 12 bytes at o + 4
-    if j < 4:
-        return np.uint8(row[o + 4 + j] & 63), np.uint8(row[o + 8 + j] & 63)
-    sc = (row[o + 8 + j] & 15) | ((row[o + j] >> 6) << 4)
-    m = (row[o + 8 + j] >> 4) | ((row[o + 4 + j] >> 6) << 4)
-    return np.uint8(sc), np.uint8(m)
-
-
-@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q4_k(row, s, n, w):  # 144 bytes: d, dmin, scales[12], qs[128]
+def _decode_q4_k(raw, r0, s, n, w, sm):  # 144 bytes: d, dmin, scales[12], qs[128]
     """x = (d * sc) * q - (dmin * m); qs[32c + l] holds value l of group 2c (low nibble) and 2c + 1."""
-    G = w.shape[0] // 8  # 32
-    o = s * 144
-    d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
-    for c in range(4):
-        sc0, m0 = _scale_min_k(row, o, 2 * c)
-        sc1, m1 = _scale_min_k(row, o, 2 * c + 1)
-        dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
-        dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
-        qo = o + 16 + 32 * c
-        for l in range(G):
-            q = row[qo + l]
-            w[64 * c + l] = dl0 * np.float32(np.uint8(q & 15)) - ml0
-            w[64 * c + 32 + l] = dl1 * np.float32(np.uint8(q >> 4)) - ml1
+    o = r0 + s * 144
+    simd.k_scales(raw, o + 4, simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2), sm)
+    for c in range(4):  # sm[0:8] = d * sc, sm[8:16] = dmin * m
+        simd.affine_u4(raw, o + 16 + 32 * c, w, 64 * c, sm[2 * c], sm[8 + 2 * c], sm[2 * c + 1], sm[9 + 2 * c])
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q5_k(row, s, n, w):  # 176 bytes: d, dmin, scales[12], qh[32], qs[128]
+def _decode_q5_k(raw, r0, s, n, w, sm):  # 176 bytes: d, dmin, scales[12], qh[32], qs[128]
     """As Q4_K (qs at offset 48), plus the fifth bit (16) of value l of group j: bit j of qh[l]."""
-    G = w.shape[0] // 8  # 32
-    o = s * 176
-    d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
+    o = r0 + s * 176
+    simd.k_scales(raw, o + 4, simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2), sm)
     for c in range(4):
-        sc0, m0 = _scale_min_k(row, o, 2 * c)
-        sc1, m1 = _scale_min_k(row, o, 2 * c + 1)
-        dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
-        dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
-        qo = o + 48 + 32 * c
-        for l in range(G):
-            q, qh = row[qo + l], row[o + 16 + l]
-            q0 = np.uint8((q & 15) | (((qh >> (2 * c)) & 1) << 4))
-            q1 = np.uint8((q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
-            w[64 * c + l] = dl0 * np.float32(q0) - ml0
-            w[64 * c + 32 + l] = dl1 * np.float32(q1) - ml1
+        simd.affine_u5(raw, o + 48 + 32 * c, o + 16, c, w, 64 * c,
+                       sm[2 * c], sm[8 + 2 * c], sm[2 * c + 1], sm[9 + 2 * c])
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_q6_k(row, s, n, w):  # 210 bytes: ql[128], qh[64], scales[16] int8, d
+def _decode_q6_k(raw, r0, s, n, w, sm):  # 210 bytes: ql[128], qh[64], scales[16] int8, d
     """x = (d * sc) * (q - 32). Values 128h + 32g + l (group 4h + g): low 4 bits are nibble g // 2 of
     ql[64h + 32(g % 2) + l], high 2 bits are bits 2g of qh[32h + l]; scales[8h + 2g] for l < 16, then
-    scales[8h + 2g + 1]. One pass per h decodes the four groups from the same ql and qh bytes."""
-    G = w.shape[0] // 16  # 16
-    o = s * 210
-    d = _f16(row[o + 208], row[o + 209])
+    scales[8h + 2g + 1] (simd.q6_k_half decodes one h)."""
+    o = r0 + s * 210
+    simd.scaled_i8_16(raw, o + 192, simd.half_to_f32(raw, o + 208), sm, 0)  # sm = d * scales
     for h in range(2):
-        for half in range(2):  # l < 16, then l >= 16: one scale per (group, half)
-            so = o + 192 + 8 * h + half
-            dl0, dl1 = d * np.float32(np.int8(row[so])), d * np.float32(np.int8(row[so + 2]))
-            dl2, dl3 = d * np.float32(np.int8(row[so + 4])), d * np.float32(np.int8(row[so + 6]))
-            lo, hi, wo = o + 64 * h + 16 * half, o + 128 + 32 * h + 16 * half, 128 * h + 16 * half
-            for l in range(G):
-                a, b, qh = row[lo + l], row[lo + 32 + l], row[hi + l]
-                w[wo + l] = dl0 * (np.float32(np.uint8((a & 15) | ((qh & 3) << 4))) - np.float32(32))
-                w[wo + 32 + l] = dl1 * (np.float32(np.uint8((b & 15) | (((qh >> 2) & 3) << 4))) - np.float32(32))
-                w[wo + 64 + l] = dl2 * (np.float32(np.uint8((a >> 4) | (((qh >> 4) & 3) << 4))) - np.float32(32))
-                w[wo + 96 + l] = dl3 * (np.float32(np.uint8((b >> 4) | ((qh >> 6) << 4))) - np.float32(32))
+        simd.q6_k_half(raw, o + 64 * h, o + 128 + 32 * h, sm, 8 * h, w, 128 * h)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _decode_span(kind, row, s, n, w):
-    """Values LANES * s .. LANES * s + n - 1 of the row -> w[:n] (n <= LANES; a K-quant super-block)."""
+def _decode_span(kind, raw, r0, s, n, w, sm):
+    """Values LANES * s .. LANES * s + n - 1 of the row at raw[r0] -> w[:n] (n <= LANES)."""
     if kind == _Q4_K:
-        _decode_q4_k(row, s, n, w)
+        _decode_q4_k(raw, r0, s, n, w, sm)
     elif kind == _Q6_K:
-        _decode_q6_k(row, s, n, w)
+        _decode_q6_k(raw, r0, s, n, w, sm)
     elif kind == _Q8_0:
-        _decode_q8_0(row, s, n, w)
+        _decode_q8_0(raw, r0, s, n, w)
     elif kind == _Q5_K:
-        _decode_q5_k(row, s, n, w)
+        _decode_q5_k(raw, r0, s, n, w, sm)
     elif kind == _Q4_0:
-        _decode_q4_0(row, s, n, w)
+        _decode_q4_0(raw, r0, s, n, w)
     elif kind == _Q2_K:
-        _decode_q2_k(row, s, n, w)
+        _decode_q2_k(raw, r0, s, n, w)
     elif kind == _F16:
-        _decode_f16(row, s, n, w)
+        _decode_f16(raw, r0, s, n, w)
     elif kind == _BF16:
-        _decode_bf16(row, s, n, w)
+        _decode_bf16(raw, r0, s, n, w)
     else:
-        _decode_f32(row, s, n, w)
+        _decode_f32(raw, r0, s, n, w)
+
+
+@njit(cache=True, inline="always")
+def _aligned_zeros(n):  # n float32 zeros starting on a 64-byte line: a zmm load never splits two lines
+    buf = np.zeros(n + 16, np.float32)
+    a = ((64 - buf.ctypes.data % 64) % 64) // 4
+    return buf[a:a + n]
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels. x is [T, chunks * LANES] (zero-padded); acc is [T, LANES].
-
-
-@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _rows(xc, rows, kind, n_in, y, r0, r1, w, acc):
-    """y[:, r] for rows r0 .. r1 - 1: per span of LANES values, decode once into w, then for each t
-    acc[t, l] = fma(w[l], x[t, v0 + l], acc[t, l]) over independent lanes (vectorized, never reordered),
-    then the fixed lane tree."""
-    T = xc.shape[0]
-    for r in range(r0, r1):
-        row = rows[r]
-        acc[:] = np.float32(0)
-        for s in range((n_in + LANES - 1) // LANES):  # span s: values v0 .. v0 + n - 1
-            v0 = LANES * s
-            n = min(LANES, n_in - v0)
-            _decode_span(kind, row, s, n, w)
-            for t in range(T):
-                at, xt = acc[t], xc[t]
-                for l in range(n):
-                    at[l] = _fma(w[l], xt[v0 + l], at[l])
-        for t in range(T):
-            at = acc[t]
-            h = LANES // 2
-            while h > 0:  # fixed pairwise tree: (l, l + 128), (l, l + 64), ...
-                for l in range(h):
-                    at[l] = at[l] + at[l + h]
-                h //= 2
-            y[t, r] = at[0]
+# The kernels. x is [T, in]; acc is [T * LANES].
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _quant_linear_parallel(xc, rows, kind, n_in, y):  # tasks of ROWS output rows over the threads
-    n_out = rows.shape[0]
+def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
+    """y[:, r] for every row, tasks of ROWS rows over the threads: per span of LANES values, decode
+    once into w, then for each t acc[t, l] = fma(w[l], x[t, v0 + l], acc[t, l]) over independent lanes
+    (simd.fma256, or 16 at a time in a partial span), then the fixed lane tree."""
+    T, n_out = y.shape
+    W = (n_in + LANES - 1) // LANES * LANES
+    xc = _aligned_zeros(T * W)  # x zero-padded to whole spans, rows on 64-byte lines
+    for t in range(T):
+        xc[W * t:W * t + n_in] = x[t]
     for task in prange((n_out + ROWS - 1) // ROWS):
-        w = np.zeros(LANES, np.float32)
-        acc = np.empty((xc.shape[0], LANES), np.float32)
-        _rows(xc, rows, kind, n_in, y, task * ROWS, min(n_out, (task + 1) * ROWS), w, acc)
+        scratch = _aligned_zeros(LANES + 16 + T * LANES)
+        w, sm, acc = scratch[:LANES], scratch[LANES:LANES + 16], scratch[LANES + 16:]
+        for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
+            acc[:] = np.float32(0)
+            for s in range((n_in + LANES - 1) // LANES):  # span s: values v0 .. v0 + n - 1
+                v0 = LANES * s
+                n = min(LANES, n_in - v0)
+                _decode_span(kind, raw, r * row_bytes, s, n, w, sm)
+                n16 = (n + 15) // 16
+                if n < 16 * n16:  # a float row ending mid-group: the x padding is 0, make w finite there
+                    w[n:16 * n16] = np.float32(0)
+                for t in range(T):
+                    if n == LANES:
+                        simd.fma256(acc, LANES * t, w, 0, xc, W * t + v0)
+                    else:
+                        for g in range(n16):
+                            simd.fma16(acc, LANES * t + 16 * g, w, 16 * g, xc, W * t + v0 + 16 * g)
+            for t in range(T):
+                y[t, r] = simd.lane_sum256(acc, LANES * t)
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _get_rows_kernel(rows, kind, n_in, ids, out):  # rows u8 [n_rows, bytes], ids [n] int64 -> out [n, in]
-    w = np.zeros(LANES, np.float32)  # one thread: an embedding lookup is a few rows, memory-bound
+def _get_rows_kernel(raw, row_bytes, kind, n_in, ids, out):  # ids [n] int64 -> out [n, in]
+    scratch = _aligned_zeros(LANES + 16)  # one thread: an embedding lookup is a few rows, memory-bound
+    w, sm = scratch[:LANES], scratch[LANES:]
     for i in range(ids.size):
-        row, dst = rows[ids[i]], out[i]
+        dst = out[i]
         for s in range((n_in + LANES - 1) // LANES):
             v0 = LANES * s
             n = min(LANES, n_in - v0)
-            _decode_span(kind, row, s, n, w)
+            _decode_span(kind, raw, ids[i] * row_bytes, s, n, w, sm)
             for j in range(n):
                 dst[v0 + j] = w[j]
 
@@ -356,9 +295,42 @@ def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndar
     if raw.dtype != np.uint8 or raw.size != n_out * n_blocks * qtype.type_size:
         raise ValueError(f"numba_ops: {qtype.name} shape {tuple(shape)} needs {n_out * n_blocks * qtype.type_size}"
                          f" uint8 bytes, got {raw.size} of {raw.dtype}")
-    rows = np.ascontiguousarray(raw).reshape(n_out, n_blocks * qtype.type_size)  # a view when raw is contiguous
-    rows.flags.writeable = False  # read-only always: one compiled kernel for memory maps and arrays alike
-    return qtype, rows
+    flat = np.ascontiguousarray(raw).reshape(-1)  # a view when raw is contiguous; row r at r * row_bytes
+    flat.flags.writeable = False  # read-only always: one compiled kernel for memory maps and arrays alike
+    return qtype, flat
+
+
+def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]):
+    """Check the weight once and return `linear(x)`, its quant_linear: [T, in] -> [T, out] float32
+    (what PackedWeight calls per token: the checks and conversions of quant_linear cost ~0.1 ms a call,
+    about 25 ms of a 0.8B decode step)."""
+    qtype, flat = _weight_blocks(raw, ggml_type, shape)
+    n_out, n_in = int(shape[0]), int(shape[1])
+    row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
+    serial = n_out * n_in < SERIAL_BELOW or n_out <= ROWS
+
+    def linear(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"numba_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
+        y = np.zeros((x.shape[0], n_out), dtype=np.float32)
+        if y.size == 0 or n_in == 0:
+            return y
+        threads = numba.get_num_threads()
+        if serial and threads > 1:
+            # Small matrix: the same kernel on the calling thread only. (Waking the pool costs ~7 ms when
+            # another process holds a core; a separate non-parallel kernel measured 25% slower, LLVM
+            # vectorizes the parfor body better.)
+            numba.set_num_threads(1)
+            try:
+                _quant_linear_parallel(x, flat, row_bytes, kind, n_in, y)
+            finally:
+                numba.set_num_threads(threads)
+        else:
+            _quant_linear_parallel(x, flat, row_bytes, kind, n_in, y)
+        return y
+
+    return linear
 
 
 def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
@@ -367,29 +339,7 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     Batch-invariant bit for bit (row t never depends on T); within 1.1 * in * 2^-23 * (|W| @ |x|)
     of tinyspec.ops.quant_linear. Raises ValueError for unsupported types and mismatched shapes.
     """
-    qtype, rows = _weight_blocks(raw, ggml_type, shape)
-    x = np.asarray(x)
-    n_out, n_in = int(shape[0]), int(shape[1])
-    if x.ndim != 2 or x.shape[1] != n_in:
-        raise ValueError(f"numba_ops: x must be [T, {shape[1]}] for weight shape {tuple(shape)}, got {x.shape}")
-    T = x.shape[0]
-    xc = np.zeros((T, -(-n_in // LANES) * LANES), dtype=np.float32)  # zero-padded to whole spans
-    xc[:, :n_in] = x
-    y = np.zeros((T, n_out), dtype=np.float32)
-    if y.size and n_in:
-        threads = numba.get_num_threads()
-        if threads > 1 and (n_out * n_in < SERIAL_BELOW or n_out <= ROWS):
-            # Small matrix: the same kernel on the calling thread only. (Waking the pool costs ~7 ms when
-            # another process holds a core; a separate non-parallel kernel measured 25% slower, LLVM
-            # vectorizes the parfor body better.)
-            numba.set_num_threads(1)
-            try:
-                _quant_linear_parallel(xc, rows, int(qtype), n_in, y)
-            finally:
-                numba.set_num_threads(threads)
-        else:
-            _quant_linear_parallel(xc, rows, int(qtype), n_in, y)
-    return y
+    return bind(raw, ggml_type, shape)(np.asarray(x))
 
 
 def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
@@ -403,5 +353,5 @@ def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int],
     ids = np.where(ids < 0, ids + n_rows, ids)
     out = np.zeros((ids.size, n_in), dtype=np.float32)
     if out.size:
-        _get_rows_kernel(rows, int(qtype), n_in, ids, out)
+        _get_rows_kernel(rows, qtype.row_nbytes(n_in), int(qtype), n_in, ids, out)
     return out

@@ -1,0 +1,61 @@
+"""The Numba delta-rule scan (tinyspec/fast/numba_gdn.py) against the oracle tinyspec.gdn.gdn_scan: bitwise.
+
+Same float32 operations in the same order, so outputs, the final state and every snapshot must be
+equal bit for bit - at the Qwen3.5-0.8B head shape, at odd shapes, for T = 1..5, with the snapshot
+ring filled; and the input state is never modified (a snapshot may still point at it).
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from tinyspec.fast import numba_gdn  # noqa: E402
+from tinyspec.gdn import gdn_scan  # noqa: E402
+
+
+def inputs(rng, T, HV, K, V):
+    q = rng.standard_normal((T, HV, K)).astype(np.float32) / np.float32(np.sqrt(K))
+    k = rng.standard_normal((T, HV, K)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((T, HV, V)).astype(np.float32)
+    log_decay = -np.abs(rng.standard_normal((T, HV))).astype(np.float32)
+    beta = rng.uniform(0, 1, (T, HV)).astype(np.float32)
+    state = rng.standard_normal((HV, K, V)).astype(np.float32)
+    return q, k, v, log_decay, beta, state
+
+
+@pytest.mark.parametrize("T,HV,K,V", [(1, 16, 128, 128), (4, 16, 128, 128), (3, 2, 5, 7), (5, 3, 16, 33)])
+def test_scan_bitwise_equal_to_oracle(T, HV, K, V):
+    rng = np.random.default_rng(T * 1000 + K)
+    q, k, v, log_decay, beta, state = inputs(rng, T, HV, K, V)
+    before = state.copy()
+    snaps_ref, snaps = np.zeros((T + 1, HV, K, V), np.float32), np.zeros((T + 1, HV, K, V), np.float32)
+    o_ref, s_ref = gdn_scan(q, k, v, log_decay, beta, state, states_out=snaps_ref)
+    o, s = numba_gdn.gdn_scan(q, k, v, log_decay, beta, state, states_out=snaps)
+    assert np.array_equal(o.view(np.uint32), o_ref.view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+    assert np.array_equal(snaps.view(np.uint32), snaps_ref.view(np.uint32))
+    assert np.array_equal(state, before)  # not modified in place
+    o2, s2 = numba_gdn.gdn_scan(q, k, v, log_decay, beta, state)  # without snapshots: the same bits
+    assert np.array_equal(o2.view(np.uint32), o.view(np.uint32)) and np.array_equal(s2, s)
+
+
+def test_k_steps_equal_one_step_at_a_time():
+    rng = np.random.default_rng(7)
+    q, k, v, log_decay, beta, state = inputs(rng, 4, 4, 32, 32)
+    o_all, s_all = numba_gdn.gdn_scan(q, k, v, log_decay, beta, state)
+    s = state
+    for t in range(4):
+        o_t, s = numba_gdn.gdn_scan(q[t:t + 1], k[t:t + 1], v[t:t + 1], log_decay[t:t + 1], beta[t:t + 1], s)
+        assert np.array_equal(o_t[0].view(np.uint32), o_all[t].view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), s_all.view(np.uint32))
+
+
+def test_bad_shapes_are_named():
+    rng = np.random.default_rng(0)
+    q, k, v, log_decay, beta, state = inputs(rng, 2, 2, 4, 4)
+    with pytest.raises(ValueError, match="numba_gdn: shapes"):
+        numba_gdn.gdn_scan(q, k, v, log_decay, beta, state[:, :3])
+    with pytest.raises(ValueError, match="states_out"):
+        numba_gdn.gdn_scan(q, k, v, log_decay, beta, state, states_out=np.zeros((1, 2, 4, 4), np.float32))
