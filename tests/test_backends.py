@@ -1,6 +1,7 @@
 """backends.py: the cpu backend (packed weights + Numba kernels) runs the same model as the NumPy oracle.
 
-    oracle       cpu logits within float tolerance of numpy on every weight type the kernels read
+    oracle       cpu logits within float tolerance of the oracle on every weight type the kernels read (the
+                 oracle with K-quant activations rounded to Q8_K, as the cpu kernels do: ops.quant_linear_q8)
     invariance   on cpu, a k-token pass gives bitwise the rows and state of k one-token passes
     lossless     greedy speculative == greedy plain on cpu for the MTP, lookup and draft-model drafters
     memory       packed weights are views of the file's memory map, never float32 copies
@@ -12,12 +13,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinyspec import backends
+from types import SimpleNamespace
+
+from tinyspec import backends, ops
 from tinyspec.backends import BackendError, PackedWeight, load_model
 from tinyspec.bench import weight_bytes
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.gguf import RawTensor, write_gguf
+from tinyspec.config import ModelConfig
+from tinyspec.gguf import RawTensor, read_gguf, write_gguf
 from tinyspec.lookup import LookupDrafter
+from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead
 from tinyspec.quants import GGMLType, quantize
 from tinyspec.generate import generate
@@ -56,20 +61,53 @@ def files(tmp_path_factory):
     return d
 
 
+def q8_oracle(path) -> Model:
+    """The NumPy oracle computing what the cpu backend computes: K-quant weights (numba_ops.Q8_TYPES) multiply
+    activations rounded to Q8_K (ops.quant_linear_q8), every other weight the float32 activations."""
+    from tinyspec.fast import numba_ops
+
+    def quant_linear(x, raw, kind, shape):
+        return (ops.quant_linear_q8 if kind in numba_ops.Q8_TYPES else ops.quant_linear)(x, raw, kind, shape)
+
+    kernels = SimpleNamespace(SUPPORTED=numba_ops.SUPPORTED, quant_linear=quant_linear, get_rows=ops.get_rows)
+    g = read_gguf(path)
+    cfg = ModelConfig.from_gguf(g.metadata, n_vocab=g.tensors["token_embd.weight"].shape[0])
+    return Model(cfg, backends.packed_tensors(g, kernels), g.metadata)
+
+
+def close_rows(a: np.ndarray, ref: np.ndarray) -> None:
+    """a within 1e-4 of ref's scale, except for at most 2 rows within 1e-2. Rounding to Q8_K is a step
+    function: a 1-ulp difference upstream (summation order) can move one activation across a rounding
+    boundary, which changes it by d = max / 127 and that row's outputs by ~1e-3 relative (measured on this
+    model, three token draws: 0 or 1 such row in 24, 5e-3 at worst; every other row within 2e-6)."""
+    err = np.abs(a - ref).max(axis=-1) / np.abs(ref).max()
+    assert (err > 1e-4).sum() <= 2 and err.max() <= 1e-2, err
+
+
 def test_cpu_matches_the_oracle_on_every_weight_type(files):
-    ref, fast = load_model(files / "target.gguf", "numpy"), load_model(files / "target.gguf", "cpu")
+    ref, fast = q8_oracle(files / "target.gguf"), load_model(files / "target.gguf", "cpu")
     packed = [t for t in fast.tensors.values() if isinstance(t, PackedWeight)]
     assert {t.ggml_type for t in packed} == set(TYPES)
     tokens = np.random.default_rng(0).integers(0, 300, 24)
     l_ref, h_ref = ref.forward(tokens, ref.new_state())
     l_fast, h_fast = fast.forward(tokens, fast.new_state())
-    scale = np.abs(l_ref).max()
-    assert np.abs(l_fast - l_ref).max() <= 1e-4 * scale, np.abs(l_fast - l_ref).max() / scale
-    assert np.abs(h_fast - h_ref).max() <= 1e-4 * np.abs(h_ref).max()
+    close_rows(l_fast, l_ref)
+    close_rows(h_fast, h_ref)
     head_ref, head_fast = MTPHead(ref), MTPHead(fast)
     m_ref, _ = head_ref.forward(tokens, h_ref, head_ref.new_cache())
-    m_fast, _ = head_fast.forward(tokens, h_fast, head_fast.new_cache())
-    assert np.abs(m_fast - m_ref).max() <= 1e-4 * np.abs(m_ref).max()
+    m_fast, _ = head_fast.forward(tokens, h_ref, head_fast.new_cache())  # the same input: its attention
+    close_rows(m_fast, m_ref)                                          # spreads a flipped row to later ones
+
+
+def test_q8_activations_stay_close_to_the_float_oracle(files):
+    """Rounding K-quant activations to Q8_K changes the function, boundedly: on this random model (which
+    amplifies every perturbation through 3 layers of nearly flat logits) the cpu logits stay within 30% of
+    the logit scale of the float32-activation oracle, as llama.cpp's do (tests/test_llamacpp_runtime.py)."""
+    ref, fast = load_model(files / "target.gguf", "numpy"), load_model(files / "target.gguf", "cpu")
+    tokens = np.random.default_rng(0).integers(0, 300, 24)
+    l_ref, _ = ref.forward(tokens, ref.new_state())
+    l_fast, _ = fast.forward(tokens, fast.new_state())
+    assert np.abs(l_fast - l_ref).max() <= 0.3 * np.abs(l_ref).max()
 
 
 def test_packed_weights_are_views_of_the_file(files):

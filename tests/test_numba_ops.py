@@ -8,7 +8,10 @@
    that scale of the float64 dot;
 4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
    k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
-5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range.
+5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range;
+6. the integer path for K-quants (quant_linear_q8, what the cpu backend runs): its Q8_K rounding bit for
+   bit tinyspec/quants/q8_k.py's, its products within the same bound of ops.quant_linear_q8, batch
+   invariant, the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
 
 Random blocks get their fp16 scale fields made finite (tests/quant_helpers.with_finite_f16_fields):
 a NaN or inf scale gives NaN sums whose bits depend on the summation order.
@@ -25,8 +28,9 @@ pytest.importorskip("numba")
 from quant_helpers import assert_bits_equal, block, f16, with_finite_f16_fields  # noqa: E402
 
 from tinyspec import ops  # noqa: E402
-from tinyspec.fast import numba_ops  # noqa: E402
+from tinyspec.fast import numba_ops, simd  # noqa: E402
 from tinyspec.quants import GGMLType, dequantize, quantize  # noqa: E402
+from tinyspec.quants.q8_k import bsums_q8_k, dequantize_q8_k, quantize_q8_k  # noqa: E402
 
 G = GGMLType
 QUANTIZABLE = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_K, G.Q5_K, G.Q6_K]
@@ -248,3 +252,104 @@ def test_serial_and_parallel_paths_agree(qtype, rng, monkeypatch):
     assert_bits_equal(numba_ops.quant_linear(x, raw, qtype, shape), serial)
     for t in range(5):
         assert_bits_equal(numba_ops.quant_linear(x[t:t + 1], raw, qtype, shape), serial[t:t + 1])
+
+
+# ---------------------------------------------------------------- 6. K-quants times Q8_K activations
+
+
+def test_q8_k_rounding_is_the_oracle_bit_for_bit(rng):
+    x = (rng.standard_normal((6, 1024)) * rng.choice([1e-30, 1e-3, 1.0, 1e4], (6, 1))).astype(np.float32)
+    x[0, :256] = 0  # a zero block
+    x[1, 256:512] = np.round(x[1, 256:512] * 4) / 4  # many exact halves after scaling
+    x[1, 300], x[1, 301] = 8.0, -8.0  # a tie of magnitudes: the first wins
+    x[2, :256] = -np.abs(x[2, :256])  # a negative max
+    T, n = x.shape
+    qx, dx, bs = np.zeros(T * n, np.int8), np.zeros(T * n // 256, np.float32), np.zeros(T * n // 16, np.int16)
+    numba_ops._quantize_q8_k(x, n, qx, dx, bs)
+    q, d = quantize_q8_k(x)
+    assert_array_equal(qx.reshape(T, n), q)
+    assert_bits_equal(dx.reshape(T, -1), d)
+    assert_array_equal(bs.reshape(T, -1), bsums_q8_k(q))
+
+
+def assert_q8_close_to_oracle(x, raw, qtype, shape):
+    y = numba_ops.quant_linear_q8(x, raw, qtype, shape)
+    ref = ops.quant_linear_q8(x, raw, qtype, shape)
+    xq = dequantize_q8_k(*quantize_q8_k(x)).astype(np.float64)
+    w = dequantize(raw, qtype, shape).astype(np.float64)
+    bound = 1.1 * shape[1] * 2.0**-23 * (np.abs(xq) @ np.abs(w).T)
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    assert np.all(np.abs(y.astype(np.float64) - ref) <= bound)
+
+
+@pytest.mark.parametrize("qtype", numba_ops.Q8_TYPES, ids=lambda t: t.name)
+def test_quant_linear_q8_matches_oracle(qtype, rng):
+    for n_in in LENGTHS[qtype]:
+        for n_out, T in ((1, 1), (13, 3), (67, 16)):
+            shape = (n_out, n_in)
+            x = rng.standard_normal((T, n_in), dtype=np.float32)
+            assert_q8_close_to_oracle(x, random_weight(qtype, shape, rng), qtype, shape)
+            assert_q8_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
+    shape = (3584, 1024) if qtype != G.Q6_K else (1024, 3584)  # a Qwen3.5-0.8B projection
+    x = rng.standard_normal((4, shape[1]), dtype=np.float32)
+    assert_q8_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
+
+
+@settings(max_examples=20, deadline=None)
+@given(qtype=st.sampled_from(numba_ops.Q8_TYPES), n_out=st.integers(1, 40), length=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_quant_linear_q8_batch_invariance_bitwise(qtype, n_out, length, seed):
+    rng = np.random.default_rng(seed)
+    n_in = LENGTHS[qtype][length % len(LENGTHS[qtype])]
+    shape = (n_out, n_in)
+    raw = random_blocks(qtype, shape, rng)
+    x = (rng.standard_normal((16, n_in)) * rng.choice([1e-3, 1.0, 1e3], (16, 1))).astype(np.float32)
+    full = numba_ops.quant_linear_q8(x, raw, qtype, shape)
+    for k in range(1, 17):
+        assert_bits_equal(numba_ops.quant_linear_q8(x[:k], raw, qtype, shape), full[:k])
+    for t in range(16):
+        assert_bits_equal(numba_ops.quant_linear_q8(x[t:t + 1], raw, qtype, shape), full[t:t + 1])
+
+
+@pytest.mark.parametrize("qtype", numba_ops.Q8_TYPES, ids=lambda t: t.name)
+def test_quant_linear_q8_serial_and_parallel_agree(qtype, rng, monkeypatch):
+    shape = (45, 512)
+    raw = random_blocks(qtype, shape, rng)
+    x = rng.standard_normal((5, 512), dtype=np.float32)
+    serial = numba_ops.quant_linear_q8(x, raw, qtype, shape)
+    monkeypatch.setattr(numba_ops, "SERIAL_BELOW", 0)
+    assert_bits_equal(numba_ops.quant_linear_q8(x, raw, qtype, shape), serial)
+
+
+def test_native_and_portable_integer_dots_agree(rng):
+    """dot_q8_k (vpmaddubsw/vpmaddwd where the CPU has AVX-512BW) and its plain-IR twin give the same
+    bits, on the extreme codes and scales too (u8 63 x i8 -127, i16 scales -128): the sums are exact."""
+    from numba import njit
+
+    @njit
+    def both(codes, scl, mins, qx, bs, f, g):
+        a, b = np.zeros(16, np.float32), np.zeros(16, np.float32)
+        simd.dot_q8_k(a, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
+        simd.dot_q8_k_portable(b, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
+        return a, b
+
+    for extreme in (False, True):
+        codes = np.full(256, 63, np.uint8) if extreme else rng.integers(0, 64, 256, dtype=np.uint8)
+        scl = np.full(128, -128, np.int16) if extreme else rng.integers(-128, 128, 128, dtype=np.int16)
+        mins = rng.integers(-128, 128, 16, dtype=np.int16)
+        qx = np.full(256, -127, np.int8) if extreme else rng.integers(-127, 128, 256, dtype=np.int8)
+        bs = bsums_q8_k(qx[None])[0]
+        a, b = both(codes, scl, mins, qx, bs, np.float32(0.013), np.float32(0.4))
+        assert_bits_equal(a, b)
+        pairs = (codes.astype(np.int64) * qx).reshape(128, 2).sum(1) * scl  # the exact integer sums
+        isum = pairs.reshape(4, 16, 2).sum(axis=(0, 2))
+        corr = mins.astype(np.int64) * bs
+        expect = np.float32(0.013) * isum.astype(np.float32) - np.float32(0.4) * corr.astype(np.float32)
+        assert np.allclose(a, expect, rtol=1e-6, atol=1e-3)
+
+
+@pytest.mark.parametrize("qtype", [G.Q8_0, G.F16, G.Q4_0])
+def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
+    raw = random_weight(qtype, (2, 256), rng)
+    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K"):
+        numba_ops.quant_linear_q8(np.zeros((1, 256), np.float32), raw, qtype, (2, 256))

@@ -82,7 +82,8 @@ class PackedWeight:
         self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
         self.nbytes = raw.nbytes
         # kernels that can check a weight once give a per-weight linear(x) (numba_ops.bind)
-        self._linear = kernels.bind(raw, ggml_type, shape) if hasattr(kernels, "bind") else None
+        # (with q8=True: K-quant weights multiply x rounded to Q8_K in integers, as llama.cpp's CPU does)
+        self._linear = kernels.bind(raw, ggml_type, shape, q8=True) if hasattr(kernels, "bind") else None
 
     def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
         if self._linear is not None:

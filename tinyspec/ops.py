@@ -7,6 +7,7 @@
     softmax(x)       exp(x - max) / sum                      over the last axis
     linear(x, W)     y[t] = W @ x[t]                          W: [out, in] (NumPy shape of a GGUF weight)
     quant_linear(x, raw, type, shape)   linear(x, dequantize(raw))   the contract every fast kernel meets
+    quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K)   the cpu backend's K-quant contract
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .quants import GGMLType, dequantize
+from .quants.q8_k import dequantize_q8_k, quantize_q8_k
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
@@ -74,6 +76,13 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     read the quantized blocks directly and never build the float32 matrix this one builds.
     """
     return linear(x, dequantize(raw, ggml_type, shape))
+
+
+def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
+    """quant_linear on x rounded to Q8_K (tinyspec/quants/q8_k.py): the value the cpu backend's integer
+    dot products compute for K-quant weights, as llama.cpp's CPU backend does. [T, in] -> [T, out]."""
+    q, d = quantize_q8_k(x)
+    return quant_linear(dequantize_q8_k(q, d), raw, ggml_type, shape)
 
 
 def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:

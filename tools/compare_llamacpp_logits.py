@@ -1,14 +1,15 @@
 """Compare tinyspec's logits with llama.cpp's own runtime on the same GGUF and the same tokens.
 
     python tools/compare_llamacpp_logits.py --llama-cpp TREE --build-dir DIR MODEL.gguf [MODEL.gguf ...]
-        [--tokens 1,2,3 | --n-tokens 32 --seed 0] [--json]
+        [--tokens 1,2,3 | --n-tokens 32 --seed 0] [--backend numpy|cpu|cuda] [--json]
 
 TREE is a llama.cpp source tree and DIR a static CMake build of it (src/libllama.a and
 ggml/src/libggml*.a; CPU only). tools/llamacpp_logits.cpp is compiled with g++ against them
 into a temporary folder, run once per model with the whole
 prompt as one batch (F32 KV cache, no flash attention, MTP layers not loaded), and its
 logits [T, n_vocab] are compared with `Model.forward` on a fresh state. Only trunk logits are
-compared: neither side runs the MTP head here.
+compared: neither side runs the MTP head here. --backend picks tinyspec's side (default numpy, the
+oracle; cpu rounds K-quant activations to Q8_K as ggml's CPU backend does, so it lands closer).
 
 Printed per model: max |diff|, the logit scale (max |logit| from llama.cpp), their ratio, and
 how many positions have the same argmax (with the first mismatching positions, if any).
@@ -76,10 +77,10 @@ def llamacpp_logits(harness: Path, model: str | os.PathLike, tokens) -> np.ndarr
         return np.fromfile(out, dtype=np.float32).reshape(t, n_vocab)
 
 
-def tinyspec_logits(model_path: str | os.PathLike, tokens) -> np.ndarray:
-    from tinyspec.model import Model
+def tinyspec_logits(model_path: str | os.PathLike, tokens, backend: str = "numpy") -> np.ndarray:
+    from tinyspec.backends import load_model
 
-    model = Model.from_gguf(model_path)
+    model = load_model(model_path, backend)
     logits, _hidden = model.forward(np.asarray(tokens, dtype=np.int64), model.new_state())
     return np.asarray(logits, dtype=np.float64)
 
@@ -119,15 +120,15 @@ def tinyspec_greedy(model, tokens, n: int) -> list[int]:
     return generate(model, tokens, n).tokens  # no stop ids: exactly n tokens
 
 
-def run_greedy(models, tree, build_dir, prompts: list[str], n: int) -> dict:
-    from tinyspec.model import Model
+def run_greedy(models, tree, build_dir, prompts: list[str], n: int, backend: str = "numpy") -> dict:
+    from tinyspec.backends import load_model
     from tinyspec.tokenizer import Tokenizer
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         harness = build_harness(tree, build_dir, tmp)
         for m in models:
-            model = Model.from_gguf(m)  # loaded once for every prompt
+            model = load_model(m, backend)  # loaded once for every prompt
             tok = Tokenizer.from_gguf(model.metadata)
             rows = []
             for text in prompts:
@@ -145,20 +146,20 @@ def default_tokens(n_vocab: int, n: int = 32, seed: int = 0) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, n_vocab, size=n)]
 
 
-def run(models, tree, build_dir, tokens=None, n_tokens=32, seed=0) -> dict:
+def run(models, tree, build_dir, tokens=None, n_tokens=32, seed=0, backend="numpy") -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         harness = build_harness(tree, build_dir, tmp)
         for m in models:
-            results[str(m)] = _one(harness, m, tokens, n_tokens, seed)
+            results[str(m)] = _one(harness, m, tokens, n_tokens, seed, backend)
     return results
 
 
-def _one(harness, m, tokens, n_tokens, seed) -> dict:
+def _one(harness, m, tokens, n_tokens, seed, backend="numpy") -> dict:
     toks = tokens
     if toks is None:  # vocabulary size from llama.cpp itself: one throwaway token first
         toks = default_tokens(llamacpp_logits(harness, m, [0]).shape[1], n_tokens, seed)
-    res = compare(llamacpp_logits(harness, m, toks), tinyspec_logits(m, toks))
+    res = compare(llamacpp_logits(harness, m, toks), tinyspec_logits(m, toks, backend))
     res["token_ids"] = toks
     return res
 
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", help="comma-separated token ids (default: --n-tokens ids from --seed)")
     ap.add_argument("--n-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="numpy", choices=("numpy", "cpu", "cuda"),
+                    help="tinyspec's backend (default numpy, the oracle)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--greedy", type=int, metavar="N", help="compare greedy continuations of N tokens instead")
     ap.add_argument("--prompt", action="append", default=[], help="prompt text for --greedy (repeatable)")
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
     if a.greedy:
         if not a.prompt:
             ap.error("--greedy needs at least one --prompt")
-        results = run_greedy(a.models, a.llama_cpp, a.build_dir, a.prompt, a.greedy)
+        results = run_greedy(a.models, a.llama_cpp, a.build_dir, a.prompt, a.greedy, a.backend)
         if a.json:
             print(json.dumps(results, indent=1))
             return 0
@@ -188,7 +191,7 @@ def main(argv=None) -> int:
                 print(f"{Path(m).name}: {r['prompt']!r} -> {len(r['tinyspec'])} greedy tokens {where}: {r['text']!r}")
         return 0 if all(r["equal"] for rows in results.values() for r in rows) else 1
     tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else None
-    results = run(a.models, a.llama_cpp, a.build_dir, tokens, a.n_tokens, a.seed)
+    results = run(a.models, a.llama_cpp, a.build_dir, tokens, a.n_tokens, a.seed, a.backend)
     if a.json:
         print(json.dumps(results, indent=1))
         return 0

@@ -68,6 +68,7 @@ SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region cos
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
@@ -257,6 +258,71 @@ def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
+def _quantize_q8_k(x, n_in, qx, dx, bs):
+    """x [T, n_in] -> Q8_K codes qx [T * n_in], scales dx [T * n_in / 256], bsums bs [T * n_in / 16]:
+    bit for bit tinyspec/quants/q8_k.py (iscale = -127 / max, round half to even, min 127)."""
+    for t in range(x.shape[0]):
+        for b in range(n_in // 256):
+            v0 = 256 * b
+            amax, mx = np.float32(0), np.float32(0)
+            for j in range(256):
+                a = abs(x[t, v0 + j])
+                if a > amax:
+                    amax, mx = a, x[t, v0 + j]
+            o = t * n_in + v0
+            if amax == 0:
+                dx[t * (n_in // 256) + b] = np.float32(0)
+                qx[o:o + 256] = 0
+            else:
+                iscale = np.float32(-127) / mx
+                for j in range(256):
+                    qx[o + j] = np.int8(min(np.float32(127), np.rint(iscale * x[t, v0 + j])))
+                dx[t * (n_in // 256) + b] = np.float32(1) / iscale
+            for j in range(16):
+                acc = np.int16(0)
+                for l in range(16):
+                    acc += np.int16(qx[o + 16 * j + l])
+                bs[o // 16 + j] = acc
+
+
+@njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
+def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
+    """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block, unpack the codes and scales once
+    (simd.unpack_q*_k), then for each t one simd.dot_q8_k into 16 float lanes; the fixed 16-lane tree."""
+    T, n_out = y.shape
+    nb = n_in // 256
+    qx = _aligned_zeros(T * n_in // 4).view(np.int8)  # [T, n_in] codes, rows on 64-byte lines
+    bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
+    dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
+    _quantize_q8_k(x, n_in, qx, dx, bs)
+    block_bytes = row_bytes // nb
+    for task in prange((n_out + ROWS - 1) // ROWS):
+        scratch = _aligned_zeros(64 + 64 + 16 + 16 * T)  # codes[256] u8 | scl[128] i16 | mins[16] i16 | acc
+        codes, scl = scratch[:64].view(np.uint8), scratch[64:128].view(np.int16)
+        mins, acc = scratch[128:136].view(np.int16), scratch[144:]
+        for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
+            acc[:] = np.float32(0)
+            for b in range(nb):
+                o = r * row_bytes + b * block_bytes
+                if kind == _Q4_K:
+                    simd.unpack_q4_k(raw, o, codes, scl, mins)
+                    d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
+                elif kind == _Q5_K:
+                    simd.unpack_q5_k(raw, o, codes, scl, mins)
+                    d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
+                else:
+                    simd.unpack_q6_k(raw, o, codes, scl, mins)
+                    d = simd.half_to_f32(raw, o + 208)
+                    g = np.float32(32) * d  # exact: the offset 32 of the codes
+                for t in range(T):
+                    e = dx[t * nb + b]
+                    simd.dot_q8_k(acc, 16 * t, codes, scl, mins, qx, t * n_in + 256 * b, bs, (t * n_in + 256 * b) // 16,
+                                  d * e, g * e)
+            for t in range(T):
+                y[t, r] = simd.lane_sum16(acc, 16 * t)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
 def _get_rows_kernel(raw, row_bytes, kind, n_in, ids, out):  # ids [n] int64 -> out [n, in]
     scratch = _aligned_zeros(LANES + 16)  # one thread: an embedding lookup is a few rows, memory-bound
     w, sm = scratch[:LANES], scratch[LANES:]
@@ -300,14 +366,15 @@ def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndar
     return qtype, flat
 
 
-def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]):
-    """Check the weight once and return `linear(x)`, its quant_linear: [T, in] -> [T, out] float32
-    (what PackedWeight calls per token: the checks and conversions of quant_linear cost ~0.1 ms a call,
-    about 25 ms of a 0.8B decode step)."""
+def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False):
+    """Check the weight once and return `linear(x)`: [T, in] -> [T, out] float32, its quant_linear, or
+    with q8=True and a type in Q8_TYPES its quant_linear_q8 (what PackedWeight calls per token: the checks
+    and conversions of quant_linear cost ~0.1 ms a call, about 25 ms of a 0.8B decode step)."""
     qtype, flat = _weight_blocks(raw, ggml_type, shape)
     n_out, n_in = int(shape[0]), int(shape[1])
     row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
     serial = n_out * n_in < SERIAL_BELOW or n_out <= ROWS
+    kernel = _quant_linear_q8_parallel if q8 and qtype in Q8_TYPES else _quant_linear_parallel
 
     def linear(x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -323,11 +390,11 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]):
             # vectorizes the parfor body better.)
             numba.set_num_threads(1)
             try:
-                _quant_linear_parallel(x, flat, row_bytes, kind, n_in, y)
+                kernel(x, flat, row_bytes, kind, n_in, y)
             finally:
                 numba.set_num_threads(threads)
         else:
-            _quant_linear_parallel(x, flat, row_bytes, kind, n_in, y)
+            kernel(x, flat, row_bytes, kind, n_in, y)
         return y
 
     return linear
@@ -340,6 +407,19 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     of tinyspec.ops.quant_linear. Raises ValueError for unsupported types and mismatched shapes.
     """
     return bind(raw, ggml_type, shape)(np.asarray(x))
+
+
+def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
+    """y[t] = dequantize(raw) @ (x[t] rounded to Q8_K), in integer dot products: [T, in] -> [T, out] float32.
+
+    For the K-quant types in Q8_TYPES (others raise ValueError). Batch-invariant bit for bit; within
+    1.1 * in * 2^-23 * (|W| @ |x_q8|) of tinyspec.ops.quant_linear_q8.
+    """
+    qtype, _ = _weight_blocks(raw, ggml_type, shape)
+    if qtype not in Q8_TYPES:
+        raise ValueError(f"numba_ops.quant_linear_q8: ggml type {ggml_type!r} has no integer kernel "
+                         f"(Q8_TYPES: {', '.join(t.name for t in Q8_TYPES)})")
+    return bind(raw, ggml_type, shape, q8=True)(np.asarray(x))
 
 
 def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
