@@ -378,8 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timings per verify size; the median is reported (5)")
     p.add_argument("--max-new", type=int, default=32, help="tokens per speculative run (32)")
     p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (3)")
-    p.add_argument("--drafters", default="mtp,lookup,synthetic",
-                   help="comma-separated drafters to time against plain: mtp, lookup, synthetic ('' for none)")
+    p.add_argument("--drafters", "--spec", default="mtp,lookup,synthetic",
+                   help="comma-separated drafters to time against plain: mtp, lookup, synthetic ('' for none; "
+                        "--spec is the same option)")
     p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
     p.add_argument("--synth-len", type=float, default=None, metavar="L",
                    help="also time real MTP drafting whose drafts are right at the per-position rate p giving L tokens "

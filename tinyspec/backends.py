@@ -2,7 +2,9 @@
 
     numpy   the oracle. Every weight is dequantized to float32 at load; linear() is one NumPy matvec per row.
     cpu     NumPy + Numba. Matmul weights stay in their GGUF bytes (memory-mapped, never expanded) and are
-            multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py; the small tensors
+            multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py (Q4_K, Q5_K and
+            Q6_K weights in integer dot products with the activations rounded to Q8_K, as llama.cpp's CPU
+            backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small tensors
             (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan is
             tinyspec/fast/numba_gdn.py (bitwise the oracle's). The default on a machine without a GPU.
     cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU.

@@ -28,30 +28,30 @@ from .quants.q8_k import dequantize_q8_k, quantize_q8_k
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
     ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(ms + np.float32(eps)) * w).astype(np.float32)
+    return (x / np.sqrt(ms + np.float32(eps)) * w).astype(np.float32, copy=False)
 
 
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:  # [..., K] -> [..., K]
     ss = np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(ss + np.float32(eps))).astype(np.float32)
+    return (x / np.sqrt(ss + np.float32(eps))).astype(np.float32, copy=False)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return (x * sigmoid(x)).astype(np.float32)
+    return (x * sigmoid(x)).astype(np.float32, copy=False)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
     # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large |x|
-    return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32)
+    return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32, copy=False)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:  # [..., N] -> [..., N]
     e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32, copy=False)
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # [T, in], [out, in] -> [T, out]
@@ -109,4 +109,4 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
     out = x.copy()
     out[..., :half] = x1 * cos - x2 * sin
     out[..., half:n_rot] = x2 * cos + x1 * sin
-    return out.astype(np.float32)
+    return out.astype(np.float32, copy=False)

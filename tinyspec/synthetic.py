@@ -128,4 +128,5 @@ class SyntheticDrafter:
         for j, token in enumerate(fed):
             self._check(self.i + j, int(token))
         self.history.append((self._n_drafted, len(fed) - 1))
+        self._n_drafted = 0  # a step without propose (k = 0: no room left, or an adaptive plain step) drafted 0
         self.i += len(fed)  # the next pending token sits right after the kept ones

@@ -2,15 +2,16 @@
 
 Same names, arguments and results as the oracle in tinyspec/ops.py:
 
-    quant_linear(x, raw, ggml_type, shape)   y[t, r] = sum_j W[r, j] * x[t, j]      [T, in] -> [T, out]
-    get_rows(raw, ggml_type, shape, ids)     W[ids]                                  [n] -> [n, in]
+    quant_linear(x, raw, ggml_type, shape)      y[t, r] = sum_j W[r, j] * x[t, j]           [T, in] -> [T, out]
+    quant_linear_q8(x, raw, ggml_type, shape)   the same on x rounded to Q8_K (K-quants)    [T, in] -> [T, out]
+    get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
 in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k).
-Each block decodes on its own into float32 values bit-identical to the oracle's: the same f32
-operations in the same order (`d * q`, `(d * sc) * q - (dmin * m)`), no fused multiply-add.
+The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
+Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
 
-Loop structure (weight-stationary: x is small, W is the memory traffic):
+Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memory traffic):
 
     for each task of ROWS output rows, in parallel (prange; one thread below SERIAL_BELOW weights):
         for each row r:
@@ -18,39 +19,52 @@ Loop structure (weight-stationary: x is small, W is the memory traffic):
             for each span s of LANES = 256 values (one K-quant super-block, 8 legacy blocks):
                 w = decode(span)                              read the bytes once, exact f32 weights
                 for t in range(T):                            reuse them for every input row
-                    for l in span:  acc[t, l] = fma(w[l], x[t, 256 s + l], acc[t, l])
+                    acc[t, l] = fma(w[l], x[t, 256 s + l], acc[t, l])   for l in span (simd.fma256)
             y[t, r] = pairwise sum of acc[t, 0..LANES-1]      fixed tree: (l, l + 128), (l, l + 64), ...
 
-Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]): the operations that
-produce y[t, r] - which products, added into which lane, in which order, then the fixed lane tree -
-depend only on r, on t's own row of x and on LANES, never on T or on the other rows of x. Nothing is
-compiled with fastmath: LLVM vectorizes across the LANES independent accumulators but may neither
-reassociate a sum nor contract a multiply-add. The one multiply-add is an explicit llvm.fma (_fma),
-rounded once in every lane, vector or scalar remainder alike, so its bits do not depend on the code
-path. Threads split output rows, never a sum. Checked bitwise for T = 1..16 and serial vs threaded by
-tests/test_numba_ops.py.
+Each block decodes into float32 values bit-identical to the oracle's (the same f32 operations in the
+same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as explicit vector IR
+(tinyspec/fast/simd.py: Numba's own loops stayed scalar, LESSONS 19).
 
-Measured (tools/bench_kernels.py, Qwen3.5-0.8B shapes, one thread, a 2-core VM with the other core busy,
-so +-30% noise): T=1 weight bandwidth Q4_K 0.7-1.3 GB/s, Q6_K ~1.5 GB/s, Q8_0 0.8-1.0 GB/s, Q5_K ~0.7
-GB/s against a np.copyto bandwidth of 5-8 GB/s; T=4 costs 1.4-2.1x T=1. The decode is the cost: the
-K-quant scale unpacking per 32-value group is scalar, and the 32-wide inner loops run 4 vector steps
-behind a run-time alias check.
+Integer path, _quant_linear_q8_parallel (what ggml's CPU backend does for K-quants): each row of x is
+rounded once to Q8_K (256-value blocks of int8 codes and one float scale, tinyspec/quants/q8_k.py, bit
+for bit its rule); then per weight super-block the codes and 6-bit scales are unpacked once into small
+integer tables (simd.unpack_q4_k / q5_k / q6_k) and, for each t, simd.dot_q8_k forms the exact integer
+sums (vpmaddubsw / vpmaddwd on AVX-512BW) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16
+float lanes with two fmas; the fixed 16-lane tree ends the row. It computes ops.quant_linear_q8, a
+different function from ops.quant_linear (x moves by at most half a Q8_K step), and the one llama.cpp
+computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's than the oracle's
+(tests/test_llamacpp_runtime.py).
+
+Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]), on both paths: the
+operations that produce y[t, r] - the rounding of x[t] alone, which products, added into which lane, in
+which order, then the fixed lane tree - depend only on r, on t's own row of x and on the lane count,
+never on T or on the other rows of x. Nothing is compiled with fastmath: LLVM may neither reassociate a
+sum nor contract a multiply-add; the one multiply-add is an explicit llvm.fma, rounded once in every lane.
+Threads split output rows, never a sum. Checked bitwise for T = 1..16 and serial vs threaded by
+tests/test_numba_ops.py.
 
 Accuracy against the oracle (BLAS `W @ x[t]`, another summation order of the same exact products):
 a float32 sum of n products, in any order, is within gamma_n * S of the exact sum, S = sum_j |W[r, j]
 x[t, j]| and gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability of Numerical
 Algorithms, 2nd ed., section 3.1). Two such sums differ by at most 2 gamma_n S, hence the bound we
-test: |y - y_oracle| <= 1.1 * in * 2^-23 * S (an fma-based sum obeys the same bound). Measured errors
-are far below it: each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes, 2-4x closer than
-BLAS (tests/test_numba_ops.py::test_accuracy_against_float64 asserts < 1e-6 S).
+test: |y - y_oracle| <= 1.1 * in * 2^-23 * S (an fma-based sum obeys the same bound; for the integer
+path S uses the rounded x, and the sums inside a block are exact). Measured errors are far below it:
+each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes.
 
-get_rows runs the same decoders on one thread (a few embedding rows are not worth a parallel region)
+Measured (Qwen3.5-0.8B shapes, this 2-core VM, medians, noisy to +-30%): one thread, T = 1, the integer
+path reads Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (30 and 25 ns a super-block; the
+float path: 1.1-1.8 GB/s before simd.py, ~2.5 after); each extra input row costs 6-9 ns a super-block,
+so T = 4 costs 1.7-1.9x T = 1. Whole-model numbers: LESSONS 19 and `python -m tinyspec bench`.
+
+get_rows runs the float decoders on one thread (a few embedding rows are not worth a parallel region)
 and copies the decoded spans out, so it is bit-exact with the oracle.
 
 Official implementation: ggml `ggml-cpu/ggml-cpu.c` ggml_compute_forward_mul_mat and the
-`ggml_vec_dot_q4_K_q8_K` family. Those quantize x to 8 bits and sum integers; we keep x in float32, so
-the result stays within float rounding of the oracle. Does NOT include: the other GGML types (they
-raise ValueError and the caller falls back to the oracle), SIMD intrinsics, integer dot products.
+`ggml_vec_dot_q4_K_q8_K` family (`ggml-cpu/arch/x86/quants.c`). Does NOT include: the other GGML types
+(they raise ValueError and the caller falls back to the oracle), integer paths for Q8_0 / Q4_0 / Q2_K
+(ggml rounds x to Q8_0 / Q8_K for those too; tinyspec keeps them on the float path), repacked weight
+layouts, AMX.
 """
 
 from __future__ import annotations
@@ -322,6 +336,12 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 y[t, r] = simd.lane_sum16(acc, 16 * t)
 
 
+# The same kernel compiled without a parallel region, for small matrices: 2.6x faster than the parallel one
+# on one thread at 16 x 1024 (9 vs 24 us: no numba.set_num_threads round trip, no pool wake-up), same bits.
+# (The float kernel has no such twin: LLVM vectorized its loops worse outside a parfor, 1.8x slower.)
+_quant_linear_q8_serial = njit(cache=True, error_model="numpy", boundscheck=False)(_quant_linear_q8_parallel.py_func)
+
+
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _get_rows_kernel(raw, row_bytes, kind, n_in, ids, out):  # ids [n] int64 -> out [n, in]
     scratch = _aligned_zeros(LANES + 16)  # one thread: an embedding lookup is a few rows, memory-bound
@@ -374,20 +394,24 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8:
     n_out, n_in = int(shape[0]), int(shape[1])
     row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
     serial = n_out * n_in < SERIAL_BELOW or n_out <= ROWS
-    kernel = _quant_linear_q8_parallel if q8 and qtype in Q8_TYPES else _quant_linear_parallel
+    integer = q8 and qtype in Q8_TYPES
+    kernel = _quant_linear_q8_parallel if integer else _quant_linear_parallel
 
     def linear(x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != n_in:
             raise ValueError(f"numba_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
-        y = np.zeros((x.shape[0], n_out), dtype=np.float32)
-        if y.size == 0 or n_in == 0:
+        y = np.empty((x.shape[0], n_out), dtype=np.float32)  # the kernels write every element
+        if y.size == 0:
             return y
-        threads = numba.get_num_threads()
-        if serial and threads > 1:
+        if n_in == 0:
+            y[:] = 0
+        elif serial and integer:
+            _quant_linear_q8_serial(x, flat, row_bytes, kind, n_in, y)
+        elif serial and (threads := numba.get_num_threads()) > 1:
             # Small matrix: the same kernel on the calling thread only. (Waking the pool costs ~7 ms when
-            # another process holds a core; a separate non-parallel kernel measured 25% slower, LLVM
-            # vectorizes the parfor body better.)
+            # another process holds a core.)
             numba.set_num_threads(1)
             try:
                 kernel(x, flat, row_bytes, kind, n_in, y)

@@ -13,10 +13,12 @@ Families:
     kquants.py  Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-value super-blocks with packed sub-block scales)
     iquants.py  IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS (lattice codebooks)
     fp4.py      TQ1_0, TQ2_0 (ternary), MXFP4, NVFP4 (4-bit floats with shared scales)
+    q8_k.py     Q8_K, the activation rounding of integer dot products (its own functions, not in the
+                registry: quantize_q8_k(x [T, n]) -> codes, scales; used by ops.quant_linear_q8)
 
 Reference: gguf-py `gguf/quants.py` (llama.cpp's NumPy dequantizers, our bit-exact test oracle) and
-ggml `ggml-quants.c` `dequantize_row_*`. Does NOT include: Q8_1, Q8_K (activation-only types that
-files do not carry as weights), Q1_0 and Q2_0 (no reference dequantizer to check against).
+ggml `ggml-quants.c` `dequantize_row_*`. Does NOT include: Q8_1 and Q8_K as weight types (activation-only
+types that files do not carry), Q1_0 and Q2_0 (no reference dequantizer to check against).
 """
 
 from __future__ import annotations
