@@ -79,12 +79,14 @@ def delta_rule_step(
 
 def gdn_scan(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, state: np.ndarray,
-    states_out: np.ndarray | None = None,
+    states_out: np.ndarray | None = None, out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # [T, HV, K] x2, [T, HV, V], [T, HV] x2, [HV, K, V] -> [T, HV, V], [HV, K, V]
     """The recurrence token by token: the definition every faster form is checked against.
 
     states_out [>= T, HV, K, V], if given, receives the state after each token (the snapshot ring of
     speculative verification: rolling back to token t is a copy from states_out[t], no recompute).
+    out [HV, K, V], if given, receives the new state and is returned as it (it may be `state` itself:
+    an update in place, which spares a backend a fresh state-sized array per call).
     """
     T, HV, _ = q.shape
     o = np.empty((T, HV, v.shape[2]), np.float32)
@@ -92,6 +94,9 @@ def gdn_scan(
         o[t], state = delta_rule_step(state, q[t], k[t], v[t], log_decay[t], beta[t])
         if states_out is not None:
             states_out[t] = state
+    if out is not None:
+        np.copyto(out, state)
+        state = out
     return o, state
 
 
@@ -212,10 +217,11 @@ def gdn_layer(
 
     # 4. the delta-rule memory
     core = gdn_chunked if chunked else scan
-    if snapshots is None:
+    if chunked:
         o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
-    else:
-        o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=snapshots[1])
+    else:  # the new memory overwrites the old in place (snapshots, if any, are copies in the ring)
+        o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=None if snapshots is None else snapshots[1],
+                            out=state.ssm)
 
     # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
     y = rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * silu(z)  # [T, HV, V]

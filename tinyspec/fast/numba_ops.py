@@ -79,6 +79,7 @@ from . import simd
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
+AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
@@ -246,6 +247,7 @@ def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
     (simd.fma256, or 16 at a time in a partial span), then the fixed lane tree."""
     T, n_out = y.shape
     W = (n_in + LANES - 1) // LANES * LANES
+    span_bytes = row_bytes * LANES // max(n_in, 1)  # bytes of a whole span (a prefetch hint only)
     xc = _aligned_zeros(T * W)  # x zero-padded to whole spans, rows on 64-byte lines
     for t in range(T):
         xc[W * t:W * t + n_in] = x[t]
@@ -257,6 +259,8 @@ def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
             for s in range((n_in + LANES - 1) // LANES):  # span s: values v0 .. v0 + n - 1
                 v0 = LANES * s
                 n = min(LANES, n_in - v0)
+                for p in range(0, span_bytes, 64):
+                    simd.prefetch(raw, r * row_bytes + s * span_bytes + AHEAD + p)
                 _decode_span(kind, raw, r * row_bytes, s, n, w, sm)
                 n16 = (n + 15) // 16
                 if n < 16 * n16:  # a float row ending mid-group: the x padding is 0, make w finite there
@@ -318,6 +322,8 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
             acc[:] = np.float32(0)
             for b in range(nb):
                 o = r * row_bytes + b * block_bytes
+                for p in range(0, block_bytes, 64):
+                    simd.prefetch(raw, o + AHEAD + p)
                 if kind == _Q4_K:
                     simd.unpack_q4_k(raw, o, codes, scl, mins)
                     d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
