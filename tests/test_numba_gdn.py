@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("numba")
 
 from tinyspec.fast import numba_gdn  # noqa: E402
-from tinyspec.gdn import gdn_scan  # noqa: E402
+from tinyspec.gdn import causal_conv, gdn_scan  # noqa: E402
 
 
 def inputs(rng, T, HV, K, V):
@@ -77,3 +77,21 @@ def test_bad_shapes_are_named():
         numba_gdn.gdn_scan(q, k, v, log_decay, beta, state[:, :3])
     with pytest.raises(ValueError, match="states_out"):
         numba_gdn.gdn_scan(q, k, v, log_decay, beta, state, states_out=np.zeros((1, 2, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("T,C,w", [(1, 6144, 4), (4, 6144, 4), (5, 7, 3), (2, 3, 5), (1, 4, 1)])
+def test_causal_conv_bitwise_equal_to_oracle(T, C, w):
+    rng = np.random.default_rng(T * 100 + w)
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    state = rng.standard_normal((C, w - 1)).astype(np.float32)
+    weight = rng.standard_normal((C, w)).astype(np.float32)
+    x[:, 0], weight[0, :] = 0.0, -1.0  # every product of channel 0 is -0.0; the oracle sums from +0.0
+    state[0, :] = 0.0
+    before = state.copy()
+    y_ref, s_ref = causal_conv(x, state, weight)
+    y, s = numba_gdn.causal_conv(x, state, weight)
+    assert np.array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+    assert np.array_equal(state, before)
+    with pytest.raises(ValueError, match="causal_conv shapes"):
+        numba_gdn.causal_conv(x, state[:, :0] if w > 1 else np.zeros((C, 1), np.float32), weight)

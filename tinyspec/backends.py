@@ -5,8 +5,8 @@
             multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py (Q4_K, Q5_K and
             Q6_K weights in integer dot products with the activations rounded to Q8_K, as llama.cpp's CPU
             backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small tensors
-            (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan is
-            tinyspec/fast/numba_gdn.py (bitwise the oracle's). The default on a machine without a GPU.
+            (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
+            short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a machine without a GPU.
     cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU.
 
 The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
@@ -166,6 +166,7 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
             from .fast import numba_gdn
 
             model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
+            model.causal_conv = numba_gdn.causal_conv  # bitwise the oracle's conv
     model.backend = backend
     model.path = Path(path)
     return model

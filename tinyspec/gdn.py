@@ -175,7 +175,7 @@ def gdn_chunked(
 
 def gdn_layer(
     x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False,
-    snapshots: tuple[np.ndarray, np.ndarray] | None = None, scan=gdn_scan,
+    snapshots: tuple[np.ndarray, np.ndarray] | None = None, scan=gdn_scan, conv=causal_conv,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm in place.
 
@@ -183,7 +183,8 @@ def gdn_layer(
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
     snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
     state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores.
-    scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py).
+    scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py);
+    conv: causal_conv or one with its contract and bits (the same).
     """
     T, D = x.shape
     if snapshots is not None and (chunked or snapshots[0].shape[0] < T):
@@ -203,11 +204,11 @@ def gdn_layer(
         width = state.conv.shape[1]
         for t in range(T):
             snapshots[0][t] = window[:, t + 1 : t + 1 + width]
-    conv, state.conv = causal_conv(mixed, state.conv, w["ssm_conv1d.weight"])
-    conv = silu(conv)  # [T, C]
+    c, state.conv = conv(mixed, state.conv, w["ssm_conv1d.weight"])
+    c = silu(c)  # [T, C]
 
     # 3. split [q | k | v], normalise q and k per head, give each value head its key head
-    q, k, v = np.split(conv, [n_k * K, 2 * n_k * K], axis=1)
+    q, k, v = np.split(c, [n_k * K, 2 * n_k * K], axis=1)
     q = l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
     k = l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
     v = v.reshape(T, HV, V)  # [T, HV, V]

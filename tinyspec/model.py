@@ -24,7 +24,7 @@ import numpy as np
 
 from .attention import attention_layer
 from .config import ModelConfig
-from .gdn import gdn_layer, gdn_scan
+from .gdn import causal_conv, gdn_layer, gdn_scan
 from .gguf import GGUFFile, read_gguf
 from .ops import linear, rms_norm, silu
 from .quants import dequantize
@@ -63,6 +63,7 @@ class Model:
         self.cfg, self.metadata = cfg, dict(metadata or {})
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
+        self.causal_conv = causal_conv  # likewise the GDN layers' short convolution
         self.tensors = tensors
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -126,7 +127,8 @@ class Model:
             u = rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
             if recurrent:
                 snapshots = ring.layer(i) if ring is not None else None
-                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots, scan=self.gdn_scan)
+                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots, scan=self.gdn_scan,
+                                  conv=self.causal_conv)
             else:
                 x = x + attention_layer(u, w, layer_state, cfg)
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)

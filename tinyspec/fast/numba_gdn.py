@@ -1,6 +1,7 @@
 """Numba delta-rule scan: tinyspec.gdn.gdn_scan's contract, bit for bit, without NumPy's temporaries.
 
     gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o [T, HV, V], state [HV, K, V])
+    causal_conv(x, conv_state, weight) -> (y [T, C], conv_state [C, w-1])       (tinyspec.gdn.causal_conv)
 
 The oracle (tinyspec/gdn.py delta_rule_step) builds four [HV, K, V] temporaries per token (decay,
 S * k, the rank-1 update, S * q) - about 25 ms of a Qwen3.5-0.8B decode step (18 GDN layers, HV = 16,
@@ -105,3 +106,36 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
         return o, S
     _scan(q, k, v, decay, beta, S0, S, o, snaps, keep)
     return o, S
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _causal_conv(x, conv_state, weight, y, new_state):  # [T, C], [C, w-1], [C, w] -> y [T, C], [C, w-1]
+    T, C = x.shape
+    w = weight.shape[1]
+    for t in range(T):
+        for c in range(C):
+            acc = np.float32(0)  # the oracle's y starts at +0.0 and adds tap k = 0, 1, ... (0 + -0.0 = +0.0)
+            for k in range(w):
+                j = t + k  # window row: j < w - 1 is the carried state, the rest x
+                xv = conv_state[c, j] if j < w - 1 else x[j - (w - 1), c]
+                acc = acc + weight[c, k] * xv
+            y[t, c] = acc
+    for c in range(C):  # the last w - 1 window rows
+        for j in range(w - 1):
+            jj = T + j
+            new_state[c, j] = conv_state[c, jj] if jj < w - 1 else x[jj - (w - 1), c]
+
+
+def causal_conv(x, conv_state, weight):
+    """tinyspec.gdn.causal_conv bit for bit (each output sums its w rounded products in tap order, from
+    +0.0), without NumPy's per-tap temporaries: ~0.27 ms -> ~0.03 ms a call at the 0.8B shape (C = 6144)."""
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    x, conv_state, weight = f32(x), f32(conv_state), f32(weight)
+    T, C = x.shape
+    if conv_state.shape != (C, weight.shape[1] - 1) or weight.shape[0] != C:
+        raise ValueError(f"numba_gdn: causal_conv shapes x {x.shape}, conv_state {conv_state.shape}, "
+                         f"weight {weight.shape} do not fit [T, C] / [C, w-1] / [C, w]")
+    y = np.empty((T, C), np.float32)
+    new_state = np.empty_like(conv_state)
+    _causal_conv(x, conv_state, weight, y, new_state)
+    return y, new_state
