@@ -391,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token ids by frequency for --draft-vocab (default: the file's training.token_ranking, "
                         "else id order)")
     p.add_argument("--adaptive", action="store_true", help="also time MTP with k chosen per step (spec.mtp_adaptive)")
-    p.add_argument("--spec-repeats", type=int, default=1, help="timed runs per drafter; the median is reported (1)")
+    p.add_argument("--spec-repeats", type=int, default=1,
+                   help="timed rounds of plain + every drafter, interleaved; medians, and speedup = the median of "
+                        "the per-round ratios (1; use 3+ on a shared machine)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_bench)
 

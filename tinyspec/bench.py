@@ -16,7 +16,8 @@ rate, so the engine's speedup can be measured on random-weight models (synth.py)
 All runs are greedy; every speculative output is checked equal to the plain one (`identical`).
 
 Timings are medians of `repeats` runs taken back to back in this process (these machines are shared and noisy):
-quote ratios from one report, not across reports.
+quote ratios from one report, not across reports. The verify sizes are timed interleaved, and so are the plain and
+speculative runs (--spec-repeats): a speedup is the median of ratios of runs taken back to back.
 """
 
 from __future__ import annotations
@@ -94,20 +95,23 @@ def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int 
 def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, drafters: dict[str, Callable],
               repeats: int = 1, adaptive: tuple[str, ...] = ()) -> dict:
     """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain.
+    speedup is the median over `repeats` of speculative / plain tok/s, each pair measured back to back.
     Drafters named in `adaptive` choose k per step (adaptive.py, up to draft_n)."""
-    plain_rates, plain = [], None
-    for _ in range(repeats):  # tokens/s after the prefill: the prefill is the same pass for every method
-        plain = generate(model, prompt, max_new)
-        plain_rates.append(plain.stats["decode_tok_s"])
-    base = statistics.median(plain_rates)
+    rates: dict[str, list[float]] = {"plain": [], **{name: [] for name in drafters}}
+    last, plain = {}, None
+    for _ in range(repeats):  # interleaved: plain, then every drafter, then again - each ratio is a pair taken
+        plain = generate(model, prompt, max_new)  # back to back, so a slow minute of a shared machine hits both
+        rates["plain"].append(plain.stats["decode_tok_s"])  # tokens/s after the prefill (the same pass for all)
+        for name, make in drafters.items():
+            last[name] = generate(model, prompt, max_new, drafter=make(plain.tokens), draft_n=draft_n,
+                                  adaptive=name in adaptive)
+            rates[name].append(last[name].stats["tokens_per_s"])
+    base = statistics.median(rates["plain"])
     out = {"plain": {"tok_s": base, "tokens": len(plain.tokens)}}
-    for name, make in drafters.items():
-        rates, res = [], None
-        for _ in range(repeats):
-            res = generate(model, prompt, max_new, drafter=make(plain.tokens), draft_n=draft_n, adaptive=name in adaptive)
-            rates.append(res.stats["tokens_per_s"])
-        tok_s = statistics.median(rates)
-        out[name] = {"tok_s": tok_s, "speedup": tok_s / base, "acceptance_rate": res.stats["acceptance_rate"],
+    for name, res in last.items():
+        speedup = statistics.median(r / p for r, p in zip(rates[name], rates["plain"]))
+        out[name] = {"tok_s": statistics.median(rates[name]), "speedup": speedup,
+                     "acceptance_rate": res.stats["acceptance_rate"],
                      "mean_accepted_length": res.stats["mean_accepted_length"], "identical": res.tokens == plain.tokens,
                      "draft_n": draft_n, "phase_ms": res.stats["phase_ms"]}
         if name in adaptive:
