@@ -59,7 +59,7 @@ def test_subset_rows_scores_exactly_those_rows(ggml_type):
 def test_draw_scatters_the_subset_law():
     vocab = DraftVocab(np.array([7, 2, 5, 0, 1, 3, 4, 6]), 3, 8)  # subset ids 7, 2, 5
     token, q = draw(vocab, np.array([0.1, 2.0, -1.0]), SamplingParams(), np.random.default_rng(0))
-    assert token == 2 and q[2] == 1.0 and q.sum() == 1.0  # greedy: one-hot at the subset's argmax
+    assert token == 2 and q is None  # greedy: the subset's argmax, a deterministic draft (q one-hot on it)
     token, q = draw(vocab, np.array([0.1, 2.0, -1.0]), SamplingParams(temperature=1.0), np.random.default_rng(0))
     assert token in (7, 2, 5) and q[[0, 1, 3, 4, 6]].sum() == 0 and abs(q.sum() - 1) < 1e-12
 
@@ -111,6 +111,9 @@ def test_drafts_come_from_the_subset_and_the_full_subset_changes_nothing(target)
         d.start(prompt, hidden)
     assert everything.propose(42, 4, params, rng)[0] == full.propose(42, 4, params, rng)[0]
     drafts, q_rows = few.propose(42, 4, params, rng)
+    assert set(drafts) <= set(few.vocab.ids.tolist()) and q_rows == [None] * 4  # greedy: deterministic drafts
+    few.start(prompt, hidden)
+    drafts, q_rows = few.propose(42, 4, SamplingParams(temperature=1.0), rng)
     assert set(drafts) <= set(few.vocab.ids.tolist()) and all(q[few.vocab.ids].sum() == 1.0 for q in q_rows)
 
 

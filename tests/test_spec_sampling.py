@@ -11,7 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinyspec.spec_sampling import accept_draft, accept_probability, residual, verify_step
+from tinyspec.sampling import SamplingParams, pick, probs_from_logits, sample
+from tinyspec.spec_sampling import accept_draft, accept_probability, residual, verify_greedy, verify_step
 
 N = 5  # vocabulary size for the enumerations
 
@@ -238,3 +239,25 @@ def test_verify_step_two_drafts_chi_square():
     assert chi_square(first, p_rows[0]) < CHI2_CRIT_DF4_P001, first / DRAWS
     assert second.sum() > 5000
     assert chi_square(second, p_rows[1]) < CHI2_CRIT_DF4_P001, second / second.sum()
+
+
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(0, 5), n=st.integers(2, 7), seed=st.integers(0, 2**32 - 1), right=st.integers(0, 5),
+       draft_laws=st.booleans())
+def test_greedy_shortcut_equals_verify_step(k, n, seed, right, draft_laws):
+    """verify_greedy (the engine's temperature-0 path) returns what verify_step returns on the one-hot target
+    laws of the same logits, for deterministic drafts and for drafts that came with a full proposal law;
+    ties in the logits (small n, few distinct values) take the first maximum, as the one-hot law does."""
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(0, 3, (k + 1, n)).astype(np.float32)  # many ties
+    greedy = SamplingParams()
+    top = [int(np.argmax(row)) for row in logits]
+    drafts = [top[i] if i < right else int(rng.integers(0, n)) for i in range(k)]
+    q_rows = [rng.dirichlet(np.ones(n)) if draft_laws else None for _ in range(k)]
+    for i, d in enumerate(drafts):  # a draft law must give its own draft positive mass
+        if q_rows[i] is not None:
+            q_rows[i][d] += 0.5
+            q_rows[i] /= q_rows[i].sum()
+    p_rows = [probs_from_logits(row, greedy) for row in logits]
+    assert verify_greedy(logits, drafts) == verify_step(p_rows, drafts, q_rows, np.random.default_rng(seed))
+    assert pick(logits[0], greedy, None) == sample(p_rows[0], np.random.default_rng(seed))

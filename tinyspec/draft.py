@@ -47,7 +47,9 @@ class DraftModelDrafter:
         for i in range(k):
             logits, hidden = self.model.forward(np.array([token]), self.state, logits=self.vocab is None)
             self.ring.save(self.state, i)  # slot i: pending + d_1..d_i fed
-            if self.vocab is None:
+            if self.vocab is None and params.greedy:  # deterministic: q one-hot on the draft (None)
+                token, q_draft = int(np.argmax(logits[0])), None
+            elif self.vocab is None:
                 q_draft = probs_from_logits(logits[0], params)
                 token = sample(q_draft, rng)
             else:

@@ -75,9 +75,13 @@ class DraftVocab:
         return q
 
 
-def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray]:
-    """One draft from subset logits [n]: (token id, its proposal law over the whole vocabulary [V])."""
+def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
+    """One draft from subset logits [n]: (token id, its proposal law over the whole vocabulary [V]), or at
+    temperature 0 (the subset's argmax, None): a deterministic draft, q one-hot on it as verify_step reads None."""
     from .sampling import probs_from_logits, sample
+
+    if params.greedy:
+        return int(vocab.ids[int(np.argmax(logits_sub))]), None
 
     q_sub = probs_from_logits(logits_sub, params)  # greedy: one-hot at the subset's argmax
     return int(vocab.ids[sample(q_sub, rng)]), vocab.full_law(q_sub)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import Model
-from .sampling import SamplingParams, probs_from_logits, sample
+from .sampling import SamplingParams, pick
 
 
 @dataclass
@@ -57,7 +57,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     out: list[int] = []
     t1 = time.perf_counter()
     while len(out) < max_new:
-        token = sample(probs_from_logits(logits[-1], params), rng)
+        token = pick(logits[-1], params, rng)
         out.append(token)
         if token in stop_ids or len(out) == max_new:
             break

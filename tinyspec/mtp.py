@@ -121,6 +121,7 @@ class MTPDrafter:
 
     def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
         from .sampling import probs_from_logits, sample
+        greedy = params.greedy  # a deterministic draft: q is one-hot on it (None), no law over the vocabulary
 
         cache = self.cache  # feeds the queue
         n_kept = cache.n
@@ -128,7 +129,9 @@ class MTPDrafter:
         token, h = pending, self.h_last
         for _ in range(k):
             logits, h_mtp = self.head.forward([token], h[None, :], cache, logits=self.vocab is None)
-            if self.vocab is None:
+            if self.vocab is None and greedy:
+                token, q_draft = int(np.argmax(logits[0])), None
+            elif self.vocab is None:
                 q_draft = probs_from_logits(logits[0], params)
                 token = sample(q_draft, rng)
             else:

@@ -57,6 +57,14 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs
 
 
+def pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """sample(probs_from_logits(logits, params), rng): at temperature 0 just the argmax, the same token
+    without building a law over the vocabulary (~4 ms a row at 248k entries) or drawing a uniform."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    return sample(probs_from_logits(logits, params), rng)
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector (inverse CDF of a single uniform)."""
     cdf = np.cumsum(probs)

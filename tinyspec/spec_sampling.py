@@ -84,6 +84,17 @@ def residual(p_target: np.ndarray, q_draft: np.ndarray | None, token: int) -> np
     return diff / mass
 
 
+def verify_greedy(logits: np.ndarray, drafts: list[int]) -> tuple[int, int]:  # [k + 1, N], k ids
+    """verify_step at temperature 0, read straight from the target's logits: with one-hot target laws it
+    accepts d_i iff d_i == argmax of row i and the correction (or bonus) is that argmax, whatever the draft
+    laws (module docstring). The same result without k + 1 laws over the vocabulary or any uniform."""
+    top = np.argmax(logits, axis=-1)
+    for i, d in enumerate(drafts):
+        if int(d) != int(top[i]):
+            return i, int(top[i])
+    return len(drafts), int(top[len(drafts)])
+
+
 def verify_step(p_rows: list[np.ndarray], drafts: list[int], q_rows: list[np.ndarray | None],
                 rng: np.random.Generator) -> tuple[int, int]:
     """Check drafts left to right; return (n_accepted, next_token).

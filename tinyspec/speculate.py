@@ -42,8 +42,8 @@ import numpy as np
 
 from .adaptive import AdaptiveDraftLength
 from .model import Model
-from .sampling import SamplingParams, probs_from_logits, sample
-from .spec_sampling import verify_step
+from .sampling import SamplingParams, pick, probs_from_logits
+from .spec_sampling import verify_greedy, verify_step
 from .state import SnapshotRing
 
 
@@ -128,7 +128,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     out: list[int] = []
     if max_new == 0:
         return SpecResult(out, stats, state)
-    pending = sample(probs_from_logits(logits[-1], params), rng)
+    pending = pick(logits[-1], params, rng)
     out.append(pending)
     marks = ["target"]
 
@@ -144,8 +144,11 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         logits, hidden = model.forward(np.array(batch), state, ring=ring if drafts else None)  # 1 token: kept
         # Step 3: accept the longest prefix the rule keeps, then a correction or a bonus token
         t2 = clock()
-        p_rows = [probs_from_logits(row, params) for row in logits]
-        n_accepted, new_token = verify_step(p_rows, batch[1:], list(q_rows), rng)
+        if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
+            n_accepted, new_token = verify_greedy(logits, batch[1:])
+        else:
+            p_rows = [probs_from_logits(row, params) for row in logits]
+            n_accepted, new_token = verify_step(p_rows, batch[1:], list(q_rows), rng)
         emitted = batch[1 : 1 + n_accepted] + [new_token]
         for j, token in enumerate(emitted):  # a stop inside the run cuts it there
             if token in stops:
