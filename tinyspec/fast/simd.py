@@ -15,7 +15,7 @@ Arrays are addressed as `a.flat[i:i + n]`: the array must be C-contiguous (check
 caller keeps `i + n <= a.size` (these are inner-loop primitives: no bounds check).
 
     fma16(acc, i, w, j, x, k)          acc[i:i+16] = fma(w[j:j+16], x[k:k+16], acc[i:i+16])   (and fma256)
-    lane_sum256(a, i)                  a[i] + ... + a[i+255] as a fixed pairwise tree: (l, l+128), (l, l+64), ...
+    lane_sum256(a, i), lane_sum16   a[i] + ... + a[i+255] (or +15) as a fixed pairwise tree: (l, l+128), (l, l+64), ...
     half_to_f32(u8, i)                 the fp16 at bytes u8[i], u8[i+1] (little endian) as float32, exact
     affine_u4(u8, i, w, j, s0, m0, s1, m1)   32 bytes -> w[j:j+32] = s0 * (b & 15) - m0, w[j+32:j+64] = s1 * (b >> 4) - m1
     ...and the block-specific decoders below (Q4_K scales, Q5_K fifth bit, Q6_K, Q8_0, Q4_0).
@@ -114,20 +114,27 @@ def _fma_n(n: int):
 fma16, fma256 = _fma_n(16), _fma_n(256)
 
 
-@intrinsic
-def lane_sum256(typingctx, a, i):
-    """a[i] + ... + a[i + 255] by the fixed tree v[l] += v[l + h], h = 128, 64, ..., 1."""
-    if not _is_c_array(a, types.float32):
-        return None
+def _lane_sum_n(width: int):
+    @intrinsic
+    def lane_sum(typingctx, a, i):
+        if not _is_c_array(a, types.float32):
+            return None
 
-    def codegen(context, builder, sig, args):
-        v, n = _load(context, builder, sig.args[0], args[0], args[1], 256), 256
-        while n > 1:
-            n //= 2
-            v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
-        return builder.extract_element(v, ir.Constant(I32, 0))
+        def codegen(context, builder, sig, args):
+            v, n = _load(context, builder, sig.args[0], args[0], args[1], width), width
+            while n > 1:
+                n //= 2
+                v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
+            return builder.extract_element(v, ir.Constant(I32, 0))
 
-    return types.float32(a, i), codegen
+        return types.float32(a, i), codegen
+
+    lane_sum.__doc__ = (f"a[i] + ... + a[i + {width - 1}] by the fixed tree v[l] += v[l + h], "
+                        f"h = {width // 2}, {width // 4}, ..., 1.")
+    return lane_sum
+
+
+lane_sum16, lane_sum256 = _lane_sum_n(16), _lane_sum_n(256)
 
 
 @intrinsic
@@ -352,6 +359,12 @@ def _store_tables(context, builder, sig, args, sc, mins):  # sc <n x i16> spread
     _store(context, builder, sig.args[4], args[4], ir.Constant(I64, 0), mins)
 
 
+def _store_k_scale_tables(context, builder, sig, args):  # Q4_K / Q5_K: scales[12] at u8[i + 4] -> scl, mins
+    sc, m = _k_scale_codes(builder, _load(context, builder, sig.args[0], args[0], _add(builder, args[1], 4), 12))
+    m16 = builder.zext(m, _vec(I16, 8))  # one m per 32 values, mins holds one per 16
+    _store_tables(context, builder, sig, args, builder.zext(sc, _vec(I16, 8)), _shuffle(builder, m16, [j // 2 for j in range(16)]))
+
+
 @intrinsic
 def unpack_q4_k(typingctx, u8, i, codes, scl, mins):
     """The Q4_K block at u8[i] (d, dmin, scales[12], qs[128]) -> codes, scl, mins (d, dmin stay there):
@@ -366,9 +379,7 @@ def unpack_q4_k(typingctx, u8, i, codes, scl, mins):
             b = _load(context, builder, tu, u, _add(builder, i, 16 + 32 * k), 32)
             _store(context, builder, tc, c, ir.Constant(I64, 64 * k),
                    _cat(builder, builder.and_(b, _const(I8, 32, 15)), builder.lshr(b, _const(I8, 32, 4))))
-        sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, i, 4), 12))
-        m16 = builder.zext(m, _vec(I16, 8))
-        _store_tables(context, builder, sig, args, builder.zext(sc, _vec(I16, 8)), _shuffle(builder, m16, [j // 2 for j in range(16)]))
+        _store_k_scale_tables(context, builder, sig, args)
         return _void(context)
 
     return types.void(u8, i, codes, scl, mins), codegen
@@ -393,9 +404,7 @@ def unpack_q5_k(typingctx, u8, i, codes, scl, mins):
             _store(context, builder, tc, c, ir.Constant(I64, 64 * k),
                    _cat(builder, builder.or_(builder.and_(b, _const(I8, 32, 15)), hi0),
                         builder.or_(builder.lshr(b, four), hi1)))
-        sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, i, 4), 12))
-        m16 = builder.zext(m, _vec(I16, 8))
-        _store_tables(context, builder, sig, args, builder.zext(sc, _vec(I16, 8)), _shuffle(builder, m16, [j // 2 for j in range(16)]))
+        _store_k_scale_tables(context, builder, sig, args)
         return _void(context)
 
     return types.void(u8, i, codes, scl, mins), codegen
@@ -521,19 +530,3 @@ def prefetch(typingctx, u8, i):
         return _void(context)
 
     return types.void(u8, i), codegen
-
-
-@intrinsic
-def lane_sum16(typingctx, a, i):
-    """a[i] + ... + a[i + 15] by the fixed tree v[l] += v[l + h], h = 8, 4, 2, 1."""
-    if not _is_c_array(a, types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v, n = _load(context, builder, sig.args[0], args[0], args[1], 16), 16
-        while n > 1:
-            n //= 2
-            v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
-        return builder.extract_element(v, ir.Constant(I32, 0))
-
-    return types.float32(a, i), codegen
