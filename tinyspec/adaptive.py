@@ -10,8 +10,8 @@ drafts keep failing (a_1 small) or drafting costs more than it returns, speculat
 off instead of losing to plain decoding.
 
 Estimates, updated after every step from what the step measured (online, per generation):
-    a_j    the mean of the accept (1) / reject (0) outcomes at position j, the prior a0 counting as
-           prior_weight (3) outcomes, until there are 1/rate of them; then a moving average with weight `rate` (recent
+    a_j    the mean of the accept (1) / reject (0) outcomes at position j, the prior a0 counting as one
+           outcome, until there are 1/rate of them; then a moving average with weight `rate` (recent
            text matters more). Positions after the first rejection are not observed that step
     T(k)   a moving average of the measured seconds of steps with k drafts; a k never run is estimated
            from those that were: linear between the nearest two, flat above them (optimistic, so the
@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 class AdaptiveDraftLength:
     k_max: int
     a0: float = 0.8  # prior acceptance per position
-    prior_weight: float = 3.0  # outcomes the prior a0 counts as (one unlucky first draft must not halve a_1)
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
@@ -117,7 +116,7 @@ class AdaptiveDraftLength:
             self.probing = False
         for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
             self.seen[j] += 1
-            w = max(r, 1.0 / (self.seen[j] + self.prior_weight))
+            w = max(r, 1.0 / (self.seen[j] + 1))
             self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
         old = self.step_s.get(k)
         self.step_s[k] = step_s if old is None else old + r * (step_s - old)
