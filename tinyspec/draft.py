@@ -17,7 +17,7 @@ import numpy as np
 from .draft_vocab import DraftVocab, draw, subset_rows
 from .model import Model
 from .ops import linear
-from .sampling import SamplingParams, probs_from_logits, sample
+from .sampling import SamplingParams, draft_token
 from .state import SnapshotRing
 
 
@@ -47,11 +47,8 @@ class DraftModelDrafter:
         for i in range(k):
             logits, hidden = self.model.forward(np.array([token]), self.state, logits=self.vocab is None)
             self.ring.save(self.state, i)  # slot i: pending + d_1..d_i fed
-            if self.vocab is None and params.greedy:  # deterministic: q one-hot on the draft (None)
-                token, q_draft = int(np.argmax(logits[0])), None
-            elif self.vocab is None:
-                q_draft = probs_from_logits(logits[0], params)
-                token = sample(q_draft, rng)
+            if self.vocab is None:
+                token, q_draft = draft_token(logits[0], params, rng)
             else:
                 token, q_draft = draw(self.vocab, linear(hidden, self.output_sub)[0], params, rng)
             drafts.append(token)

@@ -78,13 +78,10 @@ class DraftVocab:
 def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
     """One draft from subset logits [n]: (token id, its proposal law over the whole vocabulary [V]), or at
     temperature 0 (the subset's argmax, None): a deterministic draft, q one-hot on it as verify_step reads None."""
-    from .sampling import probs_from_logits, sample
+    from .sampling import draft_token
 
-    if params.greedy:
-        return int(vocab.ids[int(np.argmax(logits_sub))]), None
-
-    q_sub = probs_from_logits(logits_sub, params)  # greedy: one-hot at the subset's argmax
-    return int(vocab.ids[sample(q_sub, rng)]), vocab.full_law(q_sub)
+    token, q_sub = draft_token(logits_sub, params, rng)
+    return int(vocab.ids[token]), None if q_sub is None else vocab.full_law(q_sub)
 
 
 def rank_ids(ids: np.ndarray, n_vocab: int) -> np.ndarray:

@@ -120,8 +120,7 @@ class MTPDrafter:
         self.h_last = hidden[-1]
 
     def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
-        from .sampling import probs_from_logits, sample
-        greedy = params.greedy  # a deterministic draft: q is one-hot on it (None), no law over the vocabulary
+        from .sampling import draft_token
 
         cache = self.cache  # feeds the queue
         n_kept = cache.n
@@ -129,11 +128,8 @@ class MTPDrafter:
         token, h = pending, self.h_last
         for _ in range(k):
             logits, h_mtp = self.head.forward([token], h[None, :], cache, logits=self.vocab is None)
-            if self.vocab is None and greedy:
-                token, q_draft = int(np.argmax(logits[0])), None
-            elif self.vocab is None:
-                q_draft = probs_from_logits(logits[0], params)
-                token = sample(q_draft, rng)
+            if self.vocab is None:
+                token, q_draft = draft_token(logits[0], params, rng)
             else:
                 token, q_draft = draw(self.vocab, linear(h_mtp, self.head_sub)[0], params, rng)
             h = h_mtp[0]

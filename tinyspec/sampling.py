@@ -65,6 +65,15 @@ def pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -
     return sample(probs_from_logits(logits, params), rng)
 
 
+def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+    """A drafter's proposal from its logits: (token, its law q), or at temperature 0 (argmax, None), a
+    deterministic draft whose q is one-hot on it (as verify_step reads None), without the law's cost."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    q = probs_from_logits(logits, params)
+    return sample(q, rng), q
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector (inverse CDF of a single uniform)."""
     cdf = np.cumsum(probs)
