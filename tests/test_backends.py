@@ -156,3 +156,45 @@ def test_dispatch_and_errors(monkeypatch, files):
     if not backends.cuda_available():
         with pytest.raises(BackendError, match="needs cupy and a CUDA GPU"):
             load_model(files / "target.gguf", "cuda")
+
+
+# ---------------------------------------------------------------- the cuda backend (skipped without a GPU)
+
+needs_cuda = pytest.mark.skipif(not backends.cuda_available(), reason="no CUDA device (cupy + a GPU)")
+
+
+@needs_cuda
+def test_cuda_matches_the_float_oracle(files):
+    """The CuPy kernels take float32 activations (no Q8 rounding): logits within float rounding of the oracle."""
+    ref, fast = load_model(files / "target.gguf", "numpy"), load_model(files / "target.gguf", "cuda")
+    assert {t.ggml_type for t in fast.tensors.values() if isinstance(t, PackedWeight)} == set(TYPES) - {GGMLType.Q4_0}
+    tokens = np.random.default_rng(0).integers(0, 300, 24)
+    l_ref, h_ref = ref.forward(tokens, ref.new_state())
+    l_fast, h_fast = fast.forward(tokens, fast.new_state())
+    assert np.abs(l_fast - l_ref).max() <= 1e-4 * np.abs(l_ref).max()
+    assert np.abs(h_fast - h_ref).max() <= 1e-4 * np.abs(h_ref).max()
+
+
+@needs_cuda
+def test_cuda_k_token_pass_equals_one_token_passes_bitwise(files):
+    model = load_model(files / "target.gguf", "cuda")
+    prompt, window = [5, 17, 200, 42, 9], [33, 7, 250, 1, 64, 99, 3, 8, 150, 12]  # 10 rows: two token tiles
+    a, b = model.new_state(), model.new_state()
+    model.forward(prompt, a)
+    model.forward(prompt, b)
+    logits_k, hidden_k = model.forward(window, a)
+    rows = [model.forward([t], b) for t in window]
+    assert np.array_equal(logits_k, np.concatenate([r[0] for r in rows]))
+    assert np.array_equal(hidden_k, np.concatenate([r[1] for r in rows]))
+
+
+@needs_cuda
+@pytest.mark.parametrize("drafter", ["mtp", "lookup", "draft"])
+def test_greedy_speculative_equals_plain_on_cuda(files, drafter):
+    target = load_model(files / "target.gguf", "cuda")
+    make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
+            "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", "cuda"))}[drafter]
+    prompt = [10, 20, 30, 10, 20, 30, 10, 20]
+    plain = generate(target, prompt, 24)
+    spec = generate(target, prompt, 24, drafter=make(), draft_n=3)
+    assert spec.tokens == plain.tokens and spec.stats["drafted"] > 0

@@ -69,12 +69,27 @@ def assert_bits_equal(ours, ref) -> None:
     assert_array_equal(ours.view(np.uint32), np.asarray(ref, np.float32).view(np.uint32))
 
 
+def magnitude(raw, qtype, shape) -> np.ndarray:
+    """|W| as the kernels' sums see it: for Q4_K/Q5_K, W = (d*sc) q - (dmin*m) and the tensor-core kernel
+    sums the two terms separately (dl * sum(q x) - ml * sum(x)), so |dl q| + |ml| (raw with dmin, then d,
+    zeroed) bounds what it adds; for every other type |W| itself. [out, in] float64."""
+    if qtype not in (Q4_K, Q5_K):
+        return np.abs(dequantize(raw, qtype, shape).astype(np.float64))
+    parts = []
+    for field in (slice(2, 4), slice(0, 2)):  # zero dmin -> the dl * q term; zero d -> the -ml term
+        blocks = np.array(raw, copy=True).reshape(-1, qtype.type_size)
+        blocks[:, field] = 0
+        parts.append(np.abs(dequantize(blocks.reshape(raw.shape), qtype, shape).astype(np.float64)))
+    return parts[0] + parts[1]
+
+
 def assert_within_sum_bound(y, raw, qtype, shape, x) -> None:
-    """|y - oracle| <= 2 * 1.01 * in * 2^-24 * (|W| @ |x|): both are float32 sums of the same exact
-    products in different orders, each within gamma_in of the exact sum (Higham eq. 3.5)."""
+    """|y - oracle| <= 2 * 1.01 * in * 2^-24 * (M @ |x|), M = magnitude(): both are float32 sums of the same
+    exact products in different orders, each within gamma_in of the exact sum (Higham eq. 3.5). The tensor-core
+    kernel (exact codes times an exact 3-way bf16 split of x, float32 accumulation) adds in two levels, 32
+    values then n_in / 32 scaled group sums, so its own error is far below this bound."""
     y, ref = cp.asnumpy(y), ops.quant_linear(x, raw, qtype, shape)
-    W = dequantize(raw, qtype, shape).astype(np.float64)
-    bound = 2.02 * shape[1] * 2.0**-24 * (np.abs(x.astype(np.float64)) @ np.abs(W).T)  # [T, out]
+    bound = 2.02 * shape[1] * 2.0**-24 * (np.abs(x.astype(np.float64)) @ magnitude(raw, qtype, shape).T)  # [T, out]
     err = np.abs(y.astype(np.float64) - ref)
     assert y.shape == ref.shape and np.isfinite(y).all()
     worst = np.unravel_index(np.argmax(err - bound), err.shape)
@@ -167,6 +182,36 @@ def test_quant_linear_hand_worked_q8_0():
     assert_array_equal(y[:, 0], 0.5 * (codes.astype(np.float32) * x).sum(axis=1))
 
 
+def test_tensor_core_path_is_taken_and_passes_x_through_exactly(rng):
+    """The tensor-core kernel splits each float32 x into three bf16 pieces (hi + mid + lo = x exactly) and
+    multiplies exact codes: a Q8_0 row with a single code +-1 (d = 1) must return +-x[p] bit for bit, for x
+    with all 24 significant bits in use. A two-piece split (16 bits) or a rounding conversion would not."""
+    n_out, n_in = 24, 512
+    assert cuda_ops._mma_ok(Q8_0, n_in) == (int(cp.cuda.Device().compute_capability) >= 80)
+    pos = rng.choice(n_in, n_out, replace=False)
+    sign = np.where(np.arange(n_out) % 2, -1, 1)
+    blocks = np.zeros((n_out, n_in // 32, 34), dtype=np.uint8)
+    blocks[:, :, :2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    blocks[np.arange(n_out), pos // 32, 2 + pos % 32] = (sign.astype(np.int8)).view(np.uint8)
+    raw = blocks.reshape(n_out, -1)
+    x = (rng.standard_normal((11, n_in)) * np.exp2(rng.integers(-20, 20, (11, n_in)))).astype(np.float32)
+    y = cp.asnumpy(cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), Q8_0, (n_out, n_in)))
+    assert_array_equal(y.view(np.uint32), (x[:, pos] * sign).astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [Q4_K, Q5_K, Q6_K, Q8_0], ids=lambda t: t.name)
+def test_tensor_core_and_fma_kernels_agree(rng, qtype, monkeypatch):
+    """Both kernels for the same weight: each within the bound of the oracle, and of each other."""
+    shape = (300, 2048)
+    raw = random_raw(rng, qtype, shape)
+    x = rng.standard_normal((9, shape[1])).astype(np.float32)
+    mma = cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), qtype, shape)
+    monkeypatch.setattr(cuda_ops, "use_mma", False)
+    fma = cuda_ops.quant_linear(cp.asarray(x), cp.asarray(raw), qtype, shape)
+    assert_within_sum_bound(mma, raw, qtype, shape, x)
+    assert_within_sum_bound(fma, raw, qtype, shape, x)
+
+
 def test_quant_linear_out_argument_and_empty_shapes(rng):
     shape = (20, 256)
     raw = cp.asarray(quantized(rng, Q4_K, shape))
@@ -202,11 +247,15 @@ def test_unsupported_types_and_bad_arguments_raise(rng):
 # ---------------------------------------------------------------- 3. batch invariance
 
 
+@pytest.mark.parametrize("kernel", ["auto", "fma"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_quant_linear_is_batch_invariant(rng, qtype):
+def test_quant_linear_is_batch_invariant(rng, qtype, kernel, monkeypatch):
     """Row t of a T-row call must equal a one-row call bit for bit, for every T: the speculative engine
     verifies k drafts in one (k+1)-row pass and keeps its greedy picks only if they are exactly the
-    picks plain one-token decoding would make. NT and rows-per-warp change with T; the sums must not."""
+    picks plain one-token decoding would make. NT and rows-per-warp change with T; the sums must not.
+    kernel="auto": K-quants and Q8_0 take the tensor-core kernel (tokens in tiles of 8); "fma": the float kernel."""
+    if kernel == "fma":
+        monkeypatch.setattr(cuda_ops, "use_mma", False)
     for shape in (shapes(qtype)[0], shapes(qtype)[2], (MANY_ROWS, shapes(qtype)[0][1])):
         raw = cp.asarray(quantized(rng, qtype, shape))
         x = cp.asarray(rng.standard_normal((37, shape[1])).astype(np.float32))

@@ -1,6 +1,7 @@
 """Benchmark the CuPy fused dequant-matmul (tinyspec.fast.cuda_ops.quant_linear) per type, shape and T.
 
-    python tools/bench_cuda.py [--types Q4_K,Q6_K,...] [--ts 1,2,4,8,16] [--shapes 1024x3584,...] [--json]
+    python tools/bench_cuda.py [--types Q4_K,Q6_K,...] [--ts 1,2,4,8,16] [--shapes 1024x3584,...]
+                               [--kernel auto|fma] [--json]
 
 For each GGML type, weight shape OUTxIN (default 1024x3584: Qwen3.5-0.8B ffn_down, 4096x12288: a 9B-class
 ffn_down, 248320x1024: the 0.8B LM head) and T input rows:
@@ -10,9 +11,12 @@ ffn_down, 248320x1024: the 0.8B LM head) and T input rows:
                     says so in "graph", if capture fails)
     weight_GBps     weight bytes / time (GB = 1e9 bytes): the bandwidth the kernel draws from HBM
     frac_of_copy    weight_GBps / copy_GBps
+    frac_of_read    weight_GBps / read_GBps
     time_vs_T1      time(T) / time(first T): the cost of verifying T tokens relative to decoding one
 
-copy_GBps is measured in the same run: a device-to-device copy of 1 GiB (cudaMemcpyAsync), counted as
+read_GBps is measured in the same run: a kernel that reads 2 GiB once (16-byte loads, one
+word written per block), the ceiling a weight-streaming kernel can reach.
+copy_GBps is measured in the same run too: a device-to-device copy of 1 GiB (cudaMemcpyAsync), counted as
 2 bytes of HBM traffic per byte copied (read + write), which is what a read-only kernel competes with.
 Every call reads its weight from HBM, not from L2: a weight smaller than 4x the L2 size is cycled through
 enough copies that consecutive calls never touch the same bytes. Weights are random blocks with every
@@ -100,21 +104,51 @@ def copy_gbps(stream, nbytes: int = 2**30) -> float:
     return 2 * nbytes / s / 1e9
 
 
+_READ_SRC = r"""
+extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n, unsigned int* out) {
+    unsigned int acc = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) out[blockIdx.x] = acc;  // practically never: keeps the loads alive
+}
+"""
+
+
+def read_gbps(stream, nbytes: int = 2**31) -> float:
+    """Bytes read per second by a kernel that reads a buffer once, in GB/s."""
+    src = cp.ones(nbytes // 16 * 4, dtype=cp.uint32)
+    out = cp.zeros(132 * 64, dtype=cp.uint32)
+    kernel = cp.RawKernel(_READ_SRC, "read_all")
+    blocks = cp.cuda.Device().attributes["MultiProcessorCount"] * 8
+
+    def read(_i):
+        kernel((blocks,), (512,), (src, np.int64(nbytes // 16), out))
+
+    s, _ = time_per_call(read, 4, stream)
+    return nbytes / s / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated GGML type names (default {DEFAULT_TYPES})")
     ap.add_argument("--ts", default="1,2,4,8,16", help="comma-separated T values (default 1,2,4,8,16)")
     ap.add_argument("--shapes", default=SHAPES, help=f"comma-separated OUTxIN weight shapes (default {SHAPES})")
     ap.add_argument("--calls", type=int, default=20, help="calls per captured graph (at least the number of copies)")
+    ap.add_argument("--kernel", choices=("auto", "fma"), default="auto",
+                    help="auto: K-quants and Q8_0 on the tensor-core kernel (sm_80+); fma: every type on the float kernel")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()
+    cuda_ops.use_mma = args.kernel == "auto"
     ts = [int(t) for t in args.ts.split(",")]
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     dev = cp.cuda.Device()
     l2 = int(dev.attributes.get("L2CacheSize", 50 * 2**20))
     stream = cp.cuda.Stream(non_blocking=True)
     result = {"device": cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), "l2_bytes": l2,
-              "copy_GBps": copy_gbps(stream), "rows": []}
+              "copy_GBps": copy_gbps(stream), "read_GBps": read_gbps(stream),
+              "kernel": args.kernel, "rows": []}
     rng = np.random.default_rng(0)
     for name in args.types.split(","):
         qtype = GGMLType[name]
@@ -132,19 +166,20 @@ def main() -> None:
                 base = s if base is None else base
                 gbps = first.nbytes / s / 1e9
                 row = {"type": name, "out": shape[0], "in": shape[1], "T": T, "us": s * 1e6, "weight_GBps": gbps,
-                       "frac_of_copy": gbps / result["copy_GBps"], "time_vs_T1": s / base, "copies": n_copies,
+                       "frac_of_copy": gbps / result["copy_GBps"],
+                       "frac_of_read": gbps / result["read_GBps"], "time_vs_T1": s / base, "copies": n_copies,
                        "graph": graphed}
                 result["rows"].append(row)
                 if not args.json:
                     print(f"{name:5s} {shape[0]:6d}x{shape[1]:<6d} T={T:2d}  {s * 1e6:9.1f} us  {gbps:7.1f} GB/s  "
-                          f"{row['frac_of_copy']:6.1%} of copy  x{row['time_vs_T1']:.2f}", file=sys.stderr)
+                          f"{row['frac_of_read']:6.1%} of read  x{row['time_vs_T1']:.2f}", file=sys.stderr)
             weights = first = None  # free before the next shape
             cp.get_default_memory_pool().free_all_blocks()
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['device']}: device-to-device copy {result['copy_GBps']:.1f} GB/s (read + write)",
-              file=sys.stderr)
+        print(f"{result['device']}: device-to-device copy {result['copy_GBps']:.1f} GB/s (read + write), "
+              f"read {result['read_GBps']:.1f} GB/s", file=sys.stderr)
 
 
 if __name__ == "__main__":

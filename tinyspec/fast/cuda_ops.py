@@ -108,6 +108,10 @@ WARPS = 8  # warps per block of quant_linear
 NT_RPW = ((1, 1), (2, 2), (4, 4), (8, 4), (16, 4))  # (max rows of x per launch, weight rows per warp)
 TARGET_WARPS = 8192  # split a row over more warps until out * S reaches this (a full H100 is ~8448 warps)
 MAX_K, MAX_V = 256, 256  # GDN head sizes the scan kernel accepts (K registers per thread, V threads)
+MMA_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0)  # tensor-core path (sm_80+, in % 256 == 0)
+MMA_RTS = (1,)  # 16-row tiles per warp the kernel is compiled for (RT = 2 measured 0-30% slower on an H100)
+MMA_TARGET_WARPS = 2048  # split rows over more warps until (row tiles) * S reaches this
+use_mma = True  # False: every type takes the float-FMA kernel (tools/bench_cuda.py --kernel fma compares)
 
 _SOURCE = r"""
 typedef unsigned char u8;
@@ -376,6 +380,307 @@ __global__ void __launch_bounds__(256) quant_linear_k(
     }
 }
 
+// ------------------------------------------------------------------ quant_linear on tensor cores (sm_80+)
+// K-quants and Q8_0, rows of whole 256-value chunks. W = dl * code - ml per group of values (ml = 0 but for
+// Q4_K/Q5_K), codes are small integers (exact in bf16), and x = hi + mid + lo splits each float32
+// activation exactly into three bf16 (8 significant bits each), so every product code * piece is exact and
+// the tensor core only adds: sum_l code_l x_l is three chained bf16 MMAs with float32 accumulation, then
+// y += dl * that - ml * sum_l x_l in float32.
+// MMA m16n8k16: A = codes [16 weight rows, 16 values], B = x pieces [16 values, 8 tokens], C [16, 8].
+// Thread (g = lane / 4, q4 = lane % 4) supplies rows g and g + 8 of A and token g of B for the values
+// l = 16 st + 4 q4 + e (e = 0..3) of each 32-value group j: A and B list the values in the same order,
+// and which lane holds which k of one MMA changes only where its inputs live, not its sum.
+// mma_prep_x writes x once per call in exactly that fragment order (3 pieces x 2 bf16 pairs per lane and
+// 16-value step) with the float32 sums of each 16 values; the weight kernel then only loads them.
+
+__device__ __forceinline__ u32 bf16x2_exact(float lo, float hi) {  // two floats with <= 8 significant bits
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+__device__ __forceinline__ void split3(float x, float* p) {  // x = p[0] + p[1] + p[2] exactly, each a bf16
+    const float h = __uint_as_float(__float_as_uint(x) & 0xFFFF0000u);  // top 8 significant bits
+    const float r = __fsub_rn(x, h);                                     // the other 16, exact
+    const float m = __uint_as_float(__float_as_uint(r) & 0xFFFF0000u);
+    p[0] = h; p[1] = m; p[2] = __fsub_rn(r, m);                         // <= 8 bits left, exact
+}
+
+extern "C" __global__ void mma_prep_x(const float* __restrict__ x, long long ldx, int T, int n_steps,
+                                      uint2* __restrict__ xb, float* __restrict__ xsum)
+{   // thread = (token tile, 16-value step, lane); xb [tiles, n_steps, 32 lanes, 3 pieces] bf16 pairs (hi, mid,
+    // lo), xsum [tiles, n_steps, 8 tokens]: a token >= T gives zeros
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const int n_tiles = (T + 7) >> 3;
+    if (i >= (long long)n_tiles * n_steps * 32) return;
+    const int lane = (int)(i & 31), step = (int)((i >> 5) % n_steps), tile = (int)((i >> 5) / n_steps);
+    const int g = lane >> 2, q4 = lane & 3, tok = tile * 8 + g;
+    float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tok < T) xv = *(const float4*)(x + (long long)tok * ldx + 16 * step + 4 * q4);
+    float p0[3], p1[3], p2[3], p3[3];
+    split3(xv.x, p0); split3(xv.y, p1); split3(xv.z, p2); split3(xv.w, p3);
+#pragma unroll
+    for (int pc = 0; pc < 3; ++pc) xb[i * 3 + pc] = make_uint2(bf16x2_exact(p0[pc], p1[pc]), bf16x2_exact(p2[pc], p3[pc]));
+    if (lane < 8) {  // lane t: sum of token tile * 8 + t over the step's 16 values, in order
+        const int tt = tile * 8 + lane;
+        float s = 0.0f;
+        if (tt < T)
+            for (int l = 0; l < 16; ++l) s = __fadd_rn(s, x[(long long)tt * ldx + 16 * step + l]);
+        xsum[((long long)tile * n_steps + step) * 8 + lane] = s;
+    }
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {  // c += A B, m16n8k16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 bf16x2_codes(u32 bytes, u32 sel, u32 offset) {
+    // two code bytes (< 128, picked by sel) -> bf16x2 of (128 + code) by bit pattern 0x4300 | code, then
+    // one exact packed fma: (128 + code) * 1 + offset, offset = -128 (or -160 for Q6_K's code - 32)
+    const u32 biased = __byte_perm(bytes, 0x43434343u, sel);
+    u32 out;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(0x3F803F80u), "r"(offset));
+    return out;
+}
+
+template <int TYPE> struct Words;  // the bytes of one weight row's chunk that one thread needs, in registers
+// value l = 16 st + 4 q4 + e of 32-value group j; the thread's 4 values of a (j, st) sit in one u32 per field
+template <> struct Words<T_Q4_K> {  // 144 bytes: d | dmin, scales[12], qs[128]
+    static const int bytes = 144;
+    uint4 hd; u32 qs[8];  // qs[2 (j / 2) + st]: qs bytes 32 (j / 2) + 16 st + 4 q4 .. +3 (nibble j % 2)
+    __device__ __forceinline__ void load(const u8* b, int q4) {
+        hd = *(const uint4*)b;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qs[i] = ld32(b + 16 + 32 * (i >> 1) + 16 * (i & 1) + 4 * q4);
+    }
+};
+template <> struct Words<T_Q5_K> {  // 176 bytes: d | dmin, scales[12], qh[32], qs[128]
+    static const int bytes = 176;
+    uint4 hd; u32 qs[8], qh[2];  // qh[st]: bit j of byte e = fifth bit of value (j, l)
+    __device__ __forceinline__ void load(const u8* b, int q4) {
+        hd = *(const uint4*)b;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qs[i] = ld32(b + 48 + 32 * (i >> 1) + 16 * (i & 1) + 4 * q4);
+        qh[0] = ld32(b + 16 + 4 * q4); qh[1] = ld32(b + 32 + 4 * q4);
+    }
+};
+template <> struct Words<T_Q6_K> {  // 210 bytes (2-aligned): ql[128], qh[64], scales[16] int8, d
+    static const int bytes = 210;
+    u32 ql[8], qh[4], sc[4], d;  // ql[4h + 2(k % 2) + st], qh[2h + st], sc = scales as 4 words
+    __device__ __forceinline__ void load(const u8* b, int q4) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ql[i] = ld32_a2(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * q4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qh[i] = ld32_a2(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * q4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[i] = ld32_a2(b + 192 + 4 * i);
+        d = ld16(b + 208);
+    }
+};
+template <> struct Words<T_Q8_0> {  // 8 blocks of 34 bytes: d f16, qs[32] int8
+    static const int bytes = 272;
+    u32 q[16], d[8];  // q[2j + st]
+    __device__ __forceinline__ void load(const u8* b, int q4) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            d[j] = ld16(b + 34 * j);
+            q[2 * j] = ld32_a2(b + 34 * j + 2 + 4 * q4);
+            q[2 * j + 1] = ld32_a2(b + 34 * j + 18 + 4 * q4);
+        }
+    }
+};
+
+// codes of the thread's values of (group j, step st) as two bf16 pairs: a[0] = (e0, e1), a[1] = (e2, e3)
+template <int TYPE>
+__device__ __forceinline__ void group_codes(const Words<TYPE>& w, int j, int st, u32* a) {
+    if (TYPE == T_Q8_0) {  // int8 codes need 8 bits: through float
+        const u32 q = ((const Words<T_Q8_0>&)w).q[2 * j + st];
+        a[0] = bf16x2_exact(code_to_f32(s8(q)), code_to_f32(s8(q >> 8)));
+        a[1] = bf16x2_exact(code_to_f32(s8(q >> 16)), code_to_f32(s8(q >> 24)));
+        return;
+    }
+    u32 bytes, offset = 0xC300C300u;  // -128
+    if (TYPE == T_Q4_K) {  // nibble j % 2 of qs[32 (j / 2) + l]
+        bytes = (((const Words<T_Q4_K>&)w).qs[2 * (j >> 1) + st] >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+    } else if (TYPE == T_Q5_K) {  // plus bit j of qh[l] as bit 4
+        const Words<T_Q5_K>& v = (const Words<T_Q5_K>&)w;
+        bytes = ((v.qs[2 * (j >> 1) + st] >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((v.qh[st] >> j) & 0x01010101u) << 4);
+    } else {  // Q6_K group j = 4 h + k: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k of qh[32h + l]; code - 32
+        const Words<T_Q6_K>& v = (const Words<T_Q6_K>&)w;
+        const int h = j >> 2, k = j & 3;
+        bytes = ((v.ql[4 * h + 2 * (k & 1) + st] >> (4 * (k >> 1))) & 0x0F0F0F0Fu)
+              | (((v.qh[2 * h + st] >> (2 * k)) & 0x03030303u) << 4);
+        offset = 0xC320C320u;  // -160
+    }
+    a[0] = bf16x2_codes(bytes, 0x4140u, offset);
+    a[1] = bf16x2_codes(bytes, 0x4342u, offset);
+}
+
+__device__ __forceinline__ u32 sbyte(const uint4& hd, int i) {  // scale byte s[i], i = 0..11
+    const u32 w = i < 4 ? hd.y : (i < 8 ? hd.z : hd.w);
+    return (w >> (8 * (i & 3))) & 0xFFu;
+}
+
+template <int TYPE>
+__device__ __forceinline__ void group_scale(const Words<TYPE>& w, int j, int st, float& dl, float& ml) {
+    // W = dl * code - ml for the values of (group j, step st): the oracle's (d * sc) and (dmin * m)
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        const uint4 hd = TYPE == T_Q4_K ? ((const Words<T_Q4_K>&)w).hd : ((const Words<T_Q5_K>&)w).hd;
+        const int sc = j < 4 ? (int)(sbyte(hd, j) & 63u) : (int)((sbyte(hd, j + 4) & 15u) | ((sbyte(hd, j - 4) >> 6) << 4));
+        const int m = j < 4 ? (int)(sbyte(hd, j + 4) & 63u) : (int)((sbyte(hd, j + 4) >> 4) | ((sbyte(hd, j) >> 6) << 4));
+        dl = __fmul_rn(f16_to_f32(hd.x & 0xFFFFu), code_to_f32(sc));
+        ml = __fmul_rn(f16_to_f32(hd.x >> 16), code_to_f32(m));
+    } else if (TYPE == T_Q6_K) {  // 16-value sub-block 2j + st, int8 scale
+        const Words<T_Q6_K>& v = (const Words<T_Q6_K>&)w;
+        const int i = 2 * j + st;
+        dl = __fmul_rn(f16_to_f32(v.d), code_to_f32(s8(v.sc[i >> 2] >> (8 * (i & 3)))));
+        ml = 0.0f;
+    } else {
+        dl = f16_to_f32(((const Words<T_Q8_0>&)w).d[j]);
+        ml = 0.0f;
+    }
+}
+
+template <int TYPE, int RT>
+__global__ void __launch_bounds__(256, 2) mma_linear_k(  // <= 128 registers: two blocks (16 warps) per SM
+    const uint2* __restrict__ xb, const float* __restrict__ xsum, int T,  // mma_prep_x's output
+    const u8* __restrict__ raw, long long row_bytes,        // weight [n_out, row_bytes], n_in % 256 == 0
+    int n_out, int n_in, int S,                             // S split warps per row tile (1, 2, 4, 8)
+    float* __restrict__ y)                                  // y [T, n_out]; blockIdx.y = token tile
+{
+    __shared__ float part[8][RT][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+    const int s = warp % S, gg = warp / S, G = 8 / S;
+    const int row0 = (blockIdx.x * G + gg) * 16 * RT;
+    const int n_steps = n_in >> 4;
+    const bool mins = TYPE == T_Q4_K || TYPE == T_Q5_K;
+    const uint2* xbt = xb + (long long)blockIdx.y * n_steps * 96 + lane * 3;
+    const float* xst = xsum + (long long)blockIdx.y * n_steps * 8 + 2 * q4;
+    // x fragments of tokens >= T are zeros (mma_prep_x wrote them so): lanes that would load only zeros
+    // skip the load (decoding, T = 1, reads 1/8 of them). Same values either way, so no effect on the sums.
+    const bool live_b = blockIdx.y * 8 + g < T, live_s = blockIdx.y * 8 + 2 * q4 < T;
+    const u8* rows[RT][2];  // rows g and g + 8 of each tile (a row past n_out reads the last row, never stored)
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 16 * rt + g + 8 * h;
+            rows[rt][h] = raw + (long long)(r < n_out ? r : n_out - 1) * row_bytes;
+        }
+    float acc[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) acc[rt][0] = acc[rt][1] = acc[rt][2] = acc[rt][3] = 0.0f;
+
+    const int n_chunks = n_in >> 8;
+    Words<TYPE> cur[RT][2], nxt[RT][2];  // this chunk's words and the next one's, loaded a chunk ahead
+    if (s < n_chunks) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) cur[rt][h].load(rows[rt][h] + (long long)s * Words<TYPE>::bytes, q4);
+    }
+    for (int c = s; c < n_chunks; c += S) {
+        if (c + S < n_chunks) {
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) nxt[rt][h].load(rows[rt][h] + (long long)(c + S) * Words<TYPE>::bytes, q4);
+        }
+        uint2 bx[2][2][3];  // x pieces of groups j (slot j % 2) and j + 1, loaded a group ahead: [slot][st][piece]
+        float2 sx[2][2];
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            const int step = 16 * c + st;
+#pragma unroll
+            for (int p = 0; p < 3; ++p) bx[0][st][p] = live_b ? xbt[step * 96 + p] : make_uint2(0u, 0u);
+            sx[0][st] = mins && live_s ? *(const float2*)(xst + step * 8) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int cs = j & 1, ns = cs ^ 1;
+            if (j < 7) {
+#pragma unroll
+                for (int st = 0; st < 2; ++st) {
+                    const int step = 16 * c + 2 * (j + 1) + st;
+#pragma unroll
+                    for (int p = 0; p < 3; ++p) bx[ns][st][p] = live_b ? xbt[step * 96 + p] : make_uint2(0u, 0u);
+                    sx[ns][st] = mins && live_s ? *(const float2*)(xst + step * 8) : make_float2(0.f, 0.f);
+                }
+            }
+            float cq[RT][4], xs[2];  // per step (16 values) for Q6_K, per group (32) otherwise
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                const uint2 bh = bx[cs][st][0], bm = bx[cs][st][1], bl = bx[cs][st][2];
+                if (TYPE == T_Q6_K || st == 0) {
+#pragma unroll
+                    for (int rt = 0; rt < RT; ++rt) cq[rt][0] = cq[rt][1] = cq[rt][2] = cq[rt][3] = 0.0f;
+                    xs[0] = sx[cs][st].x; xs[1] = sx[cs][st].y;
+                } else {
+                    xs[0] = __fadd_rn(xs[0], sx[cs][st].x); xs[1] = __fadd_rn(xs[1], sx[cs][st].y);
+                }
+#pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                    u32 c0[2], c1[2];
+                    group_codes<TYPE>(cur[rt][0], j, st, c0);
+                    group_codes<TYPE>(cur[rt][1], j, st, c1);
+                    const u32 a[4] = {c0[0], c1[0], c0[1], c1[1]};
+                    mma_bf16(cq[rt], a, bl.x, bl.y);  // smallest piece first
+                    mma_bf16(cq[rt], a, bm.x, bm.y);
+                    mma_bf16(cq[rt], a, bh.x, bh.y);
+                }
+                if (TYPE == T_Q6_K || st == 1) {  // scale this step's (Q6_K) or group's sums into acc
+#pragma unroll
+                    for (int rt = 0; rt < RT; ++rt) {
+                        float dl0, ml0, dl1, ml1;
+                        group_scale<TYPE>(cur[rt][0], j, st, dl0, ml0);
+                        group_scale<TYPE>(cur[rt][1], j, st, dl1, ml1);
+                        const float* cc = cq[rt];  // [row g tok 2q4, row g tok 2q4+1, row g+8 .., ..]
+                        acc[rt][0] = __fmaf_rn(dl0, cc[0], acc[rt][0]);
+                        acc[rt][1] = __fmaf_rn(dl0, cc[1], acc[rt][1]);
+                        acc[rt][2] = __fmaf_rn(dl1, cc[2], acc[rt][2]);
+                        acc[rt][3] = __fmaf_rn(dl1, cc[3], acc[rt][3]);
+                        if (mins) {
+                            acc[rt][0] = __fmaf_rn(-ml0, xs[0], acc[rt][0]);
+                            acc[rt][1] = __fmaf_rn(-ml0, xs[1], acc[rt][1]);
+                            acc[rt][2] = __fmaf_rn(-ml1, xs[0], acc[rt][2]);
+                            acc[rt][3] = __fmaf_rn(-ml1, xs[1], acc[rt][3]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) { cur[rt][0] = nxt[rt][0]; cur[rt][1] = nxt[rt][1]; }
+    }
+
+    // sum over the S split warps of each row tile, in order s = 0 .. S-1; store rows < n_out, tokens < T
+    const int t_lo = blockIdx.y * 8 + 2 * q4;
+    if (S > 1) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[warp][rt][i][lane] = acc[rt][i];
+        __syncthreads();
+        if (s != 0) return;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float v = part[warp][rt][i][lane];
+                for (int ss = 1; ss < S; ++ss) v = __fadd_rn(v, part[warp + ss][rt][i][lane]);
+                acc[rt][i] = v;
+            }
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = row0 + 16 * rt + g + 8 * (i >> 1), t = t_lo + (i & 1);
+            if (r < n_out && t < T) y[(long long)t * n_out + r] = acc[rt][i];
+        }
+}
+
 // ------------------------------------------------------------------ get_rows
 
 template <int TYPE>
@@ -478,6 +783,8 @@ def _kernel(module_key, names: list[str], name: str):
 def _quant_kernel(qtype: GGMLType, name: str):
     t = int(qtype)  # one module per type: its five quant_linear variants and get_rows
     names = [f"quant_linear_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW] + [f"get_rows_k<{t}>"]
+    if qtype in MMA_TYPES:
+        names += [f"mma_linear_k<{t}, {rt}>" for rt in MMA_RTS]
     return _kernel(("quant", t), names, name)
 
 
@@ -487,6 +794,43 @@ def _split(n_out: int, n_chunks: int) -> int:
     while S < WARPS and n_out * S < TARGET_WARPS and 2 * S <= n_chunks:
         S *= 2
     return S
+
+
+def _mma_plan(n_out: int, n_chunks: int) -> tuple[int, int]:
+    """(row tiles per warp RT, split warps S) of the tensor-core kernel, from the shape only (batch invariance).
+    RT > 1 would reuse each warp's x fragments for more rows, but its registers cost more warps than it saves
+    (H100: 0-30% slower at every shape tried); S > 1 gives short matrices warps."""
+    rt = 1
+    tiles, S = -(-n_out // (16 * rt)), 1
+    while S < WARPS and tiles * S < MMA_TARGET_WARPS and 2 * S <= n_chunks:
+        S *= 2
+    return rt, S
+
+
+def _mma_ok(qtype: GGMLType, n_in: int) -> bool:
+    """The tensor-core kernel takes this weight: a K-quant or Q8_0 of whole 256-value chunks, on sm_80+."""
+    if not (use_mma and qtype in MMA_TYPES and n_in % CHUNK == 0):
+        return False
+    dev = cp.cuda.runtime.getDevice()
+    if dev not in _cc:
+        _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
+    return _cc[dev] >= 80
+
+
+_cc: dict = {}  # device -> compute capability as an int (90 for an H100)
+_scratch_bufs: dict = {}  # device -> (uint32 array, float32 array): mma_prep_x's output, grown on demand
+
+
+def _scratch(n_u32: int, n_f32: int):
+    """Reused buffers for x in fragment order (no allocation per call, so calls can be graph-captured).
+    One per device: calls on one device run in stream order, like every kernel here."""
+    dev = cp.cuda.runtime.getDevice()
+    bufs = _scratch_bufs.get(dev)
+    if bufs is None or bufs[0].size < n_u32 or bufs[1].size < n_f32:
+        old = bufs or (cp.empty(0, cp.uint32), cp.empty(0, cp.float32))
+        bufs = _scratch_bufs[dev] = (cp.empty(max(n_u32, old[0].size), cp.uint32),
+                                     cp.empty(max(n_f32, old[1].size), cp.float32))
+    return bufs
 
 
 def _weight(raw, ggml_type, shape) -> tuple[GGMLType, "cp.ndarray", int, int, int, int]:
@@ -550,6 +894,18 @@ def quant_linear(x, raw, ggml_type: GGMLType | int, shape: tuple[int, int], out=
         return y
     if n_in == 0:
         y.fill(0)
+        return y
+    if _mma_ok(qtype, n_in):  # tokens in tiles of 8 (grid y): every token's arithmetic is the same in any tile
+        rt, S = _mma_plan(n_out, n_in // CHUNK)
+        tiles, n_steps = -(-T // 8), n_in // 16
+        xb, xsum = _scratch(tiles * n_steps * 32 * 6, tiles * n_steps * 8)
+        prep = _quant_kernel(qtype, "mma_prep_x")
+        n_threads = tiles * n_steps * 32
+        prep((-(-n_threads // 256),), (256,), (x, np.int64(ldx), np.int32(T), np.int32(n_steps), xb, xsum))
+        kernel = _quant_kernel(qtype, f"mma_linear_k<{int(qtype)}, {rt}>")
+        blocks = -(-n_out // (16 * rt * (WARPS // S)))
+        kernel((blocks, tiles), (32 * WARPS,),
+               (xb, xsum, np.int32(T), raw, np.int64(row_bytes), np.int32(n_out), np.int32(n_in), np.int32(S), y))
         return y
     S = _split(n_out, -(-n_in // CHUNK))
     G = WARPS // S
