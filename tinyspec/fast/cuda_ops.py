@@ -517,6 +517,12 @@ __device__ __forceinline__ void group_codes(const Words<TYPE>& w, int j, int st,
     a[1] = bf16x2_codes(bytes, 0x4342u, offset);
 }
 
+__device__ __forceinline__ float f16_cvt(u32 h) {  // the hardware's binary16 -> binary32 conversion: exact, branch-free
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xFFFFu)));
+    return f;
+}
+
 __device__ __forceinline__ u32 sbyte(const uint4& hd, int i) {  // scale byte s[i], i = 0..11
     const u32 w = i < 4 ? hd.y : (i < 8 ? hd.z : hd.w);
     return (w >> (8 * (i & 3))) & 0xFFu;
@@ -529,15 +535,15 @@ __device__ __forceinline__ void group_scale(const Words<TYPE>& w, int j, int st,
         const uint4 hd = TYPE == T_Q4_K ? ((const Words<T_Q4_K>&)w).hd : ((const Words<T_Q5_K>&)w).hd;
         const int sc = j < 4 ? (int)(sbyte(hd, j) & 63u) : (int)((sbyte(hd, j + 4) & 15u) | ((sbyte(hd, j - 4) >> 6) << 4));
         const int m = j < 4 ? (int)(sbyte(hd, j + 4) & 63u) : (int)((sbyte(hd, j + 4) >> 4) | ((sbyte(hd, j) >> 6) << 4));
-        dl = __fmul_rn(f16_to_f32(hd.x & 0xFFFFu), code_to_f32(sc));
-        ml = __fmul_rn(f16_to_f32(hd.x >> 16), code_to_f32(m));
+        dl = __fmul_rn(f16_cvt(hd.x & 0xFFFFu), code_to_f32(sc));
+        ml = __fmul_rn(f16_cvt(hd.x >> 16), code_to_f32(m));
     } else if (TYPE == T_Q6_K) {  // 16-value sub-block 2j + st, int8 scale
         const Words<T_Q6_K>& v = (const Words<T_Q6_K>&)w;
         const int i = 2 * j + st;
-        dl = __fmul_rn(f16_to_f32(v.d), code_to_f32(s8(v.sc[i >> 2] >> (8 * (i & 3)))));
+        dl = __fmul_rn(f16_cvt(v.d), code_to_f32(s8(v.sc[i >> 2] >> (8 * (i & 3)))));
         ml = 0.0f;
     } else {
-        dl = f16_to_f32(((const Words<T_Q8_0>&)w).d[j]);
+        dl = f16_cvt(((const Words<T_Q8_0>&)w).d[j]);
         ml = 0.0f;
     }
 }
