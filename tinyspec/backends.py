@@ -7,7 +7,12 @@
             backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small tensors
             (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
             short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a machine without a GPU.
-    cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU.
+    cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU. The matmul weights
+            live on the GPU in their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores, batch-
+            invariant); activations cross to the device and back for every matmul, and the rest of the
+            forward (norms, conv, delta-rule scan, attention) runs on the host as in the oracle. Correct and
+            lossless (tests/test_backends.py, run on an H100), but host-bound: the 0.8B shape decodes at
+            ~15 tok/s, the 9B at ~7 (LESSONS 20). A device-resident forward is the missing piece.
 
 The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
 `PackedWeight`, which has `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows).

@@ -34,7 +34,37 @@ quant_linear sums exact weights. Small integer codes become floats by the "magic
 (int bits 0x4B400000 + q is the float 1.5*2^23 + q; subtracting 1.5*2^23 leaves q exactly), which runs
 on the full-rate FP32/INT pipes instead of the quarter-rate int->float converter.
 
-Thread mapping of quant_linear (weight-stationary; W is the memory traffic, x is tiny):
+Two kernels compute quant_linear; which one depends on the weight's type and shape only, never on T:
+
+    tensor cores (mma_linear_k)  Q4_K, Q5_K, Q6_K, Q8_0 with in % 256 == 0, on sm_80+ (the real files' case)
+    float FMAs (quant_linear_k)  F32, F16, BF16, and the others elsewhere (or with use_mma = False)
+
+Tensor-core kernel. Every quantized weight is W = dl * code - ml over a group of 16 or 32 values (dl, ml
+the oracle's (d * sc) and (dmin * m); ml = 0 but for Q4_K/Q5_K) with a small integer code, exact in bf16.
+Each float32 x splits exactly into three bf16, x = hi + mid + lo (8 significant bits each: hi = x with its
+low 16 bits cleared, mid the same of x - hi, lo the rest), so code * piece is exact, and
+
+    y[t, r] = sum_groups  dl * (sum_l code_l x_l)  -  ml * (sum_l x_l)
+
+where the inner sum is three chained bf16 MMAs (m16n8k16: A = codes of 16 rows x 16 values, B = pieces
+of 16 values x 8 tokens, float32 accumulators) and the outer one float32 fmaf. A helper kernel
+(mma_prep_x) writes x once per call in the MMA's fragment order, with the float32 sum of every 16
+values. One warp = 16 rows x 8 tokens; it walks the chunks c = s, s+S, ... (S split warps, from the
+shape), holds the next chunk's weight bytes in registers while computing on this one, and loads the
+next group's x fragments a group ahead. Tokens come in tiles of 8 (the grid's y): T = 1..8 read the
+weights once and cost the same (an H100 measured 1.04-1.13x at T = 8 vs T = 1; the float kernel 2.5x).
+Batch invariance: a token's column of an MMA depends only on that token's B column and the weights, the
+tile of 8 it lands in changes nothing else, and S, the group order and the S-way sum are fixed by the
+shape: checked bitwise for T = 1..16 and 37. Accuracy: the products are exact, so only float32 additions
+round: 32 values inside the tensor core, then in / 32 scaled group sums, far inside the bound below
+(taken over |dl code| + |ml|, since the two terms are summed apart); a Q8_0 row with one code +-1
+returns x bit for bit (tests/test_cuda_ops.py).
+Measured (H100, tools/bench_cuda.py, read bandwidth 3.1 TB/s; LESSONS 20): Q4_K 4096x12288 27 us (33%
+of the read bandwidth), the 0.8B LM head Q4_K 248320x1024 99 us (47%), Q6_K 36-44%, and the 27B gate
+17408x5120 22-26%. ncu: half of the issue slots used, the rest stalled on global loads (long scoreboard)
+with only 16 warps per SM (128 registers each): not the bandwidth yet.
+
+Thread mapping of the float kernel quant_linear_k (weight-stationary; W is the memory traffic, x is tiny):
 
     row of `in` values = chunks of 256 (one K-quant super-block, 8 Q8_0 blocks, 256 floats)
     in a chunk, lane l of a warp owns two quads: values 4l..4l+3 and 128+4l..128+4l+3
@@ -75,7 +105,7 @@ HBM, Q4_K delivers 4.2 T values/s, so T = 1 fits, T = 2 is near the issue limit 
 bound: a 4-bit type at T = 8 would need 33 T fmaf/s, the whole chip. Q8_0 stays memory-bound to T ~ 4,
 F16/BF16 to T ~ 8, F32 to T = 16. Integer dot products (llama.cpp's dp4a on an 8-bit x) would go
 faster but quantize x, which this module does not do: its results stay within float rounding of the
-oracle. tools/bench_cuda.py measures the numbers.
+oracle. tools/bench_cuda.py measures the numbers. (This is why K-quants and Q8_0 take the tensor cores.)
 
 GDN (gdn_scan): one thread block per value head, one thread per value column v, the K entries S[:, v]
 of its column in registers for the whole call. Per token: decay, predict (sum over K in order), correct,
@@ -88,8 +118,9 @@ arithmetic, state kept in float32 registers). Rolling back to "j tokens kept" is
 `state[...] = states_out[j - 1]` (a device-to-device copy).
 
 Official implementation: llama.cpp ggml-cuda mmvq.cu / dequantize.cuh (integer dot products) and
-gated_delta_net.cu; fla ops/gated_delta_rule/fused_recurrent.py. Does NOT include: other GGML types,
-tensor cores, quantized activations, the conv step, multi-sequence batching of the scan.
+gated_delta_net.cu; fla ops/gated_delta_rule/fused_recurrent.py; the exact bf16 split is the idea of
+"3xTF32"/bf16x3 emulation (CUTLASS). Does NOT include: other GGML types on tensor cores (F16/BF16 stay on
+FMAs), quantized activations, the conv step, multi-sequence batching of the scan.
 """
 
 from __future__ import annotations
