@@ -46,11 +46,11 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
     n_past = cache.n
     cache.append(k, v)
 
-    o = np.empty((T, H_kv, G, d), np.float32)
+    o = np.empty_like(q, shape=(T, H_kv, G, d))  # float32, on q's device
     for t in range(T):
         n = n_past + t + 1  # keys visible to this row (causal)
-        keys = np.ascontiguousarray(cache.k[:n].transpose(1, 0, 2))  # [H_kv, n, d]
-        values = np.ascontiguousarray(cache.v[:n].transpose(1, 0, 2))  # [H_kv, n, d]
+        keys = np.copy(cache.k[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
+        values = np.copy(cache.v[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
         q_t = q[t].reshape(H_kv, G, d)  # grouped: heads h = j*G .. j*G+G-1 share kv head j
         scores = np.matmul(q_t, keys.transpose(0, 2, 1)) * np.float32(cfg.attn_scale)  # [H_kv, G, n]
         o[t] = np.matmul(softmax(scores), values)  # [H_kv, G, d]

@@ -7,12 +7,13 @@
             backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small tensors
             (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
             short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a machine without a GPU.
-    cuda    CuPy RawKernels (tinyspec/fast/cuda_ops.py) for the same contract on a GPU. The matmul weights
-            live on the GPU in their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores, batch-
-            invariant); activations cross to the device and back for every matmul, and the rest of the
-            forward (norms, conv, delta-rule scan, attention) runs on the host as in the oracle. Correct and
-            lossless (tests/test_backends.py, run on an H100), but host-bound: the 0.8B shape decodes at
-            ~15 tok/s, the 9B at ~7 (LESSONS 20). A device-resident forward is the missing piece.
+    cuda    CuPy + RawKernels (tinyspec/fast/cuda_ops.py) on a GPU, device-resident: the matmul weights in
+            their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
+            activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
+            device. The model code is the oracle's own: its NumPy calls dispatch to CuPy on CuPy arrays
+            (NEP 18), model.xp allocates the state, and only the token embeddings go up and the logits and
+            hidden rows come down per forward (the engine samples on the host). The delta-rule scan is
+            cuda_ops.gdn_scan (writes the ring from registers); rollback is a device-to-device copy.
 
 The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
 `PackedWeight`, which has `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows).
@@ -95,6 +96,8 @@ class PackedWeight:
     def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
         if self._linear is not None:
             return self._linear(x)
+        if not isinstance(x, np.ndarray):  # a device array: the kernels take it as it is
+            return self.kernels.quant_linear(x, self.raw, self.ggml_type, self.shape)
         return self.kernels.quant_linear(np.ascontiguousarray(x, dtype=np.float32), self.raw, self.ggml_type,
                                          self.shape)
 
@@ -131,8 +134,10 @@ def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None)
 
 
 class CudaKernels:
-    """quant_linear / get_rows of tinyspec/fast/cuda_ops.py behind the host-array interface the model uses:
-    the weights live on the GPU (uploaded once); activations go up and results come back per call."""
+    """quant_linear / get_rows of tinyspec/fast/cuda_ops.py; the weights live on the GPU (uploaded once).
+    quant_linear answers where it was asked: a CuPy x stays on the device, a NumPy x (the draft-vocabulary
+    scoring of a hidden row the engine holds) goes up and its result comes back. get_rows returns host
+    rows (embeddings: the model uploads them)."""
 
     def __init__(self):
         import cupy
@@ -142,6 +147,8 @@ class CudaKernels:
         self.cp, self.ops, self.SUPPORTED = cupy, cuda_ops, cuda_ops.SUPPORTED
 
     def quant_linear(self, x, raw, ggml_type, shape):
+        if isinstance(x, self.cp.ndarray):
+            return self.ops.quant_linear(x, raw, ggml_type, shape)
         return self.cp.asnumpy(self.ops.quant_linear(self.cp.asarray(x), raw, ggml_type, shape))
 
     def get_rows(self, raw, ggml_type, shape, ids):
@@ -149,9 +156,29 @@ class CudaKernels:
 
 
 def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Packed weights are uploaded to the GPU in their GGUF bytes, multiplied by the CuPy kernels."""
+    """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels), a matmul
+    weight of a type the kernels do not read as an F32 packed weight (so ops.linear still finds .linear),
+    every other tensor as a float32 device array."""
     kernels = CudaKernels()
-    return packed_tensors(g, kernels, kernels.cp.asarray, progress)
+    cp = kernels.cp
+    out = packed_tensors(g, kernels, cp.asarray, progress)
+    for name, t in out.items():
+        if isinstance(t, PackedWeight):
+            continue
+        packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and t.ndim == 2
+        if packable:
+            f32 = np.ascontiguousarray(t, dtype=np.float32)
+            out[name] = PackedWeight(cp.asarray(f32.view(np.uint8).reshape(-1)), GGMLType.F32, f32.shape, kernels)
+        else:
+            out[name] = cp.asarray(t)
+    return out
+
+
+def cuda_gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
+    """tinyspec.gdn.gdn_scan's contract on the device (cuda_ops.gdn_scan names its in-place output out_state)."""
+    from .fast import cuda_ops
+
+    return cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=states_out, out_state=out)
 
 
 def load_model(path: str | os.PathLike, backend: str | None = None,
@@ -172,6 +199,11 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
 
             model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
             model.causal_conv = numba_gdn.causal_conv  # bitwise the oracle's conv
+        else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
+            import cupy
+
+            model.xp, model.to_device, model.to_host = cupy, cupy.asarray, cupy.asnumpy
+            model.gdn_scan = cuda_gdn_scan
     model.backend = backend
     model.path = Path(path)
     return model

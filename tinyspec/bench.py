@@ -3,7 +3,8 @@
     decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
     verify_cost_ratio  median time of a k-token verify pass (with its snapshot ring) / the k = 1 pass
     weight_gb_s        bytes of weights a decode step reads / its median time
-    copy_gb_s          np.copyto of a 256 MB buffer, the memory bandwidth this machine gives right now
+    copy_gb_s          np.copyto of a 256 MB buffer where the weights live (the GPU's memory for the cuda
+                       backend, 1 GB there), the memory bandwidth this machine gives right now
     spec[drafter]      tok_s (after the prefill), speedup over plain greedy, acceptance_rate,
                        mean_accepted_length, phase_ms
                        (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
@@ -46,11 +47,19 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(mb: int = 256, repeats: int = 5) -> float:
-    """GB/s of np.copyto between two buffers of `mb` MB (read + write counted once each)."""
-    src = np.ones(mb * 2**20 // 8)
-    dst = np.empty_like(src)
-    return 2 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeats) / 1e9
+def copy_bandwidth(mb: int = 256, repeats: int = 5, xp=np) -> float:
+    """GB/s of np.copyto between two buffers of `mb` MB (read + write counted once each), allocated by xp
+    (the model's array module: CuPy puts them on the GPU, and each copy is waited for)."""
+    src = xp.ones(mb * 2**20 // 8)
+    dst = xp.empty_like(src)
+    wait = (lambda: None) if xp is np else xp.cuda.Device().synchronize
+
+    def copy():
+        np.copyto(dst, src)
+        wait()
+
+    copy()
+    return 2 * src.nbytes / median_time(copy, repeats) / 1e9
 
 
 def weight_bytes(model: Model) -> int:
@@ -81,7 +90,7 @@ def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int 
     state = model.new_state()
     model.forward(np.array(prompt), state)
     window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(ks)))
-    rings = {k: SnapshotRing(model.cfg, k) for k in ks}
+    rings = {k: SnapshotRing(model.cfg, k, model.xp) for k in ks}
     times: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every k alike
         for k in ks:
@@ -129,7 +138,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
     per-position rate p solving (1 - p^(k+1)) / (1 - p) = L (llama.cpp's --spec-synth-len); draft_vocab:
     also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step)."""
     say("memory copy bandwidth")
-    copy = copy_bandwidth()
+    copy = copy_bandwidth(xp=model.xp) if model.xp is np else copy_bandwidth(1024, xp=model.xp)
     say(f"decode: {decode_n} one-token passes")
     t1 = decode_time(model, prompt, decode_n)
     say(f"verify passes for k = {', '.join(map(str, ks))}")

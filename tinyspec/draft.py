@@ -28,7 +28,7 @@ class DraftModelDrafter:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
         self.model = draft_model
-        self.ring = SnapshotRing(draft_model.cfg, max_draft)
+        self.ring = SnapshotRing(draft_model.cfg, max_draft, draft_model.xp)
         self.state = draft_model.new_state()
         self.n_drafted = 0  # forwards made by the last propose
         self.vocab = vocab  # draft over these ids only (draft_vocab.py); None: the whole vocabulary

@@ -43,7 +43,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import l2_norm, linear, rms_norm, sigmoid, silu, softplus
+from .ops import asarray_like, l2_norm, linear, rms_norm, sigmoid, silu, softplus
 from .state import GDNState
 
 
@@ -59,10 +59,10 @@ def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tu
     T, C = x.shape
     w = weight.shape[1]
     window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C]
-    y = np.zeros((T, C), np.float32)
+    y = np.zeros_like(x, dtype=np.float32)  # [T, C], on x's device
     for k in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
         y += weight[:, k] * window[k : k + T]  # [C] * [T, C]
-    return y, np.ascontiguousarray(window[T:].T)  # [C, w-1]
+    return y, np.copy(window[T:].T, order="C")  # [C, w-1]
 
 
 def delta_rule_step(
@@ -147,7 +147,7 @@ def gdn_chunked(
     the same thing (a padded token has k = 0, beta = 0, g = 0 and changes nothing).
     """
     T, HV, K = q.shape
-    o = np.empty((T, HV, v.shape[2]), np.float32)
+    o = np.empty_like(v, shape=(T, HV, v.shape[2]))  # float32, on v's device
     S = state  # [HV, K, V]
     for start in range(0, T, chunk):
         span = slice(start, min(start + chunk, T))
@@ -155,7 +155,7 @@ def gdn_chunked(
         G = np.cumsum(log_decay[span].T, axis=1)  # [HV, L]  log of the decay from chunk start to token r
         b = beta[span].T[:, :, None]  # [HV, L, 1]
         L = G.shape[1]
-        causal = np.tril(np.ones((L, L), dtype=bool))  # i <= r
+        causal = asarray_like(np.tril(np.ones((L, L), dtype=bool)), q)  # i <= r
         log_gap = np.where(causal, G[:, :, None] - G[:, None, :], -np.inf)  # [HV, L, L]  G_r - G_i
         decay_pair = np.exp(log_gap).astype(np.float32)  # exp(G_r - G_i) for i <= r, else 0
         decay_in = np.exp(G)[:, :, None]  # [HV, L, 1]  exp(G_r): decay of S0 by token r

@@ -37,6 +37,10 @@ ATTN_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.
 FFN_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
 
+def _same(a):
+    return a
+
+
 class ModelError(ValueError):
     """The file's tensors do not form a qwen35 model (missing tensor, wrong shape)."""
 
@@ -64,6 +68,9 @@ class Model:
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
         self.causal_conv = causal_conv  # likewise the GDN layers' short convolution
+        # where activations and state live: NumPy on the host here; the cuda backend sets CuPy and the
+        # two copies (tokens' embeddings in, logits and hidden rows out: the engine works on the host)
+        self.xp, self.to_device, self.to_host = np, _same, _same
         self.tensors = tensors
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -96,7 +103,7 @@ class Model:
                 g.close()
 
     def new_state(self) -> ModelState:
-        return ModelState(self.cfg)
+        return ModelState(self.cfg, self.xp)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -119,7 +126,7 @@ class Model:
         only some rows of it (draft_vocab.py) or need only the state.
         """
         cfg = self.cfg
-        x = self.embed(tokens)  # [T, D]
+        x = self.to_device(self.embed(tokens))  # [T, D]
         self.n_forward_tokens += x.shape[0]
         if ring is not None:
             ring.mark_pass(state.pos, x.shape[0])
@@ -134,4 +141,4 @@ class Model:
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)
         state.pos += x.shape[0]
         hidden = rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
-        return (linear(hidden, self.output) if logits else None), hidden
+        return (self.to_host(linear(hidden, self.output)) if logits else None), self.to_host(hidden)

@@ -42,12 +42,13 @@ class MTPHead:
         if missing:
             raise ModelError(f"MTP block is missing tensors: {', '.join(missing)}")
         self.w = {n[len(prefix):]: t for n, t in model.tensors.items() if n.startswith(prefix)}
+        self.model = model  # its array module and host/device copies (model.xp, to_device, to_host)
         self.embed_tokens = self.w.get("nextn.embed_tokens.weight", model.token_embd)
         self.head_norm = self.w.get("nextn.shared_head_norm.weight", model.output_norm)
         self.head = self.w.get("nextn.shared_head_head.weight", model.output)
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_head_kv, self.cfg.head_dim)
+        return KVCache(self.cfg.n_head_kv, self.cfg.head_dim, xp=self.model.xp)
 
     def forward(self, tokens, hidden_prev: np.ndarray, cache: KVCache,
                 logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
@@ -59,13 +60,15 @@ class MTPHead:
         tokens = np.asarray(tokens, dtype=np.int64)
         if hidden_prev.shape != (tokens.size, cfg.n_embd):
             raise ValueError(f"hidden_prev has shape {hidden_prev.shape}, expected {(tokens.size, cfg.n_embd)}")
-        e = rms_norm(self.embed_tokens[tokens], w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
-        h = rms_norm(hidden_prev.astype(np.float32), w["nextn.hnorm.weight"], cfg.rms_eps)  # [T, D]
+        dev = self.model.to_device
+        e = rms_norm(dev(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
+        h = rms_norm(dev(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)  # [T, D]
         y = linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
         y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg)
         y = y + ffn(rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w)
         h_mtp = rms_norm(y, self.head_norm, cfg.rms_eps)
-        return (linear(h_mtp, self.head) if logits else None), h_mtp
+        host = self.model.to_host
+        return (host(linear(h_mtp, self.head)) if logits else None), host(h_mtp)
 
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:

@@ -20,6 +20,8 @@ axis of one row, which NumPy does the same way whatever the number of rows.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .quants import GGMLType, dequantize
@@ -94,6 +96,15 @@ def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int],
     return dequantize(rows, ggml_type, (ids.size, n_cols))
 
 
+def asarray_like(a: np.ndarray, x):
+    """The NumPy array `a` as an array of x's kind: itself for a NumPy x; else through the asarray of x's
+    own module (a CuPy x: an upload). Lets the model code run on another array library unchanged: every
+    other NumPy call here dispatches on its arguments (NEP 18), only arrays made from host data need this."""
+    if isinstance(x, np.ndarray):
+        return a
+    return sys.modules[type(x).__module__.split(".")[0]].asarray(a)
+
+
 def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
     """Rotary embedding, NEOX pairing, on the first n_rot dims of each head; the rest pass through.
 
@@ -104,7 +115,7 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
     half = n_rot // 2
     inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]
     angle = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # [T, 1, half]
+    cos, sin = asarray_like(np.cos(angle)[:, None, :], x), asarray_like(np.sin(angle)[:, None, :], x)  # [T, 1, half]
     x1, x2 = x[..., :half], x[..., half:n_rot]
     out = x.copy()
     out[..., :half] = x1 * cos - x2 * sin

@@ -121,7 +121,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     t_start = clock()
 
     state = model.new_state()
-    ring = SnapshotRing(model.cfg, draft_n + 1)  # allocated once for the whole generation
+    ring = SnapshotRing(model.cfg, draft_n + 1, model.xp)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
     drafter.start(prompt, hidden)
     stats.phase_s["prefill"] = clock() - t_start

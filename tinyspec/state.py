@@ -16,7 +16,11 @@ keeping the first j tokens is a copy of slot j-1 back into the state plus a KV t
 no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of
 bounds; peers shipped a CVE for exactly that, ../shared/reference/peers.md section 5).
 
-Does NOT include: paged or quantized KV caches, device-side rings (the CuPy backend's concern).
+Where the numbers live: every class takes `xp`, the array module that allocates its buffers (NumPy by
+default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
+device-to-device copy). Only NumPy functions that dispatch on their arguments (copyto, abs) touch them.
+
+Does NOT include: paged or quantized KV caches.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from .config import ModelConfig
 class KVCache:
     """Keys and values of one attention layer, grown in place (capacity doubles; no per-token allocation)."""
 
-    def __init__(self, n_head_kv: int, head_dim: int, capacity: int = 64):
-        self.k = np.zeros((capacity, n_head_kv, head_dim), np.float32)  # [capacity, H_kv, d]
-        self.v = np.zeros((capacity, n_head_kv, head_dim), np.float32)
+    def __init__(self, n_head_kv: int, head_dim: int, capacity: int = 64, xp=np):
+        self.xp = xp
+        self.k = xp.zeros((capacity, n_head_kv, head_dim), np.float32)  # [capacity, H_kv, d]
+        self.v = xp.zeros((capacity, n_head_kv, head_dim), np.float32)
         self.n = 0  # positions filled
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:  # [T, H_kv, d] each
@@ -41,7 +46,7 @@ class KVCache:
         if self.n + T > self.k.shape[0]:
             capacity = max(2 * self.k.shape[0], self.n + T)
             for name in ("k", "v"):
-                grown = np.zeros((capacity,) + self.k.shape[1:], np.float32)
+                grown = self.xp.zeros((capacity,) + self.k.shape[1:], np.float32)
                 grown[: self.n] = getattr(self, name)[: self.n]
                 setattr(self, name, grown)
         self.k[self.n : self.n + T] = k
@@ -55,7 +60,7 @@ class KVCache:
         self.n = n
 
     def copy(self) -> "KVCache":
-        out = KVCache(self.k.shape[1], self.k.shape[2], max(1, self.n))
+        out = KVCache(self.k.shape[1], self.k.shape[2], max(1, self.n), self.xp)
         out.append(self.k[: self.n], self.v[: self.n])
         return out
 
@@ -75,10 +80,10 @@ class GDNState:
     ssm: np.ndarray  # [n_v, K, V]
 
     @classmethod
-    def zeros(cls, cfg: ModelConfig) -> "GDNState":
+    def zeros(cls, cfg: ModelConfig, xp=np) -> "GDNState":
         return cls(
-            np.zeros((cfg.ssm_conv_channels, cfg.ssm_conv_kernel - 1), np.float32),
-            np.zeros((cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim), np.float32),
+            xp.zeros((cfg.ssm_conv_channels, cfg.ssm_conv_kernel - 1), np.float32),
+            xp.zeros((cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim), np.float32),
         )
 
     def copy(self) -> "GDNState":
@@ -91,9 +96,10 @@ class GDNState:
 class ModelState:
     """Everything one sequence has seen: a GDNState or KVCache per trunk layer, and the position count."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, xp=np):
         self.layers: list[GDNState | KVCache] = [
-            GDNState.zeros(cfg) if recurrent else KVCache(cfg.n_head_kv, cfg.head_dim) for recurrent in cfg.recurrent
+            GDNState.zeros(cfg, xp) if recurrent else KVCache(cfg.n_head_kv, cfg.head_dim, xp=xp)
+            for recurrent in cfg.recurrent
         ]
         self.pos = 0  # tokens consumed = position of the next token
 
@@ -127,15 +133,15 @@ class SnapshotRing:
     pos[t] = number of tokens the state holds after slot t; filled = slots written by the last pass.
     """
 
-    def __init__(self, cfg: ModelConfig, slots: int):
+    def __init__(self, cfg: ModelConfig, slots: int, xp=np):
         if slots < 1:
             raise ValueError(f"SnapshotRing needs at least one slot, got {slots}")
         self.slots = slots
         C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
         shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
-        self.conv = [np.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
-        self.ssm = [np.zeros(shape_ssm, np.float32) if r else None for r in cfg.recurrent]
-        self.pos = np.zeros(slots, np.int64)
+        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
+        self.ssm = [xp.zeros(shape_ssm, np.float32) if r else None for r in cfg.recurrent]
+        self.pos = np.zeros(slots, np.int64)  # host bookkeeping
         self.filled = 0
 
     def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
