@@ -349,3 +349,29 @@ def test_gdn_scan_in_place_and_errors(rng):
         big = cp.zeros((1, 1, 512), cp.float32)
         cuda_ops.gdn_scan(big, big, cp.zeros((1, 1, 4), cp.float32), cp.zeros((1, 1), cp.float32),
                           cp.zeros((1, 1), cp.float32), cp.zeros((1, 512, 4), cp.float32))
+
+
+# ---------------------------------------------------------------- 5. fused row functions (fast/cuda_rows.py)
+
+
+def test_fused_row_functions_match_the_oracle_and_are_batch_invariant(rng):
+    """cuda_rows' one-launch versions of ops.rms_norm / l2_norm / sigmoid / silu / softplus: within float32
+    rounding of the oracle (a sum of n squares in another order: 2 n 2^-24 relative), and row t of a T-row call
+    is bitwise a one-row call. Non-contiguous inputs (a slice of heads) too."""
+    from tinyspec.fast import cuda_rows
+
+    x = (rng.standard_normal((9, 4, 2 * 128)) * 3).astype(np.float32)[..., :128]  # [9, 4, 128] strided
+    w = rng.standard_normal(128).astype(np.float32)
+    xd, wd = cp.asarray(x), cp.asarray(w)
+    cases = [("rms_norm", lambda a: cuda_rows.rms_norm(a, wd, 1e-6), lambda a: ops.rms_norm(a, w, 1e-6)),
+             ("l2_norm", lambda a: cuda_rows.l2_norm(a, 1e-6), lambda a: ops.l2_norm(a, 1e-6)),
+             ("sigmoid", cuda_rows.sigmoid, ops.sigmoid), ("silu", cuda_rows.silu, ops.silu),
+             ("softplus", cuda_rows.softplus, ops.softplus)]
+    for name, fused, oracle in cases:
+        y = cp.asnumpy(fused(xd))
+        ref = oracle(x)
+        assert y.shape == ref.shape and y.dtype == np.float32, name
+        assert_allclose(y, ref, rtol=2 * 128 * 2.0**-24 * 4, atol=1e-7, err_msg=name)
+        one = np.concatenate([cp.asnumpy(fused(xd[t:t + 1])) for t in range(x.shape[0])])
+        assert_array_equal(y.view(np.uint32), one.view(np.uint32), err_msg=name)
+    assert cuda_rows.rms_norm(xd, cp.asarray(w[:64]), 1e-6) is None  # a broadcast it declines

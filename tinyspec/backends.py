@@ -151,6 +151,17 @@ class CudaKernels:
             return self.ops.quant_linear(x, raw, ggml_type, shape)
         return self.cp.asnumpy(self.ops.quant_linear(self.cp.asarray(x), raw, ggml_type, shape))
 
+    def bind(self, raw, ggml_type, shape, q8: bool = False):
+        """quant_linear for one weight, validated and planned once (q8 is the cpu backend's; CUDA keeps float x)."""
+        lin, cp = self.ops.bind(raw, ggml_type, shape), self.cp
+
+        def linear(x):
+            if isinstance(x, cp.ndarray):
+                return lin(x)
+            return cp.asnumpy(lin(cp.asarray(np.ascontiguousarray(x, dtype=np.float32))))
+
+        return linear
+
     def get_rows(self, raw, ggml_type, shape, ids):
         return self.cp.asnumpy(self.ops.get_rows(raw, ggml_type, shape, self.cp.asarray(ids)))
 
@@ -202,8 +213,12 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
         else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
             import cupy
 
+            from . import ops
+            from .fast import cuda_rows
+
             model.xp, model.to_device, model.to_host = cupy, cupy.asarray, cupy.asnumpy
             model.gdn_scan = cuda_gdn_scan
+            ops.FUSED[cupy.ndarray] = cuda_rows  # one launch per norm / gate instead of four to six
     model.backend = backend
     model.path = Path(path)
     return model

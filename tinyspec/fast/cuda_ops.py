@@ -911,50 +911,64 @@ def quant_linear(x, raw, ggml_type: GGMLType | int, shape: tuple[int, int], out=
     in % 4 == 0, so calls can be captured in a CUDA graph). Raises ValueError for unsupported types and
     mismatched shapes.
     """
+    return bind(raw, ggml_type, shape)(x, out)
+
+
+def bind(raw, ggml_type: GGMLType | int, shape: tuple[int, int]):
+    """quant_linear for one weight, checked and planned once: returns linear(x, out=None). The model binds
+    each weight at load (backends.py), so a call costs its launches and a shape check, not the validation."""
     qtype, raw, n_out, n_in, row_bytes, vec = _weight(raw, ggml_type, shape)
-    x = cp.asarray(x, dtype=cp.float32)
-    if x.ndim != 2 or x.shape[1] != n_in:
-        raise ValueError(f"cuda_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
-    T = x.shape[0]
     ldx = -(-n_in // 4) * 4  # float4 loads of x need rows of a multiple of 4 floats, 16-byte aligned
-    if ldx != n_in or not x.flags.c_contiguous or x.data.ptr % 16:
-        padded = cp.zeros((T, ldx), dtype=cp.float32)
-        padded[:, :n_in] = x
-        x = padded
-    if out is None:
-        y = cp.empty((T, n_out), dtype=cp.float32)
-    else:
-        y = out
-        if not isinstance(y, cp.ndarray) or y.dtype != cp.float32 or y.shape != (T, n_out) or not y.flags.c_contiguous:
-            raise ValueError(f"cuda_ops: out must be a C-contiguous cupy float32 array of shape {(T, n_out)}")
-    if T == 0 or n_out == 0:
-        return y
-    if n_in == 0:
-        y.fill(0)
-        return y
-    if _mma_ok(qtype, n_in):  # tokens in tiles of 8 (grid y): every token's arithmetic is the same in any tile
+    mma = _mma_ok(qtype, n_in)
+    if mma:  # tokens in tiles of 8 (grid y): every token's arithmetic is the same in any tile
         rt, S = _mma_plan(n_out, n_in // CHUNK)
-        tiles, n_steps = -(-T // 8), n_in // 16
-        xb, xsum = _scratch(tiles * n_steps * 32 * 6, tiles * n_steps * 8)
+        n_steps = n_in // 16
         prep = _quant_kernel(qtype, "mma_prep_x")
-        n_threads = tiles * n_steps * 32
-        prep((-(-n_threads // 256),), (256,), (x, np.int64(ldx), np.int32(T), np.int32(n_steps), xb, xsum))
         kernel = _quant_kernel(qtype, f"mma_linear_k<{int(qtype)}, {rt}>")
         blocks = -(-n_out // (16 * rt * (WARPS // S)))
-        kernel((blocks, tiles), (32 * WARPS,),
-               (xb, xsum, np.int32(T), raw, np.int64(row_bytes), np.int32(n_out), np.int32(n_in), np.int32(S), y))
-        return y
-    S = _split(n_out, -(-n_in // CHUNK))
-    G = WARPS // S
-    for t0 in range(0, T, 16):  # tiles of at most 16 rows of x; each row's arithmetic is the same in any tile
-        tt = min(16, T - t0)
-        nt, rpw = next((nt, rpw) for nt, rpw in NT_RPW if nt >= tt)
-        kernel = _quant_kernel(qtype, f"quant_linear_k<{int(qtype)}, {nt}, {rpw}>")
-        blocks = -(-n_out // (G * rpw))
-        kernel((blocks,), (32 * WARPS,),
+        args = (np.int32(n_steps), np.int64(row_bytes), np.int32(n_out), np.int32(n_in), np.int32(S))
+    else:
+        S = _split(n_out, -(-n_in // CHUNK))
+        G = WARPS // S
+
+    def linear(x, out=None):
+        x = cp.asarray(x, dtype=cp.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"cuda_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
+        T = x.shape[0]
+        if ldx != n_in or not x.flags.c_contiguous or x.data.ptr % 16:
+            padded = cp.zeros((T, ldx), dtype=cp.float32)
+            padded[:, :n_in] = x
+            x = padded
+        if out is None:
+            y = cp.empty((T, n_out), dtype=cp.float32)
+        else:
+            y = out
+            if (not isinstance(y, cp.ndarray) or y.dtype != cp.float32 or y.shape != (T, n_out)
+                    or not y.flags.c_contiguous):
+                raise ValueError(f"cuda_ops: out must be a C-contiguous cupy float32 array of shape {(T, n_out)}")
+        if T == 0 or n_out == 0:
+            return y
+        if n_in == 0:
+            y.fill(0)
+            return y
+        if mma:
+            tiles = -(-T // 8)
+            xb, xsum = _scratch(tiles * n_steps * 32 * 6, tiles * n_steps * 8)
+            n_threads = tiles * n_steps * 32
+            prep((-(-n_threads // 256),), (256,), (x, np.int64(ldx), np.int32(T), args[0], xb, xsum))
+            kernel((blocks, tiles), (32 * WARPS,), (xb, xsum, np.int32(T), raw) + args[1:] + (y,))
+            return y
+        for t0 in range(0, T, 16):  # tiles of at most 16 rows of x; each row's arithmetic is the same in any tile
+            tt = min(16, T - t0)
+            nt, rpw = next((nt, rpw) for nt, rpw in NT_RPW if nt >= tt)
+            fn = _quant_kernel(qtype, f"quant_linear_k<{int(qtype)}, {nt}, {rpw}>")
+            fn((-(-n_out // (G * rpw)),), (32 * WARPS,),
                (x[t0:t0 + tt], np.int64(ldx), np.int32(tt), raw, np.int64(row_bytes),
                 np.int32(n_out), np.int32(n_in), np.int32(vec), np.int32(S), y[t0:t0 + tt]))
-    return y
+        return y
+
+    return linear
 
 
 def get_rows(raw, ggml_type: GGMLType | int, shape: tuple[int, int], ids):
