@@ -13,7 +13,9 @@
             device. The model code is the oracle's own: its NumPy calls dispatch to CuPy on CuPy arrays
             (NEP 18), model.xp allocates the state, and only the token embeddings go up and the logits and
             hidden rows come down per forward (the engine samples on the host). The delta-rule scan is
-            cuda_ops.gdn_scan (writes the ring from registers); rollback is a device-to-device copy.
+            cuda_ops.gdn_scan (writes the ring from registers); rollback is a device-to-device copy. The row
+            functions (norms, gates) take one launch each (fast/cuda_rows.py via ops.FUSED) and every weight
+            is bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time.
 
 The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
 `PackedWeight`, which has `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows).
