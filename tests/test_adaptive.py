@@ -33,6 +33,8 @@ def test_expected_tokens_is_the_closed_form():
 def test_step_cost_estimates_between_and_beyond_measured_sizes():
     policy = AdaptiveDraftLength(8)
     assert policy.choose() == 8  # nothing measured: start at k_max
+    policy.update(8, 8, 99.0)  # a generation's first step pays its warm-up: outcomes kept, time not
+    assert policy.step_s == {} and policy.seen[7] == 1
     policy.update(2, 2, 3.0)
     policy.update(6, 6, 7.0)
     assert policy.step_cost(4) == pytest.approx(5.0)  # linear between 2 and 6

@@ -29,8 +29,12 @@ between probing drafts doubles while they fail, so a drafter that must catch up 
 skipped (the MTP head's cache, mtp.py) pays for fewer of them; off by default, because a failed probe
 is also what a good drafter produces now and then, and backing off on it locked the policy into plain
 steps on prompts where every fixed k won (random-token prompts, tools/bench_adaptive.py: 0.92x plain
-against 1.1-1.25x for fixed k). With the prior a0 and nothing measured
-the policy starts at k_max.
+against 1.1-1.25x for fixed k). The other way round, a probing draft that is kept brings the next
+probe forward (2 steps): a prompt whose first drafts fail and later ones would be kept (the model's
+continuation of noise, LESSONS 21) resumes drafting in a few steps instead of a few probe gaps, while
+drafts that keep failing keep the full gap. With the prior a0 and nothing measured the policy starts
+at k_max; the first step's time is not recorded (it also pays the generation's warm-up: first passes
+of new shapes, allocations), only its outcomes.
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
@@ -59,6 +63,8 @@ class AdaptiveDraftLength:
     gap: int = field(init=False, default=0)  # steps between probes now (probe_every, doubled while drafts fail)
     probing: bool = field(init=False, default=False)  # the step just chosen is a probing draft
     chosen: dict[int, int] = field(init=False, default_factory=dict)  # k -> steps
+    updates: int = field(init=False, default=0)  # steps folded in so far
+    probe_ok: bool = field(init=False, default=False)  # the last probing draft was accepted
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -101,7 +107,10 @@ class AdaptiveDraftLength:
         best = max(range(top + 1), key=lambda k: (self.expected_tokens(k) / self.step_cost(k), -k))
         if best:
             self.gap = self.probe_every
-        probe = top > 0 and self.since_probe + 1 >= (self.gap or self.probe_every)
+        gap = self.gap or self.probe_every
+        if not best and self.probe_ok:  # the last probing draft was kept: probe again soon, so an unlucky
+            gap = min(gap, 2)  # start is undone in a few steps (drafts that keep failing keep the full gap)
+        probe = top > 0 and self.since_probe + 1 >= gap
         self.since_probe = 0 if probe else self.since_probe + 1
         self.probing = probe and best == 0
         k = (0 if best else 1) if probe else best
@@ -111,13 +120,17 @@ class AdaptiveDraftLength:
     def update(self, k: int, n_accepted: int, step_s: float) -> None:
         """Fold in one step: k drafted, the first n_accepted kept, the step took step_s seconds."""
         r = self.rate
+        self.updates += 1
         if self.probing:  # a probing draft: back off while drafts keep failing
             self.gap = self.probe_every if n_accepted else min(2 * (self.gap or self.probe_every), self.probe_max)
             self.probing = False
+            self.probe_ok = n_accepted > 0
         for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
             self.seen[j] += 1
             w = max(r, 1.0 / (self.seen[j] + 1))
             self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
+        if self.updates == 1:  # a generation's first step also pays its warm-up (first passes of new shapes,
+            return  # allocations): its time would make that k look dear for good; its outcomes count
         old = self.step_s.get(k)
         self.step_s[k] = step_s if old is None else old + r * (step_s - old)
 
