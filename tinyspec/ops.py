@@ -16,6 +16,11 @@ T-row call is bitwise identical to a 1-row call on x[t]. A float32 BLAS gemm (`X
 reduction differently for different T (measured 7e-5 max difference here), which would break
 "greedy speculative == greedy plain". Everything else here is elementwise or reduces along the last
 axis of one row, which NumPy does the same way whatever the number of rows.
+
+Other array libraries: the functions run unchanged on CuPy arrays (the cuda backend keeps activations on
+the GPU), because NumPy hands its calls to the array's own library (NEP 18). Two helpers cover the rest:
+asarray_like(a, x) puts a host-made array where x lives (rope's cos/sin), and FUSED lets a backend give
+one-launch versions of the row functions for its array type (fast/cuda_rows.py). NumPy arrays never use either.
 """
 
 from __future__ import annotations
