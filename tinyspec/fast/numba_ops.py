@@ -345,7 +345,16 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
 # The same kernel compiled without a parallel region, for small matrices: 2.6x faster than the parallel one
 # on one thread at 16 x 1024 (9 vs 24 us: no numba.set_num_threads round trip, no pool wake-up), same bits.
 # (The float kernel has no such twin: LLVM vectorized its loops worse outside a parfor, 1.8x slower.)
-_quant_linear_q8_serial = njit(cache=True, error_model="numpy", boundscheck=False)(_quant_linear_q8_parallel.py_func)
+# It is cached under its own name through a wrapper: Numba's cache keys an entry by the function's module,
+# name, line and signature, not by its flags, so compiling the same py_func twice with cache=True made the
+# two twins share one entry, and whichever compiled first was loaded for both (after the tests had compiled
+# the serial twin first, every "parallel" matmul ran on one thread).
+_quant_linear_q8_one_thread = njit(error_model="numpy", boundscheck=False)(_quant_linear_q8_parallel.py_func)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _quant_linear_q8_serial(x, raw, row_bytes, kind, n_in, y):
+    _quant_linear_q8_one_thread(x, raw, row_bytes, kind, n_in, y)
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
