@@ -301,16 +301,21 @@ def test_quant_linear_q8_matches_oracle(qtype, rng):
     assert_q8_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
 
 
-def test_native_and_portable_integer_dots_agree(rng):
-    """dot_q8_k (vpmaddubsw/vpmaddwd where the CPU has AVX-512BW) and its plain-IR twin give the same
-    bits, on the extreme codes and scales too (u8 63 x i8 -127, i16 scales -128): the sums are exact."""
+@pytest.mark.parametrize("vnni", [False, True], ids=["pair-scales", "vnni-group-scales"])
+def test_native_and_portable_integer_dots_agree(vnni, rng):
+    """dot_q8_k in both scale layouts: the native instructions (vpmaddubsw/vpmaddwd, or vpdpbusd/vpackssdw/
+    vpdpwssd) where the CPU has them and the plain-IR twin give the same bits, equal to the exact integer
+    sums, on the extreme codes and scales too (u8 63 x i8 -127, i16 scales -128)."""
     from numba import njit
+
+    native = simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD
+    dot_native, dot_portable = simd._dot_q8_k(native, vnni), simd._dot_q8_k(False, vnni)
 
     @njit
     def both(codes, scl, mins, qx, bs, f, g):
         a, b = np.zeros(16, np.float32), np.zeros(16, np.float32)
-        simd.dot_q8_k(a, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
-        simd.dot_q8_k_portable(b, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
+        dot_native(a, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
+        dot_portable(b, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
         return a, b
 
     for extreme in (False, True):
@@ -321,8 +326,12 @@ def test_native_and_portable_integer_dots_agree(rng):
         bs = bsums_q8_k(qx[None])[0]
         a, b = both(codes, scl, mins, qx, bs, np.float32(0.013), np.float32(0.4))
         assert_bits_equal(a, b)
-        pairs = (codes.astype(np.int64) * qx).reshape(128, 2).sum(1) * scl  # the exact integer sums
-        isum = pairs.reshape(4, 16, 2).sum(axis=(0, 2))
+        products = codes.astype(np.int64) * qx  # the exact integer sums, lane by lane
+        if vnni:  # slot s: the 4-value group VNNI_GROUPS[s]; lane l sums slots 2l, 2l + 1 and 32 + 2l, 33 + 2l
+            terms = products.reshape(64, 4).sum(1)[list(simd.VNNI_GROUPS)] * scl[:64]
+            isum = terms.reshape(2, 16, 2).sum(axis=(0, 2))
+        else:  # slot p: the pair of values 2p, 2p + 1; lane l sums pairs 2l, 2l + 1 of each 64 values
+            isum = (products.reshape(128, 2).sum(1) * scl).reshape(4, 16, 2).sum(axis=(0, 2))
         corr = mins.astype(np.int64) * bs
         expect = np.float32(0.013) * isum.astype(np.float32) - np.float32(0.4) * corr.astype(np.float32)
         assert np.allclose(a, expect, rtol=1e-6, atol=1e-3)
@@ -333,3 +342,26 @@ def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
     raw = random_weight(qtype, (2, 256), rng)
     with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K"):
         numba_ops.quant_linear_q8(np.zeros((1, 256), np.float32), raw, qtype, (2, 256))
+
+
+def test_the_serial_twin_never_stands_in_for_the_parallel_kernel(tmp_path):
+    """The serial and parallel K-quant kernels are one py_func compiled twice; Numba's cache does not key
+    entries by the parallel flag, so they must be cached under different names. In a fresh cache: compile
+    the serial twin first (as the tests do), then the parallel kernel must compile, not load the twin."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from tinyspec.fast import numba_ops as no
+from tinyspec.quants import GGMLType
+rb = GGMLType.Q4_K.row_nbytes(256)
+x, raw, y = np.zeros((1, 256), np.float32), np.zeros(4 * rb, np.uint8), np.zeros((1, 4), np.float32)
+no._quant_linear_q8_serial(x, raw, rb, int(GGMLType.Q4_K), 256, y)
+no._quant_linear_q8_parallel(x, raw, rb, int(GGMLType.Q4_K), 256, y)
+print(sum(no._quant_linear_q8_parallel.stats.cache_hits.values()))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == "0", out

@@ -1,12 +1,14 @@
 """Benchmark the Numba fused dequant-matmul (tinyspec.fast.numba_ops.quant_linear) per type, shape and T.
 
     python tools/bench_kernels.py [--types Q4_K,Q6_K,...] [--ts 1,2,4,8,16] [--repeat 20] [--threads N]
-                                  [--cold] [--json]
+                                  [--shapes 1024x1024,...] [--q8] [--cold] [--json]
 
 For each GGML type, weight shape [out, in] in (1024x1024, 3584x1024, 1024x3584) (Qwen3.5-0.8B: hidden
 1024, ffn 3584) and T input rows: the median wall time over --repeat calls, the effective weight
 bandwidth (weight bytes / time, GB/s = 1e9 B/s) and time(T) / time(1), the cost of verifying T tokens
-relative to decoding one. Also measured in the same run: a memory-copy bandwidth (np.copyto of a 256 MB
+relative to decoding one. --q8 times quant_linear_q8 (x rounded to Q8_K, integer dot products: what the
+cpu backend runs for the K-quants) instead of the float kernel; --shapes replaces the default shapes
+(248320x1024 is the 0.8B output projection). Also measured in the same run: a memory-copy bandwidth (np.copyto of a 256 MB
 float32 array; `copy_GBps` counts the 256 MB once, the bus moves it twice: read + write).
 
 Weights are small enough to stay in the last-level cache when one matrix is called repeatedly (warm).
@@ -70,6 +72,9 @@ def main() -> None:
     ap.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated GGML type names (default {DEFAULT_TYPES})")
     ap.add_argument("--ts", default="1,2,4,8,16", help="comma-separated T values (default 1,2,4,8,16)")
     ap.add_argument("--repeat", type=int, default=20, help="calls per measurement; the median is reported")
+    ap.add_argument("--shapes", default=",".join(f"{o}x{i}" for o, i in SHAPES),
+                    help="comma-separated OUTxIN weight shapes (default: the 0.8B layer shapes)")
+    ap.add_argument("--q8", action="store_true", help="time quant_linear_q8 (the cpu backend's K-quant path)")
     ap.add_argument("--cold", action="store_true", help="read every weight from DRAM (cycle through >= 512 MB)")
     ap.add_argument("--threads", type=int, default=0, help="numba threads (default: all cores)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -78,18 +83,21 @@ def main() -> None:
         numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     ts = [int(t) for t in args.ts.split(",")]
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     result = {"copy_GBps": copy_gbps(max(3, args.repeat // 4)), "cold": args.cold,
-              "threads": numba.get_num_threads(), "rows": []}
+              "threads": numba.get_num_threads(), "q8": args.q8, "rows": []}
     for name in args.types.split(","):
         qtype = GGMLType[name]
-        for shape in SHAPES:
+        for shape in shapes:
             raw = random_weight(qtype, shape, rng)
             copies = [raw] + [raw.copy() for _ in range(512 * 2**20 // raw.nbytes)] if args.cold else [raw]
+            # bound once, as the model binds its weights: a call then costs the kernel, not the checks
+            linears = [numba_ops.bind(c, qtype, shape, q8=args.q8 and qtype in numba_ops.Q8_TYPES) for c in copies]
             base = None
             for T in ts:
                 x = rng.standard_normal((T, shape[1]), dtype=np.float32)
-                numba_ops.quant_linear(x, raw, qtype, shape)  # compile / warm up
-                s = median_s(lambda i: numba_ops.quant_linear(x, copies[i % len(copies)], qtype, shape),
+                linears[0](x)  # compile / warm up
+                s = median_s(lambda i: linears[i % len(linears)](x),
                              max(args.repeat, len(copies)) if args.cold else args.repeat)
                 base = s if T == ts[0] else base
                 row = {"type": name, "out": shape[0], "in": shape[1], "T": T, "ms": s * 1e3,

@@ -324,6 +324,8 @@ def _host_has(*features) -> bool:
 
 
 NATIVE_MADD = _host_has("avx512bw")
+NATIVE_VNNI = NATIVE_MADD and _host_has("avx512vnni")  # vpdpbusd, vpdpwssd
+VNNI_LAYOUT = NATIVE_VNNI  # the scale tables the unpack_q*_k write and dot_q8_k reads on this CPU
 
 
 def _pairs(builder, v, n):  # <2n x T> -> (even lanes, odd lanes) as two <n x T>
@@ -348,14 +350,57 @@ def _madd_i16(builder, a, b, native):  # <32 x i16> x2 -> <16 x i32>: a[2p] b[2p
     return builder.add(*_pairs(builder, p, 16))
 
 
+def _x86(builder, name, ret, args):  # call an x86 intrinsic; vectors bitcast to the declared types
+    fnty = ir.FunctionType(ret, [t for t, _ in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
+                        [builder.bitcast(v, t) for t, v in args])
+
+
+def _dot4_u8i8(builder, a, b, native):  # <64 x u8>, <64 x i8> -> <16 x i32>: sums of 4 adjacent products
+    if native:  # vpdpbusd onto zero (LLVM's original i32 operand types; newer LLVMs upgrade them)
+        v16 = _vec(I32, 16)
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.512", v16,
+                    [(v16, ir.Constant(v16, None)), (v16, a), (v16, b)])
+    p = builder.mul(builder.zext(a, _vec(I32, 64)), builder.sext(b, _vec(I32, 64)))
+    q = [_shuffle(builder, p, range(j, 64, 4)) for j in range(4)]
+    return builder.add(builder.add(q[0], q[1]), builder.add(q[2], q[3]))
+
+
+PACK_ORDER = tuple(j + 4 * c + 16 * h for c in range(4) for h in range(2) for j in range(4))  # vpackssdw's lanes
+
+
+def _pack_i32(builder, a, b, native):  # <16 x i32> x2 (each |v| < 2^15) -> <32 x i16> in PACK_ORDER
+    if native:
+        return _x86(builder, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [(_vec(I32, 16), a), (_vec(I32, 16), b)])
+    return builder.trunc(_shuffle(builder, _cat(builder, a, b), PACK_ORDER), _vec(I16, 32))
+
+
+def _madd_acc_i16(builder, acc, a, b, native):  # acc + _madd_i16(a, b): one vpdpwssd
+    if native:
+        v16 = _vec(I32, 16)
+        return _x86(builder, "llvm.x86.avx512.vpdpwssd.512", v16, [(v16, acc), (v16, a), (v16, b)])
+    return builder.add(acc, _madd_i16(builder, a, b, False))
+
+
+# The VNNI layout of a scale table: slot s holds the scale of the 4-value group VNNI_GROUPS[s]. The dot
+# takes 4-value sums of the 256 products (vpdpbusd: lane l of vector v = values 64v + 4l .. + 3), packs
+# vectors (0, 1) and (2, 3) to i16 (vpackssdw interleaves 128-bit quarters: PACK_ORDER), and multiplies
+# each adjacent pair of packed sums by one scale (vpmaddwd): 6 multiplies for 256 values, not 8.
+VNNI_GROUPS = tuple(16 * (2 * w + PACK_ORDER[m] // 16) + PACK_ORDER[m] % 16 for w in range(2) for m in range(32))
+
+
 def _check_tables(u8, codes, scl, mins):
     return (_is_c_array(u8, types.uint8) and _is_c_array(codes, types.uint8) and _is_c_array(scl, types.int16)
             and _is_c_array(mins, types.int16))
 
 
-def _store_tables(context, builder, sig, args, sc, mins):  # sc <n x i16> spread over the 128 pairs
+def _store_tables(context, builder, sig, args, sc, mins):  # sc <n x i16>: one scale per 256 / n values
     n = sc.type.count
-    _store(context, builder, sig.args[3], args[3], ir.Constant(I64, 0), _shuffle(builder, sc, [p * n // 128 for p in range(128)]))
+    if VNNI_LAYOUT:  # 64 slots, one per 4-value group in VNNI_GROUPS order
+        table = _shuffle(builder, sc, [g * n // 64 for g in VNNI_GROUPS])
+    else:  # 128 slots, one per pair of values
+        table = _shuffle(builder, sc, [p * n // 128 for p in range(128)])
+    _store(context, builder, sig.args[3], args[3], ir.Constant(I64, 0), table)
     _store(context, builder, sig.args[4], args[4], ir.Constant(I64, 0), mins)
 
 
@@ -437,7 +482,7 @@ def unpack_q6_k(typingctx, u8, i, codes, scl, mins):
     return types.void(u8, i, codes, scl, mins), codegen
 
 
-def _dot_q8_k(native: bool):
+def _dot_q8_k(native: bool, vnni: bool):
     @intrinsic
     def dot_q8_k(typingctx, acc, i, codes, scl, mins, qx, k, bs, kb, f, g):
         if not (_is_c_array(acc, types.float32) and _is_c_array(codes, types.uint8)
@@ -449,12 +494,20 @@ def _dot_q8_k(native: bool):
             ta, _, tc, ts, tm, tq, _, tb = sig.args[:8]
             a, i, c, s, m, q, k, b, kb, f, g = args
             zero = ir.Constant(I64, 0)
-            isum = None
-            for v in range(4):
-                pairs = _madd_u8i8(builder, _load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64),
-                                   _load(context, builder, tq, q, _add(builder, k, 64 * v), 64), native)
-                part = _madd_i16(builder, pairs, _load(context, builder, ts, s, ir.Constant(I64, 32 * v), 32), native)
-                isum = part if isum is None else builder.add(isum, part)
+            codes = [_load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64) for v in range(4)]
+            qxs = [_load(context, builder, tq, q, _add(builder, k, 64 * v), 64) for v in range(4)]
+            if vnni:  # 4-value sums, packed to i16, times the 64 group scales
+                d4 = [_dot4_u8i8(builder, codes[v], qxs[v], native) for v in range(4)]
+                isum = _madd_i16(builder, _pack_i32(builder, d4[0], d4[1], native),
+                                 _load(context, builder, ts, s, ir.Constant(I64, 0), 32), native)
+                isum = _madd_acc_i16(builder, isum, _pack_i32(builder, d4[2], d4[3], native),
+                                     _load(context, builder, ts, s, ir.Constant(I64, 32), 32), native)
+            else:  # pair sums times the 128 pair scales
+                isum = None
+                for v in range(4):
+                    part = _madd_i16(builder, _madd_u8i8(builder, codes[v], qxs[v], native),
+                                     _load(context, builder, ts, s, ir.Constant(I64, 32 * v), 32), native)
+                    isum = part if isum is None else builder.add(isum, part)
             corr = builder.mul(builder.sext(_load(context, builder, tm, m, zero, 16), _vec(I32, 16)),
                                builder.sext(_load(context, builder, tb, b, kb, 16), _vec(I32, 16)))
             r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, f, 16),
@@ -470,8 +523,8 @@ def _dot_q8_k(native: bool):
     return dot_q8_k
 
 
-dot_q8_k = _dot_q8_k(NATIVE_MADD)  # the kernels' choice for this CPU
-dot_q8_k_portable = _dot_q8_k(False)  # the plain-IR twin (tests check the two agree bit for bit)
+dot_q8_k = _dot_q8_k(NATIVE_MADD, VNNI_LAYOUT)  # the kernels' choice for this CPU
+dot_q8_k_portable = _dot_q8_k(False, VNNI_LAYOUT)  # the plain-IR twin (tests check the two agree bit for bit)
 
 
 # ---------------------------------------------------------------------------------------------
