@@ -299,7 +299,7 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 #
 # A super-block of 256 weights is unpacked once into three small tables that every input row reuses:
 #     codes[256] uint8   the unsigned codes q in value order (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
-#     scl[128]   int16   the scale of each value pair (2p, 2p + 1): sc of its group
+#     scl[128]   int16   the scale of each value pair (2p, 2p + 1): sc of its group (VNNI: see below)
 #     mins[16]   int16   per 16 values, what multiplies the activation sum bsum (Q4_K/Q5_K: m of the
 #                        group; Q6_K: sc, because its codes carry an offset of 32)
 # and for input row t the block contributes, with dx its Q8_K scale, qx its codes, bs its bsums,
@@ -312,6 +312,13 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 # saturate at these ranges) and vpmaddwd (i16 x i16 -> i32 pair sums): 2 instructions per 64 weights
 # per input row, against 4 float fmas plus the float decode. Elsewhere the same sums are written as plain
 # vector IR (widen, multiply, add the pairs); the results are the same integers, bit for bit.
+#
+# With AVX512-VNNI (VNNI_LAYOUT) scl holds 64 scales, one per 4-value group, in the order VNNI_GROUPS:
+# vpdpbusd sums 4 products per i32 lane (|sum| <= 4 * 63 * 127 < 2^15), vpackssdw packs two such vectors
+# to i16 exactly, and vpmaddwd / vpdpwssd apply the scales: 6 multiplies per 256 weights per row instead
+# of 8, and half the scale table to write per block. Other integers land in each of the 16 lanes than in
+# the pair layout, so the float results differ between the two layouts (both within the oracle's bound,
+# each batch-invariant); on one CPU the layout never changes.
 
 def _host_has(*features) -> bool:
     try:
