@@ -32,13 +32,14 @@ def test_expected_tokens_is_the_closed_form():
 
 def test_step_cost_estimates_between_and_beyond_measured_sizes():
     policy = AdaptiveDraftLength(8)
-    assert policy.choose() == 8  # nothing measured: start at k_max
+    assert policy.step_cost(4) == pytest.approx(1 + 0.3 * 4)  # nothing timed: the prior, in plain steps
+    assert policy.choose() == 3  # argmax of E(k) / (1 + 0.3 k) at a0 = 0.8
     policy.update(8, 8, 99.0)  # a generation's first step pays its warm-up: outcomes kept, time not
     assert policy.step_s == {} and policy.seen[7] == 1
     policy.update(2, 2, 3.0)
     policy.update(6, 6, 7.0)
     assert policy.step_cost(4) == pytest.approx(5.0)  # linear between 2 and 6
-    assert policy.step_cost(8) == 7.0  # flat above
+    assert policy.step_cost(8) == pytest.approx(7.0 * (1 + 0.3 * 8) / (1 + 0.3 * 6))  # above: as the prior grows
     assert policy.step_cost(0) == pytest.approx(3.0 * (1 + 1 / 3) / 2)  # halfway between flat and proportional
 
 
@@ -113,3 +114,29 @@ def test_adaptive_switches_off_against_an_adversarial_drafter(target, monkeypatc
     spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, 4, adaptive=policy)
     assert policy.chosen.get(0, 0) >= 0.8 * spec.stats.steps, policy.as_dict()
     assert policy.accept[0] < 0.25  # estimated from the few drafts it made
+
+
+@pytest.mark.parametrize("slope", [0.3, 0.9])
+def test_drafts_failing_from_the_start_cost_one_long_and_one_short_step(slope):
+    """The priors start at k = 3 (of 4); after it fails, one one-draft step, then plain steps until the
+    first probe: a longer k is not tried again just because a_2.. were never observed (LESSONS 22)."""
+    policy = AdaptiveDraftLength(4)
+    ks = []
+    for _ in range(15):
+        ks.append(policy.choose())
+        policy.update(ks[-1], 0, 1.0 + slope * ks[-1])
+    assert ks[:2] == [3, 1] and set(ks[2:]) == {0}, ks
+
+
+@pytest.mark.parametrize("prior_deep, climbs", [(3, True), (1, False)])
+def test_one_early_rejection_at_position_2_does_not_lock_a_short_k(prior_deep, climbs):
+    """The first step keeps 1 of 3 drafts, every later draft is kept: a_2 fell once, and positions beyond
+    the k being run are never observed, so with the prior counting as one outcome there (prior_deep=1)
+    the policy stays at one draft for good; counting as three, it climbs back to long drafts."""
+    policy = AdaptiveDraftLength(4, prior_deep=prior_deep)
+    ks = [policy.choose()]
+    policy.update(ks[0], 1, 1.0 + 0.3 * ks[0])
+    for _ in range(30):
+        ks.append(policy.choose())
+        policy.update(ks[-1], ks[-1], 1.0 + 0.3 * ks[-1])
+    assert (min(ks[-10:]) >= 2 and max(ks[-10:]) >= 3) if climbs else max(ks[-10:]) <= 1, ks

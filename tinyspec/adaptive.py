@@ -11,11 +11,18 @@ off instead of losing to plain decoding.
 
 Estimates, updated after every step from what the step measured (online, per generation):
     a_j    the mean of the accept (1) / reject (0) outcomes at position j, the prior a0 counting as one
-           outcome, until there are 1/rate of them; then a moving average with weight `rate` (recent
-           text matters more). Positions after the first rejection are not observed that step
-    T(k)   a moving average of the measured seconds of steps with k drafts; a k never run is estimated
-           from those that were: linear between the nearest two, flat above them (optimistic, so the
-           policy tries a longer k and measures it), and below them halfway between flat and
+           outcome at position 1 and as prior_deep (3) at the later ones, until there are 1/rate of
+           them; then a moving average with weight `rate` (recent text matters more). Positions after
+           the first rejection are not observed that step, and a position beyond the k being run is
+           not observed at all, so one early rejection at position 2 must not sink a_2 to where a
+           longer k is never tried again (position 1 decides whether to draft at all: it reacts fast)
+    T(k)   before any step is timed, 1 + cost_prior * k plain steps (a verify pass of k + 1 tokens costs
+           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 22); then
+           a moving average of the measured seconds of steps with k drafts; a k never run is estimated
+           from those that were: linear between the nearest two, above them grown from the longest
+           measured k as the prior grows (flat was too optimistic: drafts failing at position 1 left
+           a_2.. at the prior, so a k = 3 step looked as cheap as a measured k = 1 and was tried
+           again), and below them halfway between flat and
            proportional to k + 1 (with pure k + 1 scaling a good drafter left k_max just to measure a
            plain step, a fifth of a short generation; flat, a failing one waited for a probe). A longer step cannot
            cost less than a shorter one (it does the same work and more), so T(k) is raised to the
@@ -32,9 +39,10 @@ steps on prompts where every fixed k won (random-token prompts, tools/bench_adap
 against 1.1-1.25x for fixed k). The other way round, a probing draft that is kept brings the next
 probe forward (2 steps): a prompt whose first drafts fail and later ones would be kept (the model's
 continuation of noise, LESSONS 21) resumes drafting in a few steps instead of a few probe gaps, while
-drafts that keep failing keep the full gap. With the prior a0 and nothing measured the policy starts
-at k_max; the first step's time is not recorded (it also pays the generation's warm-up: first passes
-of new shapes, allocations), only its outcomes.
+drafts that keep failing keep the full gap. With the priors a0 and cost_prior and nothing measured
+the policy starts at the k they favour (3 of 4 with the defaults), so a drafter that fails from the
+start costs one long step, then one short one; the first step's time is not recorded (it also pays
+the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
@@ -53,6 +61,8 @@ from dataclasses import dataclass, field
 class AdaptiveDraftLength:
     k_max: int
     a0: float = 0.8  # prior acceptance per position
+    cost_prior: float = 0.3  # prior T(k) = 1 + cost_prior * k (in plain steps) until a step is timed
+    prior_deep: int = 3  # outcomes the prior a0 counts as at positions j >= 2 (1 at position 1)
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
@@ -87,7 +97,7 @@ class AdaptiveDraftLength:
     def _estimate(self, k: int) -> float:  # T(k) from the measurements, guessed where k was not measured
         known = sorted(self.step_s)
         if not known:
-            return 1.0  # nothing measured yet: every k looks alike, so the first step drafts k_max
+            return 1.0 + self.cost_prior * k  # nothing timed yet: the prior, in plain steps
         if k in self.step_s:
             return self.step_s[k]
         below = [m for m in known if m < k]
@@ -96,8 +106,9 @@ class AdaptiveDraftLength:
             lo, hi = below[-1], above[0]
             t = (k - lo) / (hi - lo)
             return (1 - t) * self.step_s[lo] + t * self.step_s[hi]
-        if below:
-            return self.step_s[below[-1]]  # flat above the measured range
+        if below:  # above the measured range: grown from the longest measured k as the prior grows
+            m = below[-1]
+            return self.step_s[m] * (1 + self.cost_prior * k) / (1 + self.cost_prior * m)
         m = above[0]
         return self.step_s[m] * (1 + (k + 1) / (m + 1)) / 2  # below: halfway between flat and proportional
 
@@ -127,7 +138,7 @@ class AdaptiveDraftLength:
             self.probe_ok = n_accepted > 0
         for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
             self.seen[j] += 1
-            w = max(r, 1.0 / (self.seen[j] + 1))
+            w = max(r, 1.0 / (self.seen[j] + (1 if j == 0 else self.prior_deep)))
             self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
         if self.updates == 1:  # a generation's first step also pays its warm-up (first passes of new shapes,
             return  # allocations): its time would make that k look dear for good; its outcomes count
