@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import simd
+from . import kernel_cache, simd
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -139,3 +139,6 @@ def causal_conv(x, conv_state, weight):
     new_state = np.empty_like(conv_state)
     _causal_conv(x, conv_state, weight, y, new_state)
     return y, new_state
+
+
+kernel_cache.sync(_scan)  # cached kernels compiled from older sources (simd.py) are dropped

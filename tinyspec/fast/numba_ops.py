@@ -74,7 +74,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import GGMLType
-from . import simd
+from . import kernel_cache, simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
@@ -474,3 +474,6 @@ def get_rows(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int],
     if out.size:
         _get_rows_kernel(rows, qtype.row_nbytes(n_in), int(qtype), n_in, ids, out)
     return out
+
+
+kernel_cache.sync(_quant_linear_q8_parallel)  # cached kernels compiled from older sources (simd.py) are dropped

@@ -1,0 +1,47 @@
+"""tinyspec.fast.kernel_cache: cached Numba kernels are dropped when the sources they inline change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("numba")
+
+from tinyspec.fast import kernel_cache  # noqa: E402
+
+RUN = """
+import numpy as np
+from tinyspec.fast import numba_gdn
+numba_gdn.causal_conv(np.ones((2, 8), np.float32), np.zeros((8, 3), np.float32), np.ones((8, 4), np.float32))
+s = numba_gdn._causal_conv.stats
+print(sum(s.cache_hits.values()), sum(s.cache_misses.values()), s.cache_path)
+"""
+
+
+def run(cache_dir) -> tuple[int, int, str]:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    out = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, check=True).stdout
+    hits, misses, path = out.split()
+    return int(hits), int(misses), path
+
+
+def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
+    hits, misses, path = run(tmp_path)
+    assert (hits, misses) == (0, 1)  # a fresh cache: compiled, then saved
+    assert run(tmp_path)[:2] == (1, 0)  # loaded from the cache
+    stamp = os.path.join(path, kernel_cache.DIGEST_FILE)
+    with open(stamp) as f:
+        assert f.read() == kernel_cache.source_digest()
+    with open(stamp, "w") as f:  # as if simd.py had changed since the kernels were cached
+        f.write("0" * 40)
+    assert run(tmp_path)[:2] == (0, 1)  # compiled again, not loaded
+    with open(stamp) as f:
+        assert f.read() == kernel_cache.source_digest()
+    assert run(tmp_path)[:2] == (1, 0)
+
+
+def test_sync_ignores_functions_without_a_cache():
+    assert kernel_cache.sync(len) is False

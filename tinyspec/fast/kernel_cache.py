@@ -1,0 +1,54 @@
+"""Drop cached Numba kernels when code they were compiled from has changed.
+
+Numba's `cache=True` keys a cached kernel by its own source file's timestamp and size. Our kernels
+inline the LLVM intrinsics of `simd.py` and helpers from their sibling modules, so after an edit there
+(or a `git pull` that touches only `simd.py`) Numba would keep loading the old machine code, silently.
+So the kernel modules call `sync(dispatcher)` once at import, before anything is compiled or loaded:
+it hashes every `.py` file of this package and compares the digest with the one stored in the cache
+directory; on a mismatch it deletes the cached kernels there (`*.nbi` index and `*.nbc` data files)
+and stores the new digest. The cost is one hash of ~100 KB of source per process.
+
+The cache directory is the one Numba uses for these modules (`__pycache__` beside them, or under
+NUMBA_CACHE_DIR); it holds only this package's kernels. If it cannot be written, nothing is deleted
+and Numba behaves as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+DIGEST_FILE = "tinyspec-kernel-sources.sha1"
+
+
+def source_digest() -> str:
+    """sha1 over the names and bytes of this package's .py files, in name order."""
+    h = hashlib.sha1()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def sync(dispatcher) -> bool:
+    """Make the cache directory of `dispatcher` (a Numba function with cache=True) match the current
+    sources; returns True when stale kernels were deleted."""
+    try:
+        cache_dir = Path(dispatcher.stats.cache_path)
+    except AttributeError:  # not a caching dispatcher
+        return False
+    stamp = cache_dir / DIGEST_FILE
+    digest = source_digest()
+    try:
+        if stamp.read_text() == digest:
+            return False
+    except OSError:  # no digest yet: a fresh cache, or one written before this check existed
+        pass
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        stale = [p for pattern in ("*.nbi", "*.nbc") for p in cache_dir.glob(pattern)]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # a read-only install: leave the cache to Numba
+        return False
+    return bool(stale)
