@@ -153,9 +153,9 @@ def test_generate_defaults_to_adaptive_k_and_takes_a_draft_vocabulary(tiny_model
     assert "adaptive" not in json.loads(capsys.readouterr().out)["stats"]  # a fixed k
 
 
-@pytest.mark.parametrize("flag", ["--draft-max", "--draft-vocab"])
-def test_draft_flags_must_be_positive(tiny_model, capsys, flag):
-    assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "mtp", flag, "0"]) == 2
+@pytest.mark.parametrize("flag, bad", [("--draft-max", "0"), ("--draft-vocab", "-1")])
+def test_draft_flags_must_be_in_range(tiny_model, capsys, flag, bad):
+    assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "mtp", flag, bad]) == 2
     assert flag in capsys.readouterr().err
 
 

@@ -132,3 +132,42 @@ def test_rankings_from_text_metadata_and_files(target, tmp_path):
     np.save(tmp_path / "bad.npy", np.array([5, 300]))
     with pytest.raises(ValueError, match="272-token"):
         ranking_for(target, tmp_path / "bad.npy")
+
+
+def test_a_model_without_a_record_ranks_by_the_standard_library_once(target, tmp_path, monkeypatch):
+    """ranking_for with the model's tokenizer and no record: the token counts of the Python standard
+    library's sources, computed once per vocabulary and then read from the cache."""
+    from tinyspec import draft_vocab
+    from tinyspec.tokenizer import Tokenizer
+
+    monkeypatch.setenv("TINYSPEC_CACHE", str(tmp_path))
+    tok = Tokenizer.from_gguf(target.metadata)
+    said = []
+    ranking = ranking_for(target, tokenizer=tok, progress=said.append)
+    assert sorted(ranking.tolist()) == list(range(target.cfg.n_vocab)) and len(said) == 1
+    counts = np.bincount(tok.encode("".join(draft_vocab.stdlib_texts())), minlength=target.cfg.n_vocab)
+    assert np.all(np.diff(counts[ranking]) <= 0)  # descending counts
+    assert counts[ranking[0]] > 0 and ranking[:5].tolist() != list(range(5))  # not id order
+    cached = list((tmp_path / "rankings").glob("*.npy"))
+    assert len(cached) == 1
+    monkeypatch.setattr(draft_vocab, "rank_tokens", lambda *a: pytest.fail("recounted despite the cache"))
+    assert ranking_for(target, tokenizer=tok, progress=said.append).tolist() == ranking.tolist() and len(said) == 1
+
+
+def test_generate_drafts_over_32k_tokens_by_default_only_for_large_vocabularies():
+    """The CLI's default: AUTO_SIZE draft tokens above AUTO_ABOVE, the whole vocabulary below; 0 turns it off."""
+    from types import SimpleNamespace
+
+    from tinyspec.__main__ import draft_vocab
+    from tinyspec.draft_vocab import AUTO_ABOVE, AUTO_SIZE, RANKING_KEY
+
+    def model(n):
+        return SimpleNamespace(cfg=SimpleNamespace(n_vocab=n), metadata={RANKING_KEY: np.arange(n)[::-1]})
+
+    args = SimpleNamespace(draft_vocab=None, ranking=None)
+    tok = SimpleNamespace(n_vocab=AUTO_ABOVE + 1)
+    assert len(draft_vocab(args, model(AUTO_ABOVE + 1), tok)) == AUTO_SIZE
+    assert draft_vocab(args, model(AUTO_ABOVE), SimpleNamespace(n_vocab=AUTO_ABOVE)) is None
+    assert draft_vocab(SimpleNamespace(draft_vocab=0, ranking=None), model(AUTO_ABOVE + 1), tok) is None
+    assert draft_vocab(args, model(AUTO_ABOVE + 1)) is None  # bench: no tokenizer, only an explicit --draft-vocab
+    assert len(draft_vocab(SimpleNamespace(draft_vocab=100, ranking=None), model(4096), tok)) == 100

@@ -143,22 +143,28 @@ def cmd_logits(args) -> int:
 DRAFT_MAX = {"mtp": 4, "lookup": 8, "draft": 4, "none": 0}  # adaptive draft length: the largest k tried
 
 
-def draft_vocab(args, model):
-    """--draft-vocab N: the N most frequent tokens (draft_vocab.py), ranked by --ranking or the file's record."""
-    if not args.draft_vocab:
+def draft_vocab(args, model, tokenizer=None):
+    """--draft-vocab N: the N most frequent tokens (draft_vocab.py), ranked by --ranking, the file's record or,
+    given the tokenizer, the cached standard-library count. N = None (generate's default): AUTO_SIZE above
+    AUTO_ABOVE tokens, else the whole vocabulary; 0: the whole vocabulary."""
+    from .draft_vocab import AUTO_ABOVE, AUTO_SIZE, DraftVocab, ranking_for
+
+    n = args.draft_vocab
+    if n is None and tokenizer is not None and model.cfg.n_vocab > AUTO_ABOVE:
+        n = AUTO_SIZE
+    if not n:
         return None
-    from .draft_vocab import DraftVocab, ranking_for
+    ranking = ranking_for(model, args.ranking, tokenizer, progress=lambda msg: print(msg, file=sys.stderr))
+    return DraftVocab(ranking, min(n, model.cfg.n_vocab), model.cfg.n_vocab)
 
-    return DraftVocab(ranking_for(model, args.ranking), min(args.draft_vocab, model.cfg.n_vocab), model.cfg.n_vocab)
 
-
-def make_drafter(args, model, draft_n: int = 16):
+def make_drafter(args, model, draft_n: int = 16, tokenizer=None):
     if args.spec == "none":
         return None
     if args.spec == "mtp":
         from .mtp import MTPDrafter
 
-        return MTPDrafter(model, draft_vocab(args, model))
+        return MTPDrafter(model, draft_vocab(args, model, tokenizer))
     if args.spec == "lookup":
         from .lookup import LookupDrafter
 
@@ -169,7 +175,7 @@ def make_drafter(args, model, draft_n: int = 16):
     if not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
     return DraftModelDrafter(load(args.draft_model, model.backend), target=model, max_draft=max(1, draft_n),
-                             vocab=draft_vocab(args, model))
+                             vocab=draft_vocab(args, model, tokenizer))
 
 
 def cmd_generate(args) -> int:
@@ -181,14 +187,14 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--draft-n must be >= 0, got {args.draft_n}")
     if args.draft_max is not None and args.draft_max < 1:
         raise ValueError(f"--draft-max must be >= 1, got {args.draft_max}")
-    if args.draft_vocab is not None and args.draft_vocab < 1:
-        raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
     adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
     draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
-                      drafter=make_drafter(args, model, draft_n), draft_n=draft_n, adaptive=adaptive)
+                      drafter=make_drafter(args, model, draft_n, tokenizer), draft_n=draft_n, adaptive=adaptive)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
@@ -324,10 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-max", type=int, default=None,
                    help="largest draft length the adaptive choice tries (default: mtp 4, lookup 8, draft 4)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="mtp/draft: score only the N most frequent tokens when drafting (FR-Spec; output unchanged)")
+                   help="mtp/draft: score only the N most frequent tokens when drafting (FR-Spec; output unchanged; "
+                        "default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
     p.add_argument("--ranking", default=None, metavar="FILE.npy",
                    help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
-                        "else id order)")
+                        "else a count over the Python standard library's sources, computed once and cached)")
     p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model)")
     p.add_argument("--show", action="store_true",
                    help="print the output with accepted drafts [in brackets], corrections {in braces} and "

@@ -17,12 +17,21 @@ Output stays exactly the target's, because the draft is only a proposal:
     the residual gives them exactly their p mass. Acceptance drops by the target mass outside the
     subset (small for N in the thousands: token frequencies are Zipf-like).
 
-Where the ranking comes from (`ranking_for`): the shipped model records the token counts of its
-training corpus at export (GGUF key `training.token_ranking`, ids by descending count, written by
-tools/train_tiny.py); for any other model, `rank_tokens(tokenizer, texts)` counts tokens in text you
-choose (tinyspec's CLI uses the Python standard library sources, which every machine has) and the
-result can be saved beside the model (`save_ranking`). With no ranking at all, ids are taken in id
-order: correct, only slower to accept (byte-level BPE ids are roughly frequency-ordered anyway).
+Where the ranking comes from (`ranking_for`), first match wins:
+  1. a file you pass (--ranking FILE.npy: ids by descending frequency; `rank_tokens` + `save_ranking`
+     make one from any text you choose, e.g. the language and domain you will generate in);
+  2. the GGUF's own record: the shipped model stores its training corpus's token counts at export
+     (key `training.token_ranking`, written by tools/train_tiny.py);
+  3. with the model's tokenizer at hand (the CLI's `generate`): `text_ranking` counts the tokens of the
+     Python standard library's sources (STDLIB_BYTES of them, in path order: text every machine that
+     runs tinyspec has, no download), once per vocabulary, cached as a .npy under `cache_dir()`
+     ($TINYSPEC_CACHE, else $XDG_CACHE_HOME/tinyspec, else ~/.cache/tinyspec). It favours code and
+     English; for other text pass your own ranking. Cost: one tokenizer pass over 2 MB (~0.5 s with the
+     shipped tokenizer here), paid once;
+  4. else id order: correct, only slower to accept (byte-level BPE ids are roughly frequency-ordered).
+`generate --spec mtp|draft` drafts over AUTO_SIZE tokens by default when the vocabulary is larger than
+AUTO_ABOVE (Qwen3.5's 248k: a draft step reads 27 MB of the head instead of 200 MB); --draft-vocab 0
+turns it off. Output is the same either way; only the cost and acceptance of drafts change.
 
 Cost: W_draft is a copy of N rows (N x row bytes: 32k rows of 0.8B's Q6_K head are 27 MB), made once.
 
@@ -32,13 +41,18 @@ Frequency-Ranked Speculative Sampling".
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sysconfig
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 RANKING_KEY = "training.token_ranking"
+AUTO_ABOVE = 65536  # generate drafts over AUTO_SIZE tokens by default above this vocabulary size
+AUTO_SIZE = 32768
+STDLIB_BYTES = 2_000_000  # text ranked by text_ranking: the first 2 MB of the standard library's .py files
 
 
 def subset_rows(weight, ids: np.ndarray):
@@ -98,14 +112,74 @@ def save_ranking(path: str | os.PathLike, ranking: np.ndarray) -> None:
     np.save(Path(path), np.asarray(ranking, dtype=np.int32))
 
 
-def ranking_for(model, path: str | os.PathLike | None = None) -> np.ndarray:
+def cache_dir() -> Path:
+    """Where tinyspec caches what it derives from a model (token rankings): $TINYSPEC_CACHE, else
+    $XDG_CACHE_HOME/tinyspec, else ~/.cache/tinyspec."""
+    if os.environ.get("TINYSPEC_CACHE"):
+        return Path(os.environ["TINYSPEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinyspec"
+
+
+def stdlib_texts(max_bytes: int = STDLIB_BYTES) -> list[str]:
+    """The Python standard library's own .py sources in path order, up to max_bytes of text."""
+    texts, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if total >= max_bytes:
+            break
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")[: max_bytes - total]
+        except OSError:
+            continue
+        texts.append(text)
+        total += len(text)
+    return texts
+
+
+def vocab_digest(metadata) -> str:
+    """sha1 of what decides token ids: the GGUF's tokenizer model, pre-tokenizer, tokens and merges."""
+    h = hashlib.sha1()
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        value = metadata.get(key, "")
+        items = value if isinstance(value, (list, tuple)) else [value]
+        h.update(key.encode() + b"\0" + "\x1f".join(str(v) for v in items).encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def text_ranking(tokenizer, metadata, progress: Callable[[str], None] | None = None) -> np.ndarray:
+    """rank_tokens over stdlib_texts(), computed once per vocabulary and cached under cache_dir()
+    (an unwritable cache only costs the recount)."""
+    path = cache_dir() / "rankings" / f"{vocab_digest(metadata)}-stdlib{STDLIB_BYTES}.npy"
+    try:
+        ranking = np.load(path)
+        if ranking.ndim == 1 and ranking.size == tokenizer.n_vocab:
+            return ranking.astype(np.int64)
+    except (OSError, ValueError):
+        pass
+    if progress:
+        progress(f"ranking the {tokenizer.n_vocab} token ids by their count in {STDLIB_BYTES / 1e6:.0f} MB of the "
+                 f"Python standard library (once per vocabulary; cached in {path.parent})")
+    ranking = rank_tokens(tokenizer, stdlib_texts())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+        save_ranking(tmp, ranking)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return ranking
+
+
+def ranking_for(model, path: str | os.PathLike | None = None, tokenizer=None,
+                progress: Callable[[str], None] | None = None) -> np.ndarray:
     """The model's token ranking: from `path` (a .npy of ids) if given, else the GGUF's training record,
-    else id order."""
+    else (with its tokenizer) the cached standard-library count, else id order."""
     n_vocab = model.cfg.n_vocab
     if path is not None:
         ranking = np.load(Path(path))
     elif RANKING_KEY in model.metadata:
         ranking = np.asarray(model.metadata[RANKING_KEY])
+    elif tokenizer is not None and tokenizer.n_vocab == n_vocab:
+        ranking = text_ranking(tokenizer, model.metadata, progress)
     else:
         return np.arange(n_vocab)
     ranking = np.asarray(ranking, dtype=np.int64).reshape(-1)
