@@ -337,6 +337,41 @@ def test_native_and_portable_integer_dots_agree(vnni, rng):
         assert np.allclose(a, expect, rtol=1e-6, atol=1e-3)
 
 
+def test_signed_q6_k_dot_is_the_exact_integer_sum(rng):
+    """unpack_q6_k_signed + dot_q6_k_signed (VNNI, x' = qx + 128, the offset folded into `base`): native
+    (where the CPU has VNNI) and plain-IR twins give the same bits, and lane l is f times the exact sum
+    over its slots (2l, 2l + 1, 32 + 2l, 33 + 2l) of scale * sum(q * qx) on the slot's 4-value group."""
+    from numba import njit
+
+    def make(unpack, dot):
+        @njit
+        def run(raw, o, qxu, f):
+            codes, scl = np.zeros(256, np.uint8), np.zeros(128, np.int16)
+            base, acc = np.zeros(16, np.int32), np.zeros(16, np.float32)
+            unpack(raw, o, codes, scl, base)
+            dot(acc, 0, codes, scl, base, qxu, 0, f)
+            return acc, codes, scl
+        return run
+
+    runs = [make(simd.unpack_q6_k_signed_portable, simd.dot_q6_k_signed_portable)]
+    if simd.NATIVE_VNNI:
+        runs.append(make(simd.unpack_q6_k_signed, simd.dot_q6_k_signed))
+    raw = np.concatenate([random_blocks(G.Q6_K, (1, 256), rng).reshape(-1),  # random bytes; then extreme codes
+                          quantize(np.full((1, 256), -3.0, np.float32), G.Q6_K).reshape(-1)])
+    f = np.float32(0.013)
+    for o in (0, G.Q6_K.type_size):
+        for qxu in (rng.integers(1, 256, 256, dtype=np.uint8), np.full(256, 1, np.uint8), np.full(256, 255, np.uint8)):
+            out = [run(raw, o, qxu, f) for run in runs]
+            for acc, _, _ in out[1:]:
+                assert_bits_equal(acc, out[0][0])
+            acc, codes, scl = out[0]
+            q = codes.view(np.int8).astype(np.int64)
+            assert q.min() >= -32 and q.max() <= 31
+            group = (q * (qxu.astype(np.int64) - 128)).reshape(64, 4).sum(1)  # the exact 4-value sums
+            lanes = (group[list(simd.VNNI_GROUPS)] * scl[:64]).reshape(2, 16, 2).sum(axis=(0, 2))
+            assert_bits_equal(acc, (f * lanes.astype(np.float32)).astype(np.float32))
+
+
 @pytest.mark.parametrize("qtype", [G.Q8_0, G.F16, G.Q4_0])
 def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
     raw = random_weight(qtype, (2, 256), rng)

@@ -313,6 +313,11 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
     dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
     _quantize_q8_k(x, n_in, qx, dx, bs)
+    signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.dot_q6_k_signed)
+    qxu = _aligned_zeros(T * n_in // 4 if signed else 16).view(np.uint8)
+    if signed:
+        for j in range(T * n_in):
+            qxu[j] = np.uint8(np.int16(qx[j]) + 128)
     block_bytes = row_bytes // nb
     for task in prange((n_out + ROWS - 1) // ROWS):
         scratch = _aligned_zeros(64 + 64 + 16 + 16 * T)  # codes[256] u8 | scl[128] i16 | mins[16] i16 | acc
@@ -330,6 +335,9 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 elif kind == _Q5_K:
                     simd.unpack_q5_k(raw, o, codes, scl, mins)
                     d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
+                elif signed:  # unpack and every input row in one piece, the block in registers
+                    simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
+                    continue
                 else:
                     simd.unpack_q6_k(raw, o, codes, scl, mins)
                     d = simd.half_to_f32(raw, o + 208)

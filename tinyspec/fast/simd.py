@@ -462,6 +462,21 @@ def unpack_q5_k(typingctx, u8, i, codes, scl, mins):
     return types.void(u8, i, codes, scl, mins), codegen
 
 
+def _q6_k_codes(context, builder, tu, u, i):  # the Q6_K block at u8[i] -> its 256 codes q + 32 (0..63), 2 x <128 x i8>
+    c = lambda v: _const(I8, 32, v)  # noqa: E731
+    halves = []
+    for h in range(2):
+        a = _load(context, builder, tu, u, _add(builder, i, 64 * h), 32)
+        b = _load(context, builder, tu, u, _add(builder, i, 64 * h + 32), 32)
+        q = _load(context, builder, tu, u, _add(builder, i, 128 + 32 * h), 32)
+        m0 = builder.or_(builder.and_(a, c(15)), builder.shl(builder.and_(q, c(3)), c(4)))
+        m1 = builder.or_(builder.and_(b, c(15)), builder.shl(builder.and_(builder.lshr(q, c(2)), c(3)), c(4)))
+        m2 = builder.or_(builder.lshr(a, c(4)), builder.shl(builder.and_(builder.lshr(q, c(4)), c(3)), c(4)))
+        m3 = builder.or_(builder.lshr(b, c(4)), builder.shl(builder.lshr(q, c(6)), c(4)))
+        halves.append(_cat(builder, _cat(builder, m0, m1), _cat(builder, m2, m3)))
+    return halves
+
+
 @intrinsic
 def unpack_q6_k(typingctx, u8, i, codes, scl, mins):
     """The Q6_K block at u8[i] (ql[128], qh[64], scales[16] int8, d) -> codes (q + 32, 0..63), scl, mins
@@ -472,16 +487,8 @@ def unpack_q6_k(typingctx, u8, i, codes, scl, mins):
     def codegen(context, builder, sig, args):
         tu, tc = sig.args[0], sig.args[2]
         u, i, cd = args[0], args[1], args[2]
-        c = lambda v: _const(I8, 32, v)  # noqa: E731
-        for h in range(2):
-            a = _load(context, builder, tu, u, _add(builder, i, 64 * h), 32)
-            b = _load(context, builder, tu, u, _add(builder, i, 64 * h + 32), 32)
-            q = _load(context, builder, tu, u, _add(builder, i, 128 + 32 * h), 32)
-            m0 = builder.or_(builder.and_(a, c(15)), builder.shl(builder.and_(q, c(3)), c(4)))
-            m1 = builder.or_(builder.and_(b, c(15)), builder.shl(builder.and_(builder.lshr(q, c(2)), c(3)), c(4)))
-            m2 = builder.or_(builder.lshr(a, c(4)), builder.shl(builder.and_(builder.lshr(q, c(4)), c(3)), c(4)))
-            m3 = builder.or_(builder.lshr(b, c(4)), builder.shl(builder.lshr(q, c(6)), c(4)))
-            _store(context, builder, tc, cd, ir.Constant(I64, 128 * h), _cat(builder, _cat(builder, m0, m1), _cat(builder, m2, m3)))
+        for h, half in enumerate(_q6_k_codes(context, builder, tu, u, i)):
+            _store(context, builder, tc, cd, ir.Constant(I64, 128 * h), half)
         sc = builder.sext(_load(context, builder, tu, u, _add(builder, i, 192), 16), _vec(I16, 16))
         _store_tables(context, builder, sig, args, sc, sc)
         return _void(context)
@@ -529,6 +536,126 @@ def _dot_q8_k(native: bool, vnni: bool):
     as two fmas per lane on exact integer partial sums (see the section comment above)."""
     return dot_q8_k
 
+
+# Q6_K on VNNI without the offset term. Its codes carry +32 so that vpdpbusd's unsigned operand can hold
+# them, which costs every input row the mins x bsums correction (5 vector ops a block). Swap the roles:
+# the codes become signed (q, -32..31) and the activations unsigned (x' = qx + 128, 1..255, once per call),
+#     sum sc * q * qx  =  sum sc * q * x'  -  128 * sum sc * q
+# where the last term belongs to the weight block alone: unpack_q6_k_signed computes it once, in the lanes
+# the dot produces, as `base` (its negation), and the dot starts its vpdpwssd chain from it. Every 4-value
+# sum stays in i16 (|x' q| sums <= 4 * 255 * 32 = 32640), the lane sums are the exact integers of the pair
+# layout's isum - 32 * corr, and one fma per lane replaces two.
+
+def _vnni_lanes(builder, d4, s0, s1, acc, native):  # 4 x <16 x i32> 4-value sums -> acc + the scaled lane sums
+    isum = _madd_acc_i16(builder, acc, _pack_i32(builder, d4[0], d4[1], native), s0, native)
+    return _madd_acc_i16(builder, isum, _pack_i32(builder, d4[2], d4[3], native), s1, native)
+
+
+def _q6_k_signed_tables(context, builder, tu, u, i, native):
+    """The Q6_K block at u8[i] -> (codes: 4 x <64 x i8> signed q, the two <32 x i16> halves of the VNNI
+    scale table, base <16 x i32> = -128 * the lane sums of scale * q), all as values."""
+    codes = []
+    for half in _q6_k_codes(context, builder, tu, u, i):
+        half = builder.sub(half, _const(I8, 128, 32))
+        codes += [_shuffle(builder, half, range(0, 64)), _shuffle(builder, half, range(64, 128))]
+    sc = builder.sext(_load(context, builder, tu, u, _add(builder, i, 192), 16), _vec(I16, 16))
+    table = _shuffle(builder, sc, [g * 16 // 64 for g in VNNI_GROUPS])
+    s0, s1 = _shuffle(builder, table, range(32)), _shuffle(builder, table, range(32, 64))
+    ones = _const(I8, 64, 128)  # x' = 128 everywhere: the offset's share of every lane
+    zero = ir.Constant(_vec(I32, 16), None)
+    lanes = _vnni_lanes(builder, [_dot4_u8i8(builder, ones, v, native) for v in codes], s0, s1, zero, native)
+    return codes, s0, s1, builder.sub(zero, lanes)
+
+
+def _q6_k_signed_lanes(context, builder, tq, q, k, codes, s0, s1, base, native):  # one input row's exact lane sums
+    d4 = [_dot4_u8i8(builder, _load(context, builder, tq, q, _add(builder, k, 64 * v), 64), codes[v], native)
+          for v in range(4)]
+    return _vnni_lanes(builder, d4, s0, s1, base, native)
+
+
+def _unpack_q6_k_signed(native: bool):
+    @intrinsic
+    def unpack_q6_k_signed(typingctx, u8, i, codes, scl, base):
+        """The Q6_K block at u8[i] -> codes (q, -32..31, as bytes), scl (VNNI layout) and base[16] i32 =
+        -128 * (the lane sums of scl * q): what x' = qx + 128 adds to dot_q6_k_signed's lanes."""
+        if not (_check_tables(u8, codes, scl, scl) and _is_c_array(base, types.int32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, tc, ts, tb = sig.args[0], sig.args[2], sig.args[3], sig.args[4]
+            u, i, cd, s, b = args
+            codes, s0, s1, base = _q6_k_signed_tables(context, builder, tu, u, i, native)
+            for v in range(4):
+                _store(context, builder, tc, cd, ir.Constant(I64, 64 * v), codes[v])
+            _store(context, builder, ts, s, ir.Constant(I64, 0), _cat(builder, s0, s1))
+            _store(context, builder, tb, b, ir.Constant(I64, 0), base)
+            return _void(context)
+
+        return types.void(u8, i, codes, scl, base), codegen
+
+    return unpack_q6_k_signed
+
+
+def _dot_q6_k_signed(native: bool):
+    @intrinsic
+    def dot_q6_k_signed(typingctx, acc, i, codes, scl, base, qxu, k, f):
+        """acc[i:i+16] += f * lanes, lanes = base + the scaled 4-value sums of qxu[k:k+256] (u8) x codes (i8)."""
+        if not (_is_c_array(acc, types.float32) and _is_c_array(codes, types.uint8) and _is_c_array(scl, types.int16)
+                and _is_c_array(base, types.int32) and _is_c_array(qxu, types.uint8)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ta, _, tc, ts, tb, tq = sig.args[:6]
+            a, i, c, s, b, q, k, f = args
+            codes = [_load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64) for v in range(4)]
+            isum = _q6_k_signed_lanes(context, builder, tq, q, k, codes,
+                                      _load(context, builder, ts, s, ir.Constant(I64, 0), 32),
+                                      _load(context, builder, ts, s, ir.Constant(I64, 32), 32),
+                                      _load(context, builder, tb, b, ir.Constant(I64, 0), 16), native)
+            r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, f, 16), _load(context, builder, ta, a, i, 16))
+            _store(context, builder, ta, a, i, r)
+            return _void(context)
+
+        return types.void(acc, i, codes, scl, base, qxu, k, types.float32), codegen
+
+    return dot_q6_k_signed
+
+
+def _q6_k_signed_block(native: bool):
+    @intrinsic
+    def q6_k_signed_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
+        """unpack_q6_k_signed then dot_q6_k_signed for input rows t = 0 .. T-1, in one piece:
+        acc[16t:16t+16] += d * dx[j + t nb] * lanes of qxu[k + t n_in : + 256]. The codes, scales and base
+        never leave the registers (through memory, a store to acc may alias them: every row reloads)."""
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
+                and _is_c_array(acc, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
+            u, o, q, k, n_in, x, j, nb, a, T = args
+            codes, s0, s1, base = _q6_k_signed_tables(context, builder, tu, u, o, native)
+            d = builder.fpext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, _add(builder, o, 208)),
+                                                           ir.HalfType().as_pointer()), align=1), F32)
+            with cgutils.for_range(builder, T) as loop:
+                t = loop.index
+                isum = _q6_k_signed_lanes(context, builder, tq, q, builder.add(k, builder.mul(t, n_in)), codes, s0, s1,
+                                          base, native)
+                e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
+                i = builder.mul(t, ir.Constant(I64, 16))
+                r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, builder.fmul(d, e), 16),
+                         _load(context, builder, ta, a, i, 16))
+                _store(context, builder, ta, a, i, r)
+            return _void(context)
+
+        return types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T), codegen
+
+    return q6_k_signed_block
+
+
+unpack_q6_k_signed, dot_q6_k_signed = _unpack_q6_k_signed(NATIVE_VNNI), _dot_q6_k_signed(NATIVE_VNNI)
+q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
+unpack_q6_k_signed_portable, dot_q6_k_signed_portable = _unpack_q6_k_signed(False), _dot_q6_k_signed(False)
 
 dot_q8_k = _dot_q8_k(NATIVE_MADD, VNNI_LAYOUT)  # the kernels' choice for this CPU
 dot_q8_k_portable = _dot_q8_k(False, VNNI_LAYOUT)  # the plain-IR twin (tests check the two agree bit for bit)
