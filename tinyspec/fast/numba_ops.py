@@ -329,12 +329,12 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 o = r * row_bytes + b * block_bytes
                 for p in range(0, block_bytes, 64):
                     simd.prefetch(raw, o + AHEAD + p)
-                if kind == _Q4_K:
-                    simd.unpack_q4_k(raw, o, codes, scl, mins)
-                    d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
+                if kind == _Q4_K:  # unpack and every input row in one piece, the block in registers
+                    simd.q4_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    continue
                 elif kind == _Q5_K:
-                    simd.unpack_q5_k(raw, o, codes, scl, mins)
-                    d, g = simd.half_to_f32(raw, o), simd.half_to_f32(raw, o + 2)
+                    simd.q5_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    continue
                 elif signed:  # unpack and every input row in one piece, the block in registers
                     simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                     continue

@@ -510,18 +510,8 @@ def _dot_q8_k(native: bool, vnni: bool):
             zero = ir.Constant(I64, 0)
             codes = [_load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64) for v in range(4)]
             qxs = [_load(context, builder, tq, q, _add(builder, k, 64 * v), 64) for v in range(4)]
-            if vnni:  # 4-value sums, packed to i16, times the 64 group scales
-                d4 = [_dot4_u8i8(builder, codes[v], qxs[v], native) for v in range(4)]
-                isum = _madd_i16(builder, _pack_i32(builder, d4[0], d4[1], native),
-                                 _load(context, builder, ts, s, ir.Constant(I64, 0), 32), native)
-                isum = _madd_acc_i16(builder, isum, _pack_i32(builder, d4[2], d4[3], native),
-                                     _load(context, builder, ts, s, ir.Constant(I64, 32), 32), native)
-            else:  # pair sums times the 128 pair scales
-                isum = None
-                for v in range(4):
-                    part = _madd_i16(builder, _madd_u8i8(builder, codes[v], qxs[v], native),
-                                     _load(context, builder, ts, s, ir.Constant(I64, 32 * v), 32), native)
-                    isum = part if isum is None else builder.add(isum, part)
+            tables = [_load(context, builder, ts, s, ir.Constant(I64, 32 * n), 32) for n in range(2 if vnni else 4)]
+            isum = _k_isum(builder, codes, qxs, tables, vnni, native)
             corr = builder.mul(builder.sext(_load(context, builder, tm, m, zero, 16), _vec(I32, 16)),
                                builder.sext(_load(context, builder, tb, b, kb, 16), _vec(I32, 16)))
             r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, f, 16),
@@ -535,6 +525,84 @@ def _dot_q8_k(native: bool, vnni: bool):
     dot_q8_k.__doc__ = """acc[i:i+16] += f * (256 codes . qx[k:k+256] weighted by scl) - g * (mins . bs[kb:kb+16]),
     as two fmas per lane on exact integer partial sums (see the section comment above)."""
     return dot_q8_k
+
+
+def _q4_k_codes(context, builder, tu, u, i):  # Q4_K: value 64c + l = low nibble of qs[32c + l], + 32: the high one
+    out = []
+    for k in range(4):
+        b = _load(context, builder, tu, u, _add(builder, i, 16 + 32 * k), 32)
+        out.append(_cat(builder, builder.and_(b, _const(I8, 32, 15)), builder.lshr(b, _const(I8, 32, 4))))
+    return out
+
+
+def _q5_k_codes(context, builder, tu, u, i):  # Q5_K: as Q4_K (qs at 48), plus bit 16 of value 32j + l from bit j of qh[l]
+    h = _load(context, builder, tu, u, _add(builder, i, 16), 32)
+    one, four = _const(I8, 32, 1), _const(I8, 32, 4)
+    out = []
+    for k in range(4):
+        b = _load(context, builder, tu, u, _add(builder, i, 48 + 32 * k), 32)
+        hi0 = builder.shl(builder.and_(builder.lshr(h, _const(I8, 32, 2 * k)), one), four)
+        hi1 = builder.shl(builder.and_(builder.lshr(h, _const(I8, 32, 2 * k + 1)), one), four)
+        out.append(_cat(builder, builder.or_(builder.and_(b, _const(I8, 32, 15)), hi0),
+                        builder.or_(builder.lshr(b, four), hi1)))
+    return out
+
+
+def _k_block(kind: str, native: bool, vnni: bool):
+    codes_of = {"q4_k": _q4_k_codes, "q5_k": _q5_k_codes}[kind]
+
+    @intrinsic
+    def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.int16)
+                and _is_c_array(dx, types.float32) and _is_c_array(acc, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, _, tq, _, _, tb, tx, _, _, ta, _ = sig.args
+            u, o, q, k, n_in, b, x, j, nb, a, T = args
+            half = lambda at: builder.fpext(builder.load(builder.bitcast(  # noqa: E731
+                _ptr(context, builder, tu, u, _add(builder, o, at)), ir.HalfType().as_pointer()), align=1), F32)
+            d, dmin = half(0), half(2)
+            codes = codes_of(context, builder, tu, u, o)
+            sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
+            sc16 = builder.zext(sc, _vec(I16, 8))
+            order = [g * 8 // 64 for g in VNNI_GROUPS] if vnni else [p * 8 // 128 for p in range(128)]
+            table = _shuffle(builder, sc16, order)
+            tables = [_shuffle(builder, table, range(32 * n, 32 * n + 32)) for n in range(len(order) // 32)]
+            mins = builder.sext(_shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)]), _vec(I32, 16))
+            with cgutils.for_range(builder, T) as loop:
+                t = loop.index
+                kk = builder.add(k, builder.mul(t, n_in))
+                qxs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
+                isum = _k_isum(builder, codes, qxs, tables, vnni, native)
+                corr = builder.mul(mins, builder.sext(_load(context, builder, tb, b, builder.ashr(kk, ir.Constant(I64, 4)), 16),
+                                                      _vec(I32, 16)))
+                e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
+                i = builder.mul(t, ir.Constant(I64, 16))
+                r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, builder.fmul(d, e), 16),
+                         _load(context, builder, ta, a, i, 16))
+                r = _fma(builder, builder.sitofp(corr, _vec(F32, 16)), _splat(builder, builder.fneg(builder.fmul(dmin, e)), 16), r)
+                _store(context, builder, ta, a, i, r)
+            return _void(context)
+
+        return types.void(u8, o, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
+
+    k_block.__doc__ = f"""The {kind.upper()} block at u8[o] times input rows t = 0 .. T-1 (Q8_K codes qx[k + t n_in:][:256],
+    bsums bs[(k + t n_in) / 16:][:16], scale dx[j + t nb]) into acc[16t:16t+16]: unpack_{kind} then dot_q8_k
+    per row, the same operations in the same order, with the codes and tables kept in registers."""
+    return k_block
+
+
+def _k_isum(builder, codes, qxs, tables, vnni, native):  # the exact lane sums of one row (dot_q8_k's isum)
+    if vnni:  # 4-value sums, packed to i16, times the 64 group scales
+        d4 = [_dot4_u8i8(builder, codes[v], qxs[v], native) for v in range(4)]
+        isum = _madd_i16(builder, _pack_i32(builder, d4[0], d4[1], native), tables[0], native)
+        return _madd_acc_i16(builder, isum, _pack_i32(builder, d4[2], d4[3], native), tables[1], native)
+    isum = None  # pair sums times the 128 pair scales
+    for v in range(4):
+        part = _madd_i16(builder, _madd_u8i8(builder, codes[v], qxs[v], native), tables[v], native)
+        isum = part if isum is None else builder.add(isum, part)
+    return isum
 
 
 # Q6_K on VNNI without the offset term. Its codes carry +32 so that vpdpbusd's unsigned operand can hold
@@ -653,6 +721,7 @@ def _q6_k_signed_block(native: bool):
     return q6_k_signed_block
 
 
+q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
 unpack_q6_k_signed, dot_q6_k_signed = _unpack_q6_k_signed(NATIVE_VNNI), _dot_q6_k_signed(NATIVE_VNNI)
 q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
 unpack_q6_k_signed_portable, dot_q6_k_signed_portable = _unpack_q6_k_signed(False), _dot_q6_k_signed(False)
