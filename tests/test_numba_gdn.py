@@ -26,12 +26,19 @@ def inputs(rng, T, HV, K, V):
     return q, k, v, log_decay, beta, state
 
 
+@pytest.mark.parametrize("aligned", [False, True], ids=["plain-snapshots", "streamed-snapshots"])
 @pytest.mark.parametrize("T,HV,K,V", [(1, 16, 128, 128), (4, 16, 128, 128), (3, 2, 5, 7), (5, 3, 16, 33)])
-def test_scan_bitwise_equal_to_oracle(T, HV, K, V):
+def test_scan_bitwise_equal_to_oracle(T, HV, K, V, aligned):
+    """Bit for bit the oracle: outputs, final state and every snapshot, written by plain stores or (64-byte
+    aligned buffers, as SnapshotRing allocates them) by streaming stores."""
+    from tinyspec.state import zeros_aligned
+
     rng = np.random.default_rng(T * 1000 + K)
     q, k, v, log_decay, beta, state = inputs(rng, T, HV, K, V)
     before = state.copy()
-    snaps_ref, snaps = np.zeros((T + 1, HV, K, V), np.float32), np.zeros((T + 1, HV, K, V), np.float32)
+    snaps_ref = np.zeros((T + 1, HV, K, V), np.float32)
+    snaps = zeros_aligned((T + 1, HV, K, V)) if aligned else np.zeros((T + 1, HV, K, V), np.float32)
+    assert not aligned or snaps.ctypes.data % 64 == 0
     o_ref, s_ref = gdn_scan(q, k, v, log_decay, beta, state, states_out=snaps_ref)
     o, s = numba_gdn.gdn_scan(q, k, v, log_decay, beta, state, states_out=snaps)
     assert np.array_equal(o.view(np.uint32), o_ref.view(np.uint32))

@@ -32,6 +32,17 @@ import numpy as np
 from .config import ModelConfig
 
 
+def zeros_aligned(shape, xp=np, align: int = 64):
+    """xp.zeros(shape, float32) starting on an `align`-byte boundary. NumPy's large arrays start 16 bytes
+    into a page; CuPy's allocations are 256-byte aligned already."""
+    if xp is not np:
+        return xp.zeros(shape, np.float32)
+    n = int(np.prod(shape))
+    raw = np.zeros(n + align // 4, np.float32)
+    start = (-raw.ctypes.data % align) // 4
+    return raw[start : start + n].reshape(shape)
+
+
 class KVCache:
     """Keys and values of one attention layer, grown in place (capacity doubles; no per-token allocation)."""
 
@@ -140,7 +151,7 @@ class SnapshotRing:
         C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
         shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
         self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
-        self.ssm = [xp.zeros(shape_ssm, np.float32) if r else None for r in cfg.recurrent]
+        self.ssm = [zeros_aligned(shape_ssm, xp) if r else None for r in cfg.recurrent]  # 64 B: streaming stores
         self.pos = np.zeros(slots, np.int64)  # host bookkeeping
         self.filled = 0
 

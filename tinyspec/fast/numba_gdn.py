@@ -20,7 +20,9 @@ is T one-token steps. Value heads run in parallel (prange) above a size where th
 
 The new state goes to `out` (the model passes the state itself: an update in place) or, without it, to
 a fresh array, leaving the caller's state untouched; states_out[t] receives a copy of the state after
-token t. Token 0's first pass reads the caller's state and writes the new one, so no copy is made
+token t, by streaming stores when it is 64-byte aligned (SnapshotRing's buffers are): 72 MB of snapshots
+in a 4-token pass at the 0.8B shape, written at ~39 GB/s instead of ~25 (measured on one core; a normal
+store first reads the line it overwrites). Token 0's first pass reads the caller's state and writes the new one, so no copy is made
 first. (A fresh 1 MB array per layer and call cost ~0.45 ms in page faults, 8 ms of a 0.8B decode step.)
 """
 
@@ -63,7 +65,7 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _scan(q, k, v, decay, beta, S0, S, o, states_out, keep):  # S0 [HV, K, V] read, S written (fresh)
+def _scan(q, k, v, decay, beta, S0, S, o, states_out, keep, stream):  # S0 [HV, K, V] read, S written (fresh)
     T, HV, _ = q.shape
     V = v.shape[2]
     for h in prange(HV):
@@ -71,8 +73,14 @@ def _scan(q, k, v, decay, beta, S0, S, o, states_out, keep):  # S0 [HV, K, V] re
         for t in range(T):  # token 0 reads the caller's state, the rest update S in place
             _head_step(S0[h] if t == 0 else S[h], S[h], q[t, h], k[t, h], v[t, h], decay[t, h], beta[t, h], pred,
                        o[t, h])
-            if keep:
+            if keep and stream:  # streaming stores: 64-byte aligned, whole vectors (checked by gdn_scan)
+                dst, src = states_out[t, h].reshape(-1), S[h].reshape(-1)
+                for j in range(0, src.size, 16):
+                    simd.stream16(dst, j, src, j)
+            elif keep:
                 states_out[t, h] = S[h]
+        if keep and stream:
+            simd.store_fence()
 
 
 def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
@@ -104,7 +112,9 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     if T == 0:
         S[...] = S0
         return o, S
-    _scan(q, k, v, decay, beta, S0, S, o, snaps, keep)
+    # snapshots by streaming stores when every head's slot starts on a 64-byte line (SnapshotRing allocates so)
+    stream = keep and snaps.flags.c_contiguous and snaps.ctypes.data % 64 == 0 and (K * v.shape[2]) % 16 == 0
+    _scan(q, k, v, decay, beta, S0, S, o, snaps, keep, stream)
     return o, S
 
 

@@ -786,3 +786,31 @@ def prefetch(typingctx, u8, i):
         return _void(context)
 
     return types.void(u8, i), codegen
+
+
+@intrinsic
+def stream16(typingctx, dst, i, src, j):
+    """dst[i:i+16] = src[j:j+16] with a streaming (non-temporal) store: the line goes to memory without
+    being read first and without evicting hot data (the GDN snapshots: written once, read only on a
+    rollback). dst + i must be 64-byte aligned (the caller checks); call `store_fence` before others read."""
+    if not (_is_c_array(dst, types.float32) and _is_c_array(src, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d, i, s, j = args
+        v = _load(context, builder, sig.args[2], s, j, 16)
+        st = builder.store(v, builder.bitcast(_ptr(context, builder, sig.args[0], d, i), v.type.as_pointer()), align=64)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(I32, 1)]))
+        return _void(context)
+
+    return types.void(dst, i, src, j), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full fence: streaming stores before it are visible to every thread after it."""
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return _void(context)
+
+    return types.void(), codegen
