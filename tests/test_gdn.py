@@ -95,6 +95,13 @@ def test_causal_conv_split_in_time_is_exact(rng):
     y3, s3 = causal_conv(x[9:], s2, weight)
     assert_array_equal(np.concatenate([y1, y2, y3]), y_all)
     assert_array_equal(s3, s_all)
+    snaps = np.full((24, C, w - 1), np.nan, np.float32)  # the state after each token, as one-token steps give it
+    causal_conv(x, state, weight, states_out=snaps)
+    s = state
+    for t in range(23):
+        _, s = causal_conv(x[t : t + 1], s, weight)
+        assert_array_equal(snaps[t], s)
+    assert np.isnan(snaps[23]).all()  # slots past T untouched
 
 
 # ---------------------------------------------------------------- 2. delta rule, scan, chunked form

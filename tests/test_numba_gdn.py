@@ -95,10 +95,16 @@ def test_causal_conv_bitwise_equal_to_oracle(T, C, w):
     x[:, 0], weight[0, :] = 0.0, -1.0  # every product of channel 0 is -0.0; the oracle sums from +0.0
     state[0, :] = 0.0
     before = state.copy()
-    y_ref, s_ref = causal_conv(x, state, weight)
-    y, s = numba_gdn.causal_conv(x, state, weight)
+    snaps_ref, snaps = np.zeros((T + 1, C, w - 1), np.float32), np.zeros((T + 1, C, w - 1), np.float32)
+    y_ref, s_ref = causal_conv(x, state, weight, states_out=snaps_ref)
+    y, s = numba_gdn.causal_conv(x, state, weight, states_out=snaps)
     assert np.array_equal(y.view(np.uint32), y_ref.view(np.uint32))
     assert np.array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+    assert np.array_equal(snaps.view(np.uint32), snaps_ref.view(np.uint32))
     assert np.array_equal(state, before)
+    y2, s2 = numba_gdn.causal_conv(x, state, weight)  # without snapshots: the same bits
+    assert np.array_equal(y2.view(np.uint32), y.view(np.uint32)) and np.array_equal(s2.view(np.uint32), s.view(np.uint32))
+    with pytest.raises(ValueError, match="states_out"):
+        numba_gdn.causal_conv(x, state, weight, states_out=np.zeros((T, C + 1, w - 1), np.float32))
     with pytest.raises(ValueError, match="causal_conv shapes"):
         numba_gdn.causal_conv(x, state[:, :0] if w > 1 else np.zeros((C, 1), np.float32), weight)

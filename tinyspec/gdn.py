@@ -47,14 +47,16 @@ from .ops import asarray_like, l2_norm, linear, rms_norm, sigmoid, silu, softplu
 from .state import GDNState
 
 
-def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
+                states_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     # [T, C], [C, w-1], [C, w] -> [T, C], [C, w-1]
     """Depthwise causal convolution over time, no bias, no activation.
 
     With the window [conv_state | x] (oldest first), y[t, c] = sum_k weight[c, k] * window[t + k, c]:
     the last tap (k = w-1) multiplies the current token. This is a cross-correlation, the same as
     torch conv1d(groups=C, padding=w-1)[:T] when the state is zero. The new state is the last w-1
-    raw inputs.
+    raw inputs; states_out [>= T, C, w-1], if given, receives the state after each token (the
+    snapshot ring of a verify pass): the w-1 raw inputs up to and including token t.
     """
     T, C = x.shape
     w = weight.shape[1]
@@ -62,6 +64,9 @@ def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tu
     y = np.zeros_like(x, dtype=np.float32)  # [T, C], on x's device
     for k in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
         y += weight[:, k] * window[k : k + T]  # [C] * [T, C]
+    if states_out is not None:
+        for t in range(T):
+            states_out[t] = window[t + 1 : t + w].T  # [C, w-1]
     return y, np.copy(window[T:].T, order="C")  # [C, w-1]
 
 
@@ -199,12 +204,7 @@ def gdn_layer(
     log_decay = w["ssm_a"] * softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
 
     # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
-    if snapshots is not None:  # the conv state after token t is the last w-1 raw inputs up to t
-        window = np.concatenate([state.conv, mixed.T], axis=1)  # [C, w-1+T]
-        width = state.conv.shape[1]
-        for t in range(T):
-            snapshots[0][t] = window[:, t + 1 : t + 1 + width]
-    c, state.conv = conv(mixed, state.conv, w["ssm_conv1d.weight"])
+    c, state.conv = conv(mixed, state.conv, w["ssm_conv1d.weight"], None if snapshots is None else snapshots[0])
     c = silu(c)  # [T, C]
 
     # 3. split [q | k | v], normalise q and k per head, give each value head its key head

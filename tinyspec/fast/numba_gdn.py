@@ -1,7 +1,7 @@
 """Numba delta-rule scan: tinyspec.gdn.gdn_scan's contract, bit for bit, without NumPy's temporaries.
 
     gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o [T, HV, V], state [HV, K, V])
-    causal_conv(x, conv_state, weight) -> (y [T, C], conv_state [C, w-1])       (tinyspec.gdn.causal_conv)
+    causal_conv(x, conv_state, weight, states_out=None) -> (y [T, C], conv_state [C, w-1])  (tinyspec.gdn.causal_conv)
 
 The oracle (tinyspec/gdn.py delta_rule_step) builds four [HV, K, V] temporaries per token (decay,
 S * k, the rank-1 update, S * q) - about 25 ms of a Qwen3.5-0.8B decode step (18 GDN layers, HV = 16,
@@ -119,7 +119,7 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _causal_conv(x, conv_state, weight, y, new_state):  # [T, C], [C, w-1], [C, w] -> y [T, C], [C, w-1]
+def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, C], [C, w-1], [C, w] -> y, [C, w-1]
     T, C = x.shape
     w = weight.shape[1]
     taps = np.empty((w, C), np.float32)  # weight transposed: tap k of every channel, contiguous
@@ -143,9 +143,15 @@ def _causal_conv(x, conv_state, weight, y, new_state):  # [T, C], [C, w-1], [C, 
         for j in range(w - 1):
             jj = T + j
             new_state[c, j] = conv_state[c, jj] if jj < w - 1 else x[jj - (w - 1), c]
+    if keep:  # the state after token t: window rows t + 1 .. t + w - 1
+        for t in range(T):
+            for c in range(C):
+                for j in range(w - 1):
+                    jj = t + 1 + j
+                    states_out[t, c, j] = conv_state[c, jj] if jj < w - 1 else x[jj - (w - 1), c]
 
 
-def causal_conv(x, conv_state, weight):
+def causal_conv(x, conv_state, weight, states_out=None):
     """tinyspec.gdn.causal_conv bit for bit (each output sums its w rounded products in tap order, from
     +0.0), without NumPy's per-tap temporaries, channels innermost: at the 0.8B shape (C = 6144, w = 4)
     ~0.27 ms a call in NumPy; here ~40 us at T = 1 and ~44 us at T = 4 (channel-outermost it was ~100 us at
@@ -156,9 +162,14 @@ def causal_conv(x, conv_state, weight):
     if conv_state.shape != (C, weight.shape[1] - 1) or weight.shape[0] != C:
         raise ValueError(f"numba_gdn: causal_conv shapes x {x.shape}, conv_state {conv_state.shape}, "
                          f"weight {weight.shape} do not fit [T, C] / [C, w-1] / [C, w]")
+    keep = states_out is not None
+    if keep and (states_out.ndim != 3 or states_out.shape[0] < T or states_out.shape[1:] != conv_state.shape
+                 or states_out.dtype != np.float32 or not states_out.flags.c_contiguous):
+        raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, "
+                         f"{conv_state.shape[0]}, {conv_state.shape[1]}], got {states_out.dtype} {states_out.shape}")
     y = np.empty((T, C), np.float32)
     new_state = np.empty_like(conv_state)
-    _causal_conv(x, conv_state, weight, y, new_state)
+    _causal_conv(x, conv_state, weight, y, new_state, states_out if keep else np.empty((1, 1, 1), np.float32), keep)
     return y, new_state
 
 
