@@ -814,3 +814,47 @@ def store_fence(typingctx):
         return _void(context)
 
     return types.void(), codegen
+
+
+@intrinsic
+def conv4_16(typingctx, x, conv_state, weight, y, new_state, states_out, c0, C, T, keep):
+    """Channels c0 .. c0+15 of the w = 4 causal convolution (numba_gdn.causal_conv), T tokens, as vectors:
+    weight [C, 4] and conv_state [C, 3] are read as 64 and 48 contiguous floats and split into one vector
+    per tap / per window row by shuffles (no transposed copies); then per token
+        y[t] = ((((+0.0 + w0 * a) + w1 * b) + w2 * c) + w3 * x[t])       a, b, c: the 3 previous window rows
+    (fmul, fadd in the oracle's order), states_out[t] = rows (b, c, x[t]) interleaved back to [16, 3] if keep,
+    and the window slides. new_state = the last three rows. Arrays are addressed flat: x, y [T, C]."""
+    if not all(_is_c_array(a, types.float32) for a in (x, conv_state, weight, y, new_state, states_out)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tx, ts, tw, ty, tn, to = sig.args[:6]
+        xa, sa, wa, ya, na, oa, c0, C, T, keep = args
+        v16 = _vec(F32, 16)
+        wv = _load(context, builder, tw, wa, builder.mul(c0, ir.Constant(I64, 4)), 64)
+        taps = [_shuffle(builder, wv, [4 * i + k for i in range(16)]) for k in range(4)]
+        sv = _load(context, builder, ts, sa, builder.mul(c0, ir.Constant(I64, 3)), 48)
+        rows = [cgutils.alloca_once(builder, v16) for _ in range(3)]  # a, b, c (promoted to registers)
+        for j in range(3):
+            builder.store(_shuffle(builder, sv, [3 * i + j for i in range(16)]), rows[j])
+        interleave = [16 * j + i for i in range(16) for j in range(3)]  # (b, c, x) -> [16, 3] row-major
+        with cgutils.for_range(builder, T) as loop:
+            t = loop.index
+            a, b, c = (builder.load(r) for r in rows)
+            cur = _load(context, builder, tx, xa, builder.add(builder.mul(t, C), c0), 16)
+            acc = ir.Constant(v16, [0.0] * 16)
+            for tap, row in zip(taps, (a, b, c, cur)):
+                acc = builder.fadd(acc, builder.fmul(tap, row))
+            _store(context, builder, ty, ya, builder.add(builder.mul(t, C), c0), acc)
+            with builder.if_then(builder.icmp_unsigned("!=", keep, ir.Constant(keep.type, 0))):
+                _store(context, builder, to, oa, builder.mul(builder.add(builder.mul(t, C), c0), ir.Constant(I64, 3)),
+                       _shuffle(builder, _cat(builder, _cat(builder, b, c), _cat(builder, cur, cur)), interleave))
+            builder.store(b, rows[0])
+            builder.store(c, rows[1])
+            builder.store(cur, rows[2])
+        a, b, c = (builder.load(r) for r in rows)
+        _store(context, builder, tn, na, builder.mul(c0, ir.Constant(I64, 3)),
+               _shuffle(builder, _cat(builder, _cat(builder, a, b), _cat(builder, c, c)), interleave))
+        return _void(context)
+
+    return types.void(x, conv_state, weight, y, new_state, states_out, c0, C, T, keep), codegen
