@@ -66,8 +66,22 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _scan(q, k, v, decay, beta, S0, S, o, states_out, keep, stream):  # S0 [HV, K, V] read, S written (fresh)
-    T, HV, _ = q.shape
+    T, HV, K = q.shape
     V = v.shape[2]
+    if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
+        mode = (2 if stream else 1) if keep else 0
+        for h in prange(HV):
+            pred = np.empty(V, np.float32)
+            Sf = S[h].reshape(-1)
+            for t in range(T):
+                simd.decay_predict_rows8(S0[h].reshape(-1) if t == 0 else Sf, Sf, K, decay[t, h], k[t, h], pred)
+                for j in range(V):
+                    pred[j] = beta[t, h] * (v[t, h, j] - pred[j])  # pred now holds delta
+                snap = states_out[t, h].reshape(-1) if keep else Sf
+                simd.write_read_rows8(Sf, K, pred, k[t, h], q[t, h], o[t, h], snap, mode)
+            if stream:
+                simd.store_fence()
+        return
     for h in prange(HV):
         pred = np.empty(V, np.float32)
         for t in range(T):  # token 0 reads the caller's state, the rest update S in place

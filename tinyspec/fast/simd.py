@@ -858,3 +858,100 @@ def conv4_16(typingctx, x, conv_state, weight, y, new_state, states_out, c0, C, 
         return _void(context)
 
     return types.void(x, conv_state, weight, y, new_state, states_out, c0, C, T, keep), codegen
+
+
+# The delta rule's two passes over one value head's K x V state, whole rows at a time (n16 = V / 16 vectors):
+# the V accumulators (pred, o) stay in registers for all K rows instead of a load and a store per row.
+# Each element gets the oracle's operations in its order (fmul, fadd; sums over kk = 0, 1, ... from +0.0).
+
+def _rows_loop(builder, K, n16, body, accs):  # for kk in range(K): body(kk, acc values) -> new acc values
+    slots = [cgutils.alloca_once(builder, _vec(F32, 16)) for _ in range(n16)]
+    for s in slots:
+        builder.store(ir.Constant(_vec(F32, 16), [0.0] * 16), s)
+    with cgutils.for_range(builder, K) as loop:
+        new = body(loop.index, [builder.load(s) for s in slots])
+        for s, v in zip(slots, new):
+            builder.store(v, s)
+    return [builder.load(s) for s in slots]
+
+
+def _decay_predict_rows(n16: int):
+    @intrinsic
+    def decay_predict_rows(typingctx, S0, S, K, d, k, pred):
+        """s = d * S0[kk];  S[kk] = s;  pred = sum_kk s * k[kk], for the K rows of V = 16 n16 floats (flat arrays)."""
+        if not all(_is_c_array(t, types.float32) for t in (S0, S, k, pred)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            t0, ts, _, _, tk, tp = sig.args
+            s0, st, K, d, k, p = args
+            dv = _splat(builder, d, 16)
+
+            def body(kk, accs):
+                kv = _splat(builder, builder.load(_ptr(context, builder, tk, k, kk)), 16)
+                row = builder.mul(kk, ir.Constant(I64, 16 * n16))
+                out = []
+                for c, acc in enumerate(accs):
+                    i = _add(builder, row, 16 * c)
+                    v = builder.fmul(dv, _load(context, builder, t0, s0, i, 16))
+                    _store(context, builder, ts, st, i, v)
+                    out.append(builder.fadd(acc, builder.fmul(v, kv)))
+                return out
+
+            for c, acc in enumerate(_rows_loop(builder, K, n16, body, None)):
+                _store(context, builder, tp, p, ir.Constant(I64, 16 * c), acc)
+            return _void(context)
+
+        return types.void(S0, S, K, types.float32, k, pred), codegen
+
+    return decay_predict_rows
+
+
+def _write_read_rows(n16: int):
+    @intrinsic
+    def write_read_rows(typingctx, S, K, delta, k, q, o, snap, mode):
+        """s = S[kk] + k[kk] * delta;  S[kk] = s;  o = sum_kk s * q[kk], for the K rows of V = 16 n16 floats;
+        mode 1: snap[kk] = s too, 2: by streaming stores (snap 64-byte aligned), 0: no snapshot."""
+        if not all(_is_c_array(t, types.float32) for t in (S, delta, k, q, o, snap)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ts, _, tdl, tk, tq, to, tn, _ = sig.args
+            st, K, dl, k, q, o, sn, mode = args
+            deltas = [_load(context, builder, tdl, dl, ir.Constant(I64, 16 * c), 16) for c in range(n16)]
+            keep = builder.icmp_signed("!=", mode, ir.Constant(mode.type, 0))
+            stream = builder.icmp_signed("==", mode, ir.Constant(mode.type, 2))
+
+            def body(kk, accs):
+                kv = _splat(builder, builder.load(_ptr(context, builder, tk, k, kk)), 16)
+                qv = _splat(builder, builder.load(_ptr(context, builder, tq, q, kk)), 16)
+                row = builder.mul(kk, ir.Constant(I64, 16 * n16))
+                out, vals = [], []
+                for c, acc in enumerate(accs):
+                    i = _add(builder, row, 16 * c)
+                    v = builder.fadd(_load(context, builder, ts, st, i, 16), builder.fmul(kv, deltas[c]))
+                    _store(context, builder, ts, st, i, v)
+                    vals.append((i, v))
+                    out.append(builder.fadd(acc, builder.fmul(v, qv)))
+                with builder.if_then(keep):
+                    with builder.if_else(stream) as (streamed, plain):
+                        with streamed:
+                            for i, v in vals:
+                                s = builder.store(v, builder.bitcast(_ptr(context, builder, tn, sn, i), v.type.as_pointer()),
+                                                  align=64)
+                                s.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(I32, 1)]))
+                        with plain:
+                            for i, v in vals:
+                                _store(context, builder, tn, sn, i, v)
+                return out
+
+            for c, acc in enumerate(_rows_loop(builder, K, n16, body, None)):
+                _store(context, builder, to, o, ir.Constant(I64, 16 * c), acc)
+            return _void(context)
+
+        return types.void(S, K, delta, k, q, o, snap, mode), codegen
+
+    return write_read_rows
+
+
+decay_predict_rows8, write_read_rows8 = _decay_predict_rows(8), _write_read_rows(8)  # V = 128 (Qwen3.5)
