@@ -28,10 +28,14 @@ same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as exp
 
 Integer path, _quant_linear_q8_parallel (what ggml's CPU backend does for K-quants): each row of x is
 rounded once to Q8_K (256-value blocks of int8 codes and one float scale, tinyspec/quants/q8_k.py, bit
-for bit its rule); then per weight super-block the codes and 6-bit scales are unpacked once into small
-integer tables (simd.unpack_q4_k / q5_k / q6_k) and, for each t, simd.dot_q8_k forms the exact integer
-sums (vpmaddubsw / vpmaddwd on AVX-512BW) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16
-float lanes with two fmas; the fixed 16-lane tree ends the row. It computes ops.quant_linear_q8, a
+for bit its rule); then per weight super-block one intrinsic (simd.q4_k_block / q5_k_block) unpacks the
+codes and 6-bit scales into vector values and, for each t inside the same IR loop, forms the exact integer
+sums (vpdpbusd / vpackssdw / vpdpwssd with AVX512-VNNI, vpmaddubsw / vpmaddwd with AVX-512BW, plain vector
+IR elsewhere) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16 float lanes with two fmas; the
+fixed 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
+cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
+against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
+VNNI it takes simd.unpack_q6_k + dot_q8_k per row. It computes ops.quant_linear_q8, a
 different function from ops.quant_linear (x moves by at most half a Q8_K step), and the one llama.cpp
 computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's than the oracle's
 (tests/test_llamacpp_runtime.py).
@@ -52,10 +56,10 @@ test: |y - y_oracle| <= 1.1 * in * 2^-23 * S (an fma-based sum obeys the same bo
 path S uses the rounded x, and the sums inside a block are exact). Measured errors are far below it:
 each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes.
 
-Measured (Qwen3.5-0.8B shapes, this 2-core VM, medians, noisy to +-30%): one thread, T = 1, the integer
-path reads Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (30 and 25 ns a super-block; the
-float path: 1.1-1.8 GB/s before simd.py, ~2.5 after); each extra input row costs 6-9 ns a super-block,
-so T = 4 costs 1.7-1.9x T = 1. Whole-model numbers: LESSONS 19 and `python -m tinyspec bench`.
+Measured (Qwen3.5-0.8B shapes, medians, noisy to +-30%): on the old 2-core VM, one thread, T = 1, the
+integer path read Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (LESSONS 19); on the Zen 5 VM
+with VNNI and the blocks in registers, two threads, the 248320 x 1024 output projection takes 4.3-4.5 ms
+at T = 1 and 6.2-7.3 ms at T = 4 (LESSONS 24). Whole-model numbers: `python -m tinyspec bench`.
 
 get_rows runs the float decoders on one thread (a few embedding rows are not worth a parallel region)
 and copies the decoded spans out, so it is bit-exact with the oracle.
@@ -305,8 +309,9 @@ def _quantize_q8_k(x, n_in, qx, dx, bs):
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
-    """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block, unpack the codes and scales once
-    (simd.unpack_q*_k), then for each t one simd.dot_q8_k into 16 float lanes; the fixed 16-lane tree."""
+    """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block one simd.*_block call (unpack once,
+    then every t into its 16 float lanes), or for Q6_K without VNNI unpack_q6_k + dot_q8_k per t; the fixed
+    16-lane tree."""
     T, n_out = y.shape
     nb = n_in // 256
     qx = _aligned_zeros(T * n_in // 4).view(np.int8)  # [T, n_in] codes, rows on 64-byte lines
