@@ -16,14 +16,16 @@ and Numba behaves as before.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 DIGEST_FILE = "tinyspec-kernel-sources.sha1"
 
 
 def source_digest() -> str:
-    """sha1 over the names and bytes of this package's .py files, in name order."""
-    h = hashlib.sha1()
+    """sha1 over the names and bytes of this package's .py files, in name order, and TINYSPEC_SIMD (which
+    selects the instructions simd.py emits)."""
+    h = hashlib.sha1(os.environ.get("TINYSPEC_SIMD", "").encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

@@ -23,6 +23,8 @@ caller keeps `i + n <= a.size` (these are inner-loop primitives: no bounds check
 
 from __future__ import annotations
 
+import os
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -330,8 +332,10 @@ def _host_has(*features) -> bool:
         return False
 
 
-NATIVE_MADD = _host_has("avx512bw")
-NATIVE_VNNI = NATIVE_MADD and _host_has("avx512vnni")  # vpdpbusd, vpdpwssd
+# TINYSPEC_SIMD=portable: plain vector IR only; =no-vnni: AVX-512BW without VNNI (to test the fallbacks here)
+FORCE = os.environ.get("TINYSPEC_SIMD", "")
+NATIVE_MADD = _host_has("avx512bw") and FORCE != "portable"
+NATIVE_VNNI = NATIVE_MADD and _host_has("avx512vnni") and FORCE != "no-vnni"  # vpdpbusd, vpdpwssd
 VNNI_LAYOUT = NATIVE_VNNI  # the scale tables the unpack_q*_k write and dot_q8_k reads on this CPU
 
 
