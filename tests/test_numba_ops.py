@@ -301,75 +301,55 @@ def test_quant_linear_q8_matches_oracle(qtype, rng):
     assert_q8_close_to_oracle(x, random_blocks(qtype, shape, rng), qtype, shape)
 
 
-@pytest.mark.parametrize("vnni", [False, True], ids=["pair-scales", "vnni-group-scales"])
-def test_native_and_portable_integer_dots_agree(vnni, rng):
-    """dot_q8_k in both scale layouts: the native instructions (vpmaddubsw/vpmaddwd, or vpdpbusd/vpackssdw/
-    vpdpwssd) where the CPU has them and the plain-IR twin give the same bits, equal to the exact integer
-    sums, on the extreme codes and scales too (u8 63 x i8 -127, i16 scales -128)."""
+BLOCKS = [("q4_k", G.Q4_K, False), ("q4_k", G.Q4_K, True), ("q5_k", G.Q5_K, False), ("q5_k", G.Q5_K, True),
+          ("q6_k", G.Q6_K, False), ("q6_k", G.Q6_K, True), ("q6_k_signed", G.Q6_K, True)]
+
+
+@pytest.mark.parametrize("kind, qtype, vnni", BLOCKS, ids=[f"{k}-{'vnni' if v else 'pairs'}" for k, _, v in BLOCKS])
+def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
+    """One super-block times T = 3 input rows, through the block intrinsic of each kind and scale layout: the
+    native instructions (where this CPU has them) and the plain-IR twin give the same bits, on random and
+    extreme codes and activations (u8 63 x i8 -127, scales -128), and the 16 lanes of each row sum to the
+    float64 dot product of the dequantized block and the row rounded to Q8_K (the integer sums are exact,
+    each lane adds two rounded terms)."""
     from numba import njit
 
-    native = simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD
-    dot_native, dot_portable = simd._dot_q8_k(native, vnni), simd._dot_q8_k(False, vnni)
+    have = simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD
+    if kind == "q6_k_signed":
+        make = simd._q6_k_signed_block
+        twins = [make(False)] + ([make(True)] if have else [])
+    else:
+        twins = [simd._k_block(kind, False, vnni)] + ([simd._k_block(kind, True, vnni)] if have else [])
 
-    @njit
-    def both(codes, scl, mins, qx, bs, f, g):
-        a, b = np.zeros(16, np.float32), np.zeros(16, np.float32)
-        dot_native(a, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
-        dot_portable(b, 0, codes, scl, mins, qx, 0, bs, 0, f, g)
-        return a, b
-
-    for extreme in (False, True):
-        codes = np.full(256, 63, np.uint8) if extreme else rng.integers(0, 64, 256, dtype=np.uint8)
-        scl = np.full(128, -128, np.int16) if extreme else rng.integers(-128, 128, 128, dtype=np.int16)
-        mins = rng.integers(-128, 128, 16, dtype=np.int16)
-        qx = np.full(256, -127, np.int8) if extreme else rng.integers(-127, 128, 256, dtype=np.int8)
-        bs = bsums_q8_k(qx[None])[0]
-        a, b = both(codes, scl, mins, qx, bs, np.float32(0.013), np.float32(0.4))
-        assert_bits_equal(a, b)
-        products = codes.astype(np.int64) * qx  # the exact integer sums, lane by lane
-        if vnni:  # slot s: the 4-value group VNNI_GROUPS[s]; lane l sums slots 2l, 2l + 1 and 32 + 2l, 33 + 2l
-            terms = products.reshape(64, 4).sum(1)[list(simd.VNNI_GROUPS)] * scl[:64]
-            isum = terms.reshape(2, 16, 2).sum(axis=(0, 2))
-        else:  # slot p: the pair of values 2p, 2p + 1; lane l sums pairs 2l, 2l + 1 of each 64 values
-            isum = (products.reshape(128, 2).sum(1) * scl).reshape(4, 16, 2).sum(axis=(0, 2))
-        corr = mins.astype(np.int64) * bs
-        expect = np.float32(0.013) * isum.astype(np.float32) - np.float32(0.4) * corr.astype(np.float32)
-        assert np.allclose(a, expect, rtol=1e-6, atol=1e-3)
-
-
-def test_signed_q6_k_dot_is_the_exact_integer_sum(rng):
-    """unpack_q6_k_signed + dot_q6_k_signed (VNNI, x' = qx + 128, the offset folded into `base`): native
-    (where the CPU has VNNI) and plain-IR twins give the same bits, and lane l is f times the exact sum
-    over its slots (2l, 2l + 1, 32 + 2l, 33 + 2l) of scale * sum(q * qx) on the slot's 4-value group."""
-    from numba import njit
-
-    def make(unpack, dot):
+    def runner(block):
         @njit
-        def run(raw, o, qxu, f):
-            codes, scl = np.zeros(256, np.uint8), np.zeros(128, np.int16)
-            base, acc = np.zeros(16, np.int32), np.zeros(16, np.float32)
-            unpack(raw, o, codes, scl, base)
-            dot(acc, 0, codes, scl, base, qxu, 0, f)
-            return acc, codes, scl
+        def run(raw, qx, qxu, bs, dx, T):
+            acc = np.zeros(16 * T, np.float32)
+            if kind == "q6_k_signed":
+                block(raw, 0, qxu, 0, 256, dx, 0, 1, acc, T)
+            else:
+                block(raw, 0, qx, 0, 256, bs, dx, 0, 1, acc, T)
+            return acc
         return run
 
-    runs = [make(simd.unpack_q6_k_signed_portable, simd.dot_q6_k_signed_portable)]
-    if simd.NATIVE_VNNI:
-        runs.append(make(simd.unpack_q6_k_signed, simd.dot_q6_k_signed))
-    raw = np.concatenate([random_blocks(G.Q6_K, (1, 256), rng).reshape(-1),  # random bytes; then extreme codes
-                          quantize(np.full((1, 256), -3.0, np.float32), G.Q6_K).reshape(-1)])
-    f = np.float32(0.013)
-    for o in (0, G.Q6_K.type_size):
-        for qxu in (rng.integers(1, 256, 256, dtype=np.uint8), np.full(256, 1, np.uint8), np.full(256, 255, np.uint8)):
-            out = [run(raw, o, qxu, f) for run in runs]
-            for acc, _, _ in out[1:]:
-                assert_bits_equal(acc, out[0][0])
-            acc, codes, scl = out[0]
-            q = codes.view(np.int8).astype(np.int64)
-            assert q.min() >= -32 and q.max() <= 31
-            group = (q * (qxu.astype(np.int64) - 128)).reshape(64, 4).sum(1)  # the exact 4-value sums
-            lanes = (group[list(simd.VNNI_GROUPS)] * scl[:64]).reshape(2, 16, 2).sum(axis=(0, 2))
-            assert_bits_equal(acc, (f * lanes.astype(np.float32)).astype(np.float32))
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[2] = -np.abs(x[2]).max()  # every code -127
+    qx, dx = quantize_q8_k(x)
+    qx = qx.reshape(-1).astype(np.int8)
+    qxu = (qx.astype(np.int16) + 128).astype(np.uint8)
+    bs = bsums_q8_k(qx.reshape(3, 256)).reshape(-1).astype(np.int16)
+    dx = dx.reshape(-1).astype(np.float32)
+    blocks = [random_blocks(qtype, (1, 256), rng), quantize(np.full((1, 256), -3.0, np.float32), qtype)]
+    for raw in blocks:
+        raw = np.ascontiguousarray(raw).reshape(-1)
+        out = [runner(b)(raw, qx, qxu, bs, dx, 3) for b in twins]
+        for other in out[1:]:
+            assert_bits_equal(other, out[0])
+        w = dequantize(raw, qtype, (1, 256)).astype(np.float64)[0]
+        xq = dequantize_q8_k(qx.reshape(3, 256), dx.reshape(3, 1)).astype(np.float64)
+        want = xq @ w
+        got = out[0].reshape(3, 16).astype(np.float64).sum(1)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * 256), (got, want)
 
 
 @pytest.mark.parametrize("qtype", [G.Q8_0, G.F16, G.Q4_0])

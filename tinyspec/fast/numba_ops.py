@@ -35,7 +35,7 @@ IR elsewhere) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16 float la
 fixed 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
 cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
-VNNI it takes simd.unpack_q6_k + dot_q8_k per row. It computes ops.quant_linear_q8, a
+VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes ops.quant_linear_q8, a
 different function from ops.quant_linear (x moves by at most half a Q8_K step), and the one llama.cpp
 computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's than the oracle's
 (tests/test_llamacpp_runtime.py).
@@ -310,8 +310,7 @@ def _quantize_q8_k(x, n_in, qx, dx, bs):
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block one simd.*_block call (unpack once,
-    then every t into its 16 float lanes), or for Q6_K without VNNI unpack_q6_k + dot_q8_k per t; the fixed
-    16-lane tree."""
+    then every t into its 16 float lanes); the fixed 16-lane tree."""
     T, n_out = y.shape
     nb = n_in // 256
     qx = _aligned_zeros(T * n_in // 4).view(np.int8)  # [T, n_in] codes, rows on 64-byte lines
@@ -325,32 +324,21 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
             qxu[j] = np.uint8(np.int16(qx[j]) + 128)
     block_bytes = row_bytes // nb
     for task in prange((n_out + ROWS - 1) // ROWS):
-        scratch = _aligned_zeros(64 + 64 + 16 + 16 * T)  # codes[256] u8 | scl[128] i16 | mins[16] i16 | acc
-        codes, scl = scratch[:64].view(np.uint8), scratch[64:128].view(np.int16)
-        mins, acc = scratch[128:136].view(np.int16), scratch[144:]
+        acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
             acc[:] = np.float32(0)
-            for b in range(nb):
+            for b in range(nb):  # per block: unpack once, every input row inside the same intrinsic
                 o = r * row_bytes + b * block_bytes
                 for p in range(0, block_bytes, 64):
                     simd.prefetch(raw, o + AHEAD + p)
-                if kind == _Q4_K:  # unpack and every input row in one piece, the block in registers
+                if kind == _Q4_K:
                     simd.q4_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
-                    continue
                 elif kind == _Q5_K:
                     simd.q5_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
-                    continue
-                elif signed:  # unpack and every input row in one piece, the block in registers
+                elif signed:
                     simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
-                    continue
                 else:
-                    simd.unpack_q6_k(raw, o, codes, scl, mins)
-                    d = simd.half_to_f32(raw, o + 208)
-                    g = np.float32(32) * d  # exact: the offset 32 of the codes
-                for t in range(T):
-                    e = dx[t * nb + b]
-                    simd.dot_q8_k(acc, 16 * t, codes, scl, mins, qx, t * n_in + 256 * b, bs, (t * n_in + 256 * b) // 16,
-                                  d * e, g * e)
+                    simd.q6_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
             for t in range(T):
                 y[t, r] = simd.lane_sum16(acc, 16 * t)
 

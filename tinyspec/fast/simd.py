@@ -299,11 +299,12 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 # ---------------------------------------------------------------------------------------------
 # Integer dot products for K-quant weights times Q8_K activations (tinyspec/quants/q8_k.py).
 #
-# A super-block of 256 weights is unpacked once into three small tables that every input row reuses:
-#     codes[256] uint8   the unsigned codes q in value order (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
-#     scl[128]   int16   the scale of each value pair (2p, 2p + 1): sc of its group (VNNI: see below)
-#     mins[16]   int16   per 16 values, what multiplies the activation sum bsum (Q4_K/Q5_K: m of the
-#                        group; Q6_K: sc, because its codes carry an offset of 32)
+# A super-block of 256 weights is unpacked once, into vector values that every input row reuses
+# (q4_k_block, q5_k_block, q6_k_block: the row loop runs inside the intrinsic, so they stay in registers):
+#     codes   256 unsigned codes q in value order (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
+#     scl     a scale table: per value pair (2p, 2p + 1) the sc of its group (VNNI: see below)
+#     mins    per 16 values, what multiplies the activation sum bsum (Q4_K/Q5_K: m of the group;
+#             Q6_K: sc, because its codes carry an offset of 32)
 # and for input row t the block contributes, with dx its Q8_K scale, qx its codes, bs its bsums,
 #     f * sum_p scl[p] * (codes[2p] qx[2p] + codes[2p+1] qx[2p+1])  -  g * sum_j mins[j] * bs[j]
 # where f = d * dx and g = dmin * dx (Q4_K, Q5_K) or 32 * d * dx (Q6_K). Every sum is an exact integer
@@ -318,9 +319,9 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 # With AVX512-VNNI (VNNI_LAYOUT) scl holds 64 scales, one per 4-value group, in the order VNNI_GROUPS:
 # vpdpbusd sums 4 products per i32 lane (|sum| <= 4 * 63 * 127 < 2^15), vpackssdw packs two such vectors
 # to i16 exactly, and vpmaddwd / vpdpwssd apply the scales: 6 multiplies per 256 weights per row instead
-# of 8, and half the scale table to write per block. Other integers land in each of the 16 lanes than in
-# the pair layout, so the float results differ between the two layouts (both within the oracle's bound,
-# each batch-invariant); on one CPU the layout never changes.
+# of 8. Other integers land in each of the 16 lanes than in the pair layout, so the float results differ
+# between the two layouts (both within the oracle's bound, each batch-invariant); on one CPU the layout
+# never changes. Q6_K with VNNI goes further (q6_k_signed_block, below).
 
 def _host_has(*features) -> bool:
     try:
@@ -336,7 +337,7 @@ def _host_has(*features) -> bool:
 FORCE = os.environ.get("TINYSPEC_SIMD", "")
 NATIVE_MADD = _host_has("avx512bw") and FORCE != "portable"
 NATIVE_VNNI = NATIVE_MADD and _host_has("avx512vnni") and FORCE != "no-vnni"  # vpdpbusd, vpdpwssd
-VNNI_LAYOUT = NATIVE_VNNI  # the scale tables the unpack_q*_k write and dot_q8_k reads on this CPU
+VNNI_LAYOUT = NATIVE_VNNI  # the scale-table layout the *_block intrinsics use on this CPU
 
 
 def _pairs(builder, v, n):  # <2n x T> -> (even lanes, odd lanes) as two <n x T>
@@ -400,72 +401,6 @@ def _madd_acc_i16(builder, acc, a, b, native):  # acc + _madd_i16(a, b): one vpd
 VNNI_GROUPS = tuple(16 * (2 * w + PACK_ORDER[m] // 16) + PACK_ORDER[m] % 16 for w in range(2) for m in range(32))
 
 
-def _check_tables(u8, codes, scl, mins):
-    return (_is_c_array(u8, types.uint8) and _is_c_array(codes, types.uint8) and _is_c_array(scl, types.int16)
-            and _is_c_array(mins, types.int16))
-
-
-def _store_tables(context, builder, sig, args, sc, mins):  # sc <n x i16>: one scale per 256 / n values
-    n = sc.type.count
-    if VNNI_LAYOUT:  # 64 slots, one per 4-value group in VNNI_GROUPS order
-        table = _shuffle(builder, sc, [g * n // 64 for g in VNNI_GROUPS])
-    else:  # 128 slots, one per pair of values
-        table = _shuffle(builder, sc, [p * n // 128 for p in range(128)])
-    _store(context, builder, sig.args[3], args[3], ir.Constant(I64, 0), table)
-    _store(context, builder, sig.args[4], args[4], ir.Constant(I64, 0), mins)
-
-
-def _store_k_scale_tables(context, builder, sig, args):  # Q4_K / Q5_K: scales[12] at u8[i + 4] -> scl, mins
-    sc, m = _k_scale_codes(builder, _load(context, builder, sig.args[0], args[0], _add(builder, args[1], 4), 12))
-    m16 = builder.zext(m, _vec(I16, 8))  # one m per 32 values, mins holds one per 16
-    _store_tables(context, builder, sig, args, builder.zext(sc, _vec(I16, 8)), _shuffle(builder, m16, [j // 2 for j in range(16)]))
-
-
-@intrinsic
-def unpack_q4_k(typingctx, u8, i, codes, scl, mins):
-    """The Q4_K block at u8[i] (d, dmin, scales[12], qs[128]) -> codes, scl, mins (d, dmin stay there):
-    value 64c + l is the low nibble of qs[32c + l], value 64c + 32 + l its high nibble."""
-    if not _check_tables(u8, codes, scl, mins):
-        return None
-
-    def codegen(context, builder, sig, args):
-        tu, tc = sig.args[0], sig.args[2]
-        u, i, c = args[0], args[1], args[2]
-        for k in range(4):
-            b = _load(context, builder, tu, u, _add(builder, i, 16 + 32 * k), 32)
-            _store(context, builder, tc, c, ir.Constant(I64, 64 * k),
-                   _cat(builder, builder.and_(b, _const(I8, 32, 15)), builder.lshr(b, _const(I8, 32, 4))))
-        _store_k_scale_tables(context, builder, sig, args)
-        return _void(context)
-
-    return types.void(u8, i, codes, scl, mins), codegen
-
-
-@intrinsic
-def unpack_q5_k(typingctx, u8, i, codes, scl, mins):
-    """The Q5_K block at u8[i] (d, dmin, scales[12], qh[32], qs[128]) -> codes, scl, mins: as Q4_K with
-    qs at offset 48, plus bit 16 of value 32j + l from bit j of qh[l]."""
-    if not _check_tables(u8, codes, scl, mins):
-        return None
-
-    def codegen(context, builder, sig, args):
-        tu, tc = sig.args[0], sig.args[2]
-        u, i, c = args[0], args[1], args[2]
-        h = _load(context, builder, tu, u, _add(builder, i, 16), 32)
-        one, four = _const(I8, 32, 1), _const(I8, 32, 4)
-        for k in range(4):
-            b = _load(context, builder, tu, u, _add(builder, i, 48 + 32 * k), 32)
-            hi0 = builder.shl(builder.and_(builder.lshr(h, _const(I8, 32, 2 * k)), one), four)
-            hi1 = builder.shl(builder.and_(builder.lshr(h, _const(I8, 32, 2 * k + 1)), one), four)
-            _store(context, builder, tc, c, ir.Constant(I64, 64 * k),
-                   _cat(builder, builder.or_(builder.and_(b, _const(I8, 32, 15)), hi0),
-                        builder.or_(builder.lshr(b, four), hi1)))
-        _store_k_scale_tables(context, builder, sig, args)
-        return _void(context)
-
-    return types.void(u8, i, codes, scl, mins), codegen
-
-
 def _q6_k_codes(context, builder, tu, u, i):  # the Q6_K block at u8[i] -> its 256 codes q + 32 (0..63), 2 x <128 x i8>
     c = lambda v: _const(I8, 32, v)  # noqa: E731
     halves = []
@@ -479,56 +414,6 @@ def _q6_k_codes(context, builder, tu, u, i):  # the Q6_K block at u8[i] -> its 2
         m3 = builder.or_(builder.lshr(b, c(4)), builder.shl(builder.lshr(q, c(6)), c(4)))
         halves.append(_cat(builder, _cat(builder, m0, m1), _cat(builder, m2, m3)))
     return halves
-
-
-@intrinsic
-def unpack_q6_k(typingctx, u8, i, codes, scl, mins):
-    """The Q6_K block at u8[i] (ql[128], qh[64], scales[16] int8, d) -> codes (q + 32, 0..63), scl, mins
-    (= the 16 scales): the bit layout of q6_k_half, for both halves."""
-    if not _check_tables(u8, codes, scl, mins):
-        return None
-
-    def codegen(context, builder, sig, args):
-        tu, tc = sig.args[0], sig.args[2]
-        u, i, cd = args[0], args[1], args[2]
-        for h, half in enumerate(_q6_k_codes(context, builder, tu, u, i)):
-            _store(context, builder, tc, cd, ir.Constant(I64, 128 * h), half)
-        sc = builder.sext(_load(context, builder, tu, u, _add(builder, i, 192), 16), _vec(I16, 16))
-        _store_tables(context, builder, sig, args, sc, sc)
-        return _void(context)
-
-    return types.void(u8, i, codes, scl, mins), codegen
-
-
-def _dot_q8_k(native: bool, vnni: bool):
-    @intrinsic
-    def dot_q8_k(typingctx, acc, i, codes, scl, mins, qx, k, bs, kb, f, g):
-        if not (_is_c_array(acc, types.float32) and _is_c_array(codes, types.uint8)
-                and _is_c_array(scl, types.int16) and _is_c_array(mins, types.int16)
-                and _is_c_array(qx, types.int8) and _is_c_array(bs, types.int16)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ta, _, tc, ts, tm, tq, _, tb = sig.args[:8]
-            a, i, c, s, m, q, k, b, kb, f, g = args
-            zero = ir.Constant(I64, 0)
-            codes = [_load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64) for v in range(4)]
-            qxs = [_load(context, builder, tq, q, _add(builder, k, 64 * v), 64) for v in range(4)]
-            tables = [_load(context, builder, ts, s, ir.Constant(I64, 32 * n), 32) for n in range(2 if vnni else 4)]
-            isum = _k_isum(builder, codes, qxs, tables, vnni, native)
-            corr = builder.mul(builder.sext(_load(context, builder, tm, m, zero, 16), _vec(I32, 16)),
-                               builder.sext(_load(context, builder, tb, b, kb, 16), _vec(I32, 16)))
-            r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, f, 16),
-                     _load(context, builder, ta, a, i, 16))
-            r = _fma(builder, builder.sitofp(corr, _vec(F32, 16)), _splat(builder, builder.fneg(g), 16), r)
-            _store(context, builder, ta, a, i, r)
-            return _void(context)
-
-        return types.void(acc, i, codes, scl, mins, qx, k, bs, kb, types.float32, types.float32), codegen
-
-    dot_q8_k.__doc__ = """acc[i:i+16] += f * (256 codes . qx[k:k+256] weighted by scl) - g * (mins . bs[kb:kb+16]),
-    as two fmas per lane on exact integer partial sums (see the section comment above)."""
-    return dot_q8_k
 
 
 def _q4_k_codes(context, builder, tu, u, i):  # Q4_K: value 64c + l = low nibble of qs[32c + l], + 32: the high one
@@ -552,8 +437,13 @@ def _q5_k_codes(context, builder, tu, u, i):  # Q5_K: as Q4_K (qs at 48), plus b
     return out
 
 
+def _q6_k_codes4(context, builder, tu, u, i):  # Q6_K: its codes q + 32 (0..63) as 4 x <64 x i8>
+    return [_shuffle(builder, half, range(64 * n, 64 * n + 64)) for half in _q6_k_codes(context, builder, tu, u, i)
+            for n in range(2)]
+
+
 def _k_block(kind: str, native: bool, vnni: bool):
-    codes_of = {"q4_k": _q4_k_codes, "q5_k": _q5_k_codes}[kind]
+    codes_of = {"q4_k": _q4_k_codes, "q5_k": _q5_k_codes, "q6_k": _q6_k_codes4}[kind]
 
     @intrinsic
     def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
@@ -566,14 +456,22 @@ def _k_block(kind: str, native: bool, vnni: bool):
             u, o, q, k, n_in, b, x, j, nb, a, T = args
             half = lambda at: builder.fpext(builder.load(builder.bitcast(  # noqa: E731
                 _ptr(context, builder, tu, u, _add(builder, o, at)), ir.HalfType().as_pointer()), align=1), F32)
-            d, dmin = half(0), half(2)
             codes = codes_of(context, builder, tu, u, o)
-            sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
-            sc16 = builder.zext(sc, _vec(I16, 8))
-            order = [g * 8 // 64 for g in VNNI_GROUPS] if vnni else [p * 8 // 128 for p in range(128)]
+            if kind == "q6_k":  # 16 int8 scales; the codes' offset 32 is taken back as 32 d * (scales . bsums)
+                d = half(208)
+                dmin = builder.fmul(ir.Constant(F32, 32.0), d)  # exact
+                sc16 = builder.sext(_load(context, builder, tu, u, _add(builder, o, 192), 16), _vec(I16, 16))
+                mins16 = sc16
+            else:  # Q4_K / Q5_K: eight 6-bit (sc, m) pairs, one per 32 values
+                d, dmin = half(0), half(2)
+                sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
+                sc16 = builder.zext(sc, _vec(I16, 8))
+                mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)])
+            n = sc16.type.count  # one scale per 256 / n values
+            order = [g * n // 64 for g in VNNI_GROUPS] if vnni else [p * n // 128 for p in range(128)]
             table = _shuffle(builder, sc16, order)
-            tables = [_shuffle(builder, table, range(32 * n, 32 * n + 32)) for n in range(len(order) // 32)]
-            mins = builder.sext(_shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)]), _vec(I32, 16))
+            tables = [_shuffle(builder, table, range(32 * c, 32 * c + 32)) for c in range(len(order) // 32)]
+            mins = builder.sext(mins16, _vec(I32, 16))
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
                 kk = builder.add(k, builder.mul(t, n_in))
@@ -592,12 +490,13 @@ def _k_block(kind: str, native: bool, vnni: bool):
         return types.void(u8, o, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
 
     k_block.__doc__ = f"""The {kind.upper()} block at u8[o] times input rows t = 0 .. T-1 (Q8_K codes qx[k + t n_in:][:256],
-    bsums bs[(k + t n_in) / 16:][:16], scale dx[j + t nb]) into acc[16t:16t+16]: unpack_{kind} then dot_q8_k
-    per row, the same operations in the same order, with the codes and tables kept in registers."""
+    bsums bs[(k + t n_in) / 16:][:16], scale dx[j + t nb]) into acc[16t:16t+16]:
+        acc += d dx * isum - dmin dx * (mins . bsums)      two fmas per lane on exact integer sums
+    with the codes and scale tables unpacked once into registers for every row (see the section comment)."""
     return k_block
 
 
-def _k_isum(builder, codes, qxs, tables, vnni, native):  # the exact lane sums of one row (dot_q8_k's isum)
+def _k_isum(builder, codes, qxs, tables, vnni, native):  # the exact lane sums of one input row
     if vnni:  # 4-value sums, packed to i16, times the 64 group scales
         d4 = [_dot4_u8i8(builder, codes[v], qxs[v], native) for v in range(4)]
         isum = _madd_i16(builder, _pack_i32(builder, d4[0], d4[1], native), tables[0], native)
@@ -613,8 +512,8 @@ def _k_isum(builder, codes, qxs, tables, vnni, native):  # the exact lane sums o
 # them, which costs every input row the mins x bsums correction (5 vector ops a block). Swap the roles:
 # the codes become signed (q, -32..31) and the activations unsigned (x' = qx + 128, 1..255, once per call),
 #     sum sc * q * qx  =  sum sc * q * x'  -  128 * sum sc * q
-# where the last term belongs to the weight block alone: unpack_q6_k_signed computes it once, in the lanes
-# the dot produces, as `base` (its negation), and the dot starts its vpdpwssd chain from it. Every 4-value
+# where the last term belongs to the weight block alone: q6_k_signed_block computes it once, in the lanes
+# the dot produces, as `base` (its negation), and every row starts its vpdpwssd chain from it. Every 4-value
 # sum stays in i16 (|x' q| sums <= 4 * 255 * 32 = 32640), the lane sums are the exact integers of the pair
 # layout's isum - 32 * corr, and one fma per lane replaces two.
 
@@ -645,60 +544,13 @@ def _q6_k_signed_lanes(context, builder, tq, q, k, codes, s0, s1, base, native):
     return _vnni_lanes(builder, d4, s0, s1, base, native)
 
 
-def _unpack_q6_k_signed(native: bool):
-    @intrinsic
-    def unpack_q6_k_signed(typingctx, u8, i, codes, scl, base):
-        """The Q6_K block at u8[i] -> codes (q, -32..31, as bytes), scl (VNNI layout) and base[16] i32 =
-        -128 * (the lane sums of scl * q): what x' = qx + 128 adds to dot_q6_k_signed's lanes."""
-        if not (_check_tables(u8, codes, scl, scl) and _is_c_array(base, types.int32)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            tu, tc, ts, tb = sig.args[0], sig.args[2], sig.args[3], sig.args[4]
-            u, i, cd, s, b = args
-            codes, s0, s1, base = _q6_k_signed_tables(context, builder, tu, u, i, native)
-            for v in range(4):
-                _store(context, builder, tc, cd, ir.Constant(I64, 64 * v), codes[v])
-            _store(context, builder, ts, s, ir.Constant(I64, 0), _cat(builder, s0, s1))
-            _store(context, builder, tb, b, ir.Constant(I64, 0), base)
-            return _void(context)
-
-        return types.void(u8, i, codes, scl, base), codegen
-
-    return unpack_q6_k_signed
-
-
-def _dot_q6_k_signed(native: bool):
-    @intrinsic
-    def dot_q6_k_signed(typingctx, acc, i, codes, scl, base, qxu, k, f):
-        """acc[i:i+16] += f * lanes, lanes = base + the scaled 4-value sums of qxu[k:k+256] (u8) x codes (i8)."""
-        if not (_is_c_array(acc, types.float32) and _is_c_array(codes, types.uint8) and _is_c_array(scl, types.int16)
-                and _is_c_array(base, types.int32) and _is_c_array(qxu, types.uint8)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ta, _, tc, ts, tb, tq = sig.args[:6]
-            a, i, c, s, b, q, k, f = args
-            codes = [_load(context, builder, tc, c, ir.Constant(I64, 64 * v), 64) for v in range(4)]
-            isum = _q6_k_signed_lanes(context, builder, tq, q, k, codes,
-                                      _load(context, builder, ts, s, ir.Constant(I64, 0), 32),
-                                      _load(context, builder, ts, s, ir.Constant(I64, 32), 32),
-                                      _load(context, builder, tb, b, ir.Constant(I64, 0), 16), native)
-            r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, f, 16), _load(context, builder, ta, a, i, 16))
-            _store(context, builder, ta, a, i, r)
-            return _void(context)
-
-        return types.void(acc, i, codes, scl, base, qxu, k, types.float32), codegen
-
-    return dot_q6_k_signed
-
-
 def _q6_k_signed_block(native: bool):
     @intrinsic
     def q6_k_signed_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
-        """unpack_q6_k_signed then dot_q6_k_signed for input rows t = 0 .. T-1, in one piece:
-        acc[16t:16t+16] += d * dx[j + t nb] * lanes of qxu[k + t n_in : + 256]. The codes, scales and base
-        never leave the registers (through memory, a store to acc may alias them: every row reloads)."""
+        """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128 (qxu[k + t n_in:][:256]):
+        acc[16t:16t+16] += d * dx[j + t nb] * lanes, lanes = base + the scaled 4-value sums of x' * q. The
+        codes, scales and base stay in registers for every row (through memory, a store to acc may alias
+        them, so every row would reload them)."""
         if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
                 and _is_c_array(acc, types.float32)):
             return None
@@ -726,12 +578,9 @@ def _q6_k_signed_block(native: bool):
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
-unpack_q6_k_signed, dot_q6_k_signed = _unpack_q6_k_signed(NATIVE_VNNI), _dot_q6_k_signed(NATIVE_VNNI)
+q6_k_block = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT)  # where q6_k_signed_block is not (no VNNI)
 q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
-unpack_q6_k_signed_portable, dot_q6_k_signed_portable = _unpack_q6_k_signed(False), _dot_q6_k_signed(False)
 
-dot_q8_k = _dot_q8_k(NATIVE_MADD, VNNI_LAYOUT)  # the kernels' choice for this CPU
-dot_q8_k_portable = _dot_q8_k(False, VNNI_LAYOUT)  # the plain-IR twin (tests check the two agree bit for bit)
 
 
 # ---------------------------------------------------------------------------------------------
