@@ -532,9 +532,9 @@ def _q6_k_signed_tables(context, builder, tu, u, i, native):
     sc = builder.sext(_load(context, builder, tu, u, _add(builder, i, 192), 16), _vec(I16, 16))
     table = _shuffle(builder, sc, [g * 16 // 64 for g in VNNI_GROUPS])
     s0, s1 = _shuffle(builder, table, range(32)), _shuffle(builder, table, range(32, 64))
-    ones = _const(I8, 64, 128)  # x' = 128 everywhere: the offset's share of every lane
+    eights = _const(I8, 64, 128)  # x' = 128 everywhere: the offset's share of every lane
     zero = ir.Constant(_vec(I32, 16), None)
-    lanes = _vnni_lanes(builder, [_dot4_u8i8(builder, ones, v, native) for v in codes], s0, s1, zero, native)
+    lanes = _vnni_lanes(builder, [_dot4_u8i8(builder, eights, v, native) for v in codes], s0, s1, zero, native)
     return codes, s0, s1, builder.sub(zero, lanes)
 
 
@@ -717,7 +717,7 @@ def conv4_16(typingctx, x, conv_state, weight, y, new_state, states_out, c0, C, 
 # the V accumulators (pred, o) stay in registers for all K rows instead of a load and a store per row.
 # Each element gets the oracle's operations in its order (fmul, fadd; sums over kk = 0, 1, ... from +0.0).
 
-def _rows_loop(builder, K, n16, body, accs):  # for kk in range(K): body(kk, acc values) -> new acc values
+def _rows_loop(builder, K, n16, body):  # for kk in range(K): body(kk, acc values) -> new acc values, from +0.0
     slots = [cgutils.alloca_once(builder, _vec(F32, 16)) for _ in range(n16)]
     for s in slots:
         builder.store(ir.Constant(_vec(F32, 16), [0.0] * 16), s)
@@ -751,7 +751,7 @@ def _decay_predict_rows(n16: int):
                     out.append(builder.fadd(acc, builder.fmul(v, kv)))
                 return out
 
-            for c, acc in enumerate(_rows_loop(builder, K, n16, body, None)):
+            for c, acc in enumerate(_rows_loop(builder, K, n16, body)):
                 _store(context, builder, tp, p, ir.Constant(I64, 16 * c), acc)
             return _void(context)
 
@@ -798,7 +798,7 @@ def _write_read_rows(n16: int):
                                 _store(context, builder, tn, sn, i, v)
                 return out
 
-            for c, acc in enumerate(_rows_loop(builder, K, n16, body, None)):
+            for c, acc in enumerate(_rows_loop(builder, K, n16, body)):
                 _store(context, builder, to, o, ir.Constant(I64, 16 * c), acc)
             return _void(context)
 
