@@ -86,9 +86,11 @@ class MTPDrafter:
     rows, so the cache always ends exactly at the accepted prefix, as llama.cpp keeps it.
 
     The re-feed is lazy: commit() queues the kept tokens with their hidden rows and the next propose()
-    feeds the whole queue in one head pass. A run of plain steps (k = 0, adaptive.py) then costs no head
-    pass at all until drafting resumes, and the cache is the same bit for bit (the head's rows are
-    batch-invariant like the trunk's). Reading `cache` feeds the queue first. If more than `max_queue`
+    feeds the whole queue in the same head pass as its first draft (the queue's rows, then the pending
+    token's; only the last row is projected to the vocabulary). A run of plain steps (k = 0, adaptive.py)
+    then costs no head pass at all until drafting resumes, and cache and drafts are the same bit for bit
+    as feeding first (the head's rows are batch-invariant like the trunk's). Reading `cache` feeds the
+    queue. If more than `max_queue`
     tokens queue up (a long run of plain steps), the head restarts from a fresh cache holding only the
     last max_queue of them: drafting then attends to a window of the recent past (rope depends only on
     relative positions, so the window is consistent), which costs draft quality, never correctness
@@ -125,19 +127,26 @@ class MTPDrafter:
     def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
         from .sampling import draft_token
 
-        cache = self.cache  # feeds the queue
-        n_kept = cache.n
+        cache = self._cache
+        # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
+        # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
+        fed = [t for f, _ in self.queue for t in f]
+        rows = [h for _, h in self.queue]
+        self.queue = []
+        n_kept = cache.n + len(fed)
         drafts, q_rows = [], []
-        token, h = pending, self.h_last
+        tokens, hs = fed + [pending], np.concatenate(rows + [self.h_last[None, :]])
         for _ in range(k):
-            logits, h_mtp = self.head.forward([token], h[None, :], cache, logits=self.vocab is None)
+            _, h_mtp = self.head.forward(tokens, hs, cache, logits=False)
+            h = h_mtp[-1:]  # [1, D]: the row that predicts the next draft
+            dev, host = self.head.model.to_device, self.head.model.to_host
             if self.vocab is None:
-                token, q_draft = draft_token(logits[0], params, rng)
+                token, q_draft = draft_token(host(linear(dev(h), self.head.head))[0], params, rng)
             else:
-                token, q_draft = draw(self.vocab, linear(h_mtp, self.head_sub)[0], params, rng)
-            h = h_mtp[0]
+                token, q_draft = draw(self.vocab, host(linear(dev(h), self.head_sub))[0], params, rng)
             drafts.append(token)
             q_rows.append(q_draft)
+            tokens, hs = [token], h
         cache.truncate(n_kept)
         return drafts, q_rows
 
