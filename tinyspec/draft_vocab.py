@@ -61,8 +61,11 @@ def subset_rows(weight, ids: np.ndarray):
     ids = np.asarray(ids, dtype=np.int64)
     if isinstance(weight, np.ndarray):
         return np.ascontiguousarray(weight[ids])
+    from .ops import asarray_like
+
     rows, cols = weight.shape
-    raw = weight.raw.reshape(rows, weight.raw.size // rows)[ids].reshape(-1)  # NumPy or CuPy bytes
+    table = weight.raw.reshape(rows, weight.raw.size // rows)  # NumPy or CuPy bytes: the ids go where they are
+    raw = table[asarray_like(ids, table)].reshape(-1)
     return type(weight)(raw, weight.ggml_type, (ids.size, cols), weight.kernels)
 
 
