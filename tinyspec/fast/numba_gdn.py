@@ -22,8 +22,8 @@ The new state goes to `out` (the model passes the state itself: an update in pla
 a fresh array, leaving the caller's state untouched; states_out[t] receives a copy of the state after
 token t, by streaming stores when it is 64-byte aligned (SnapshotRing's buffers are): 72 MB of snapshots
 in a 4-token pass at the 0.8B shape, written at ~39 GB/s instead of ~25 (measured on one core; a normal
-store first reads the line it overwrites). Token 0's first pass reads the caller's state and writes the new one, so no copy is made
-first. (A fresh 1 MB array per layer and call cost ~0.45 ms in page faults, 8 ms of a 0.8B decode step.)
+store first reads the line it overwrites). Token 0's first pass reads the caller's state and writes the
+new one, so no copy is made first. (A fresh 1 MB array per layer and call cost ~0.45 ms in page faults, 8 ms of a 0.8B decode step.)
 """
 
 from __future__ import annotations

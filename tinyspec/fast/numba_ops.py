@@ -35,10 +35,10 @@ IR elsewhere) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16 float la
 fixed 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
 cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
-VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes ops.quant_linear_q8, a
-different function from ops.quant_linear (x moves by at most half a Q8_K step), and the one llama.cpp
-computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's than the oracle's
-(tests/test_llamacpp_runtime.py).
+VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes
+ops.quant_linear_q8, a different function from ops.quant_linear (x moves by at most half a Q8_K step), and
+the one llama.cpp computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's
+than the oracle's (tests/test_llamacpp_runtime.py).
 
 Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]), on both paths: the
 operations that produce y[t, r] - the rounding of x[t] alone, which products, added into which lane, in
@@ -317,7 +317,7 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
     dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
     _quantize_q8_k(x, n_in, qx, dx, bs)
-    signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.dot_q6_k_signed)
+    signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.q6_k_signed_block)
     qxu = _aligned_zeros(T * n_in // 4 if signed else 16).view(np.uint8)
     if signed:
         for j in range(T * n_in):

@@ -146,11 +146,14 @@ def half_to_f32(typingctx, u8, i):
         return None
 
     def codegen(context, builder, sig, args):
-        h = builder.load(builder.bitcast(_ptr(context, builder, sig.args[0], args[0], args[1]),
-                                         ir.HalfType().as_pointer()), align=1)
-        return builder.fpext(h, F32)
+        return _half(context, builder, sig.args[0], args[0], args[1])
 
     return types.float32(u8, i), codegen
+
+
+def _half(context, builder, tu, u, i):  # the fp16 at bytes u8[i], u8[i+1] as a float32 value (exact)
+    return builder.fpext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, i), ir.HalfType().as_pointer()),
+                                      align=1), F32)
 
 
 @intrinsic
@@ -442,6 +445,13 @@ def _q6_k_codes4(context, builder, tu, u, i):  # Q6_K: its codes q + 32 (0..63) 
             for n in range(2)]
 
 
+def _scale_tables(builder, sc16, vnni):  # <n x i16>, one scale per 256 / n values -> the table as <32 x i16> parts
+    n = sc16.type.count
+    order = [g * n // 64 for g in VNNI_GROUPS] if vnni else [p * n // 128 for p in range(128)]
+    table = _shuffle(builder, sc16, order)
+    return [_shuffle(builder, table, range(32 * c, 32 * c + 32)) for c in range(len(order) // 32)]
+
+
 def _k_block(kind: str, native: bool, vnni: bool):
     codes_of = {"q4_k": _q4_k_codes, "q5_k": _q5_k_codes, "q6_k": _q6_k_codes4}[kind]
 
@@ -454,8 +464,7 @@ def _k_block(kind: str, native: bool, vnni: bool):
         def codegen(context, builder, sig, args):
             tu, _, tq, _, _, tb, tx, _, _, ta, _ = sig.args
             u, o, q, k, n_in, b, x, j, nb, a, T = args
-            half = lambda at: builder.fpext(builder.load(builder.bitcast(  # noqa: E731
-                _ptr(context, builder, tu, u, _add(builder, o, at)), ir.HalfType().as_pointer()), align=1), F32)
+            half = lambda at: _half(context, builder, tu, u, _add(builder, o, at))  # noqa: E731
             codes = codes_of(context, builder, tu, u, o)
             if kind == "q6_k":  # 16 int8 scales; the codes' offset 32 is taken back as 32 d * (scales . bsums)
                 d = half(208)
@@ -467,10 +476,7 @@ def _k_block(kind: str, native: bool, vnni: bool):
                 sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
                 sc16 = builder.zext(sc, _vec(I16, 8))
                 mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)])
-            n = sc16.type.count  # one scale per 256 / n values
-            order = [g * n // 64 for g in VNNI_GROUPS] if vnni else [p * n // 128 for p in range(128)]
-            table = _shuffle(builder, sc16, order)
-            tables = [_shuffle(builder, table, range(32 * c, 32 * c + 32)) for c in range(len(order) // 32)]
+            tables = _scale_tables(builder, sc16, vnni)
             mins = builder.sext(mins16, _vec(I32, 16))
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
@@ -530,8 +536,7 @@ def _q6_k_signed_tables(context, builder, tu, u, i, native):
         half = builder.sub(half, _const(I8, 128, 32))
         codes += [_shuffle(builder, half, range(0, 64)), _shuffle(builder, half, range(64, 128))]
     sc = builder.sext(_load(context, builder, tu, u, _add(builder, i, 192), 16), _vec(I16, 16))
-    table = _shuffle(builder, sc, [g * 16 // 64 for g in VNNI_GROUPS])
-    s0, s1 = _shuffle(builder, table, range(32)), _shuffle(builder, table, range(32, 64))
+    s0, s1 = _scale_tables(builder, sc, True)
     eights = _const(I8, 64, 128)  # x' = 128 everywhere: the offset's share of every lane
     zero = ir.Constant(_vec(I32, 16), None)
     lanes = _vnni_lanes(builder, [_dot4_u8i8(builder, eights, v, native) for v in codes], s0, s1, zero, native)
@@ -559,8 +564,7 @@ def _q6_k_signed_block(native: bool):
             tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
             u, o, q, k, n_in, x, j, nb, a, T = args
             codes, s0, s1, base = _q6_k_signed_tables(context, builder, tu, u, o, native)
-            d = builder.fpext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, _add(builder, o, 208)),
-                                                           ir.HalfType().as_pointer()), align=1), F32)
+            d = _half(context, builder, tu, u, _add(builder, o, 208))
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
                 isum = _q6_k_signed_lanes(context, builder, tq, q, builder.add(k, builder.mul(t, n_in)), codes, s0, s1,
@@ -641,6 +645,11 @@ def prefetch(typingctx, u8, i):
     return types.void(u8, i), codegen
 
 
+def _store_stream(context, builder, aryty, ary, i, v):  # a.flat[i:i+len(v)] = v, non-temporal (64-byte aligned)
+    st = builder.store(v, builder.bitcast(_ptr(context, builder, aryty, ary, i), v.type.as_pointer()), align=64)
+    st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(I32, 1)]))
+
+
 @intrinsic
 def stream16(typingctx, dst, i, src, j):
     """dst[i:i+16] = src[j:j+16] with a streaming (non-temporal) store: the line goes to memory without
@@ -651,9 +660,7 @@ def stream16(typingctx, dst, i, src, j):
 
     def codegen(context, builder, sig, args):
         d, i, s, j = args
-        v = _load(context, builder, sig.args[2], s, j, 16)
-        st = builder.store(v, builder.bitcast(_ptr(context, builder, sig.args[0], d, i), v.type.as_pointer()), align=64)
-        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(I32, 1)]))
+        _store_stream(context, builder, sig.args[0], d, i, _load(context, builder, sig.args[2], s, j, 16))
         return _void(context)
 
     return types.void(dst, i, src, j), codegen
@@ -790,9 +797,7 @@ def _write_read_rows(n16: int):
                     with builder.if_else(stream) as (streamed, plain):
                         with streamed:
                             for i, v in vals:
-                                s = builder.store(v, builder.bitcast(_ptr(context, builder, tn, sn, i), v.type.as_pointer()),
-                                                  align=64)
-                                s.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(I32, 1)]))
+                                _store_stream(context, builder, tn, sn, i, v)
                         with plain:
                             for i, v in vals:
                                 _store(context, builder, tn, sn, i, v)
