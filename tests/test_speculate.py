@@ -99,10 +99,17 @@ def repetitive_prompt(rng, n: int) -> list[int]:
     return (base * 3)[:n]
 
 
+@pytest.fixture(params=["snapshot", "replay"])
+def rollback(target, request, monkeypatch):
+    """Both rollback stores of state.py: SnapshotRing (copies) and ReplayRing (rescans); the same bits."""
+    monkeypatch.setattr(target, "rollback", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "random", "oracle"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12), max_new=st.integers(1, 24))
-def test_greedy_speculative_equals_plain(target, draft_model, kind, seed, draft_n, n_prompt, max_new):
+def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, seed, draft_n, n_prompt, max_new):
     prompt = repetitive_prompt(np.random.default_rng(seed), n_prompt)
     plain = generate(target, prompt, max_new).tokens
     drafter = make_drafter(kind, target, draft_model, plain)
@@ -124,7 +131,7 @@ def test_greedy_speculative_equals_plain(target, draft_model, kind, seed, draft_
 
 
 @pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "oracle"])
-def test_stop_at_every_position_of_a_window(target, draft_model, kind):
+def test_stop_at_every_position_of_a_window(target, draft_model, rollback, kind):
     """A stop token at output position j (inside an accepted run or not): output ends at j, state exact."""
     prompt = repetitive_prompt(np.random.default_rng(5), 9)
     plain = generate(target, prompt, 16).tokens
@@ -146,14 +153,13 @@ def test_oracle_drafter_emits_k_plus_one_per_step(target, draft_model):
     assert spec.stats.as_dict()["acceptance_rate"] == 1.0 and spec.stats.rollbacks == 0
 
 
-def test_rollback_recomputes_nothing_and_allocates_no_ring(target, monkeypatch):
+def test_rollback_reruns_no_pass_and_allocates_no_ring(target, rollback, monkeypatch):
     """The target sees each verify pass once: tokens forwarded = prompt + k+1 per step (no re-run of the
-    kept prefix), and the snapshot ring is allocated once for the whole generation."""
-    import tinyspec.speculate as speculate
-
+    kept prefix through the model; a ReplayRing rescans only the GDN memory), and the ring is allocated
+    once for the whole generation."""
     created = []
-    real_ring = speculate.SnapshotRing
-    monkeypatch.setattr(speculate, "SnapshotRing", lambda *a: created.append(1) or real_ring(*a))
+    real_new_ring = target.new_ring
+    monkeypatch.setattr(target, "new_ring", lambda slots: created.append(1) or real_new_ring(slots))
     prompt = [7, 8, 9, 10]
     before = target.n_forward_tokens
     spec = speculative_generate(target, RandomDrafter(1), prompt, 20, draft_n=3)
@@ -253,6 +259,35 @@ def test_snapshot_ring_save_restore_is_identity_and_ranges_are_checked(target):
     short = fresh_state(target, [1, 2])
     with pytest.raises(ValueError, match="rollback to 5 tokens: the state holds 2"):
         ring.restore(short, 0)
+
+
+def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
+    """ReplayRing.restore(j) equals a fresh run of the kept tokens for every j, in any order and repeatedly
+    (each restore rescans from the pre-pass memory, which the pass never overwrote), also into a copy."""
+    from tinyspec.state import ReplayRing
+
+    prompt, batch = [1, 2, 3, 4], [5, 6, 7, 8]
+    ring = ReplayRing(target.cfg, 4, target.gdn_scan)
+    with pytest.raises(ValueError, match="slot 0: the ring holds slots 0 .. -1"):
+        ring.restore(fresh_state(target, prompt), 0)
+    state = fresh_state(target, prompt)
+    target.forward(np.array(batch), state, ring=ring)
+    assert state.max_abs_diff(fresh_state(target, prompt + batch)) == 0.0  # the pass itself: as without a ring
+    after = state.copy()
+    for slot in (2, 0, 3, 1, 1):
+        s = after.copy()
+        ring.restore(s, slot)
+        assert s.max_abs_diff(fresh_state(target, prompt + batch[: slot + 1])) == 0.0
+    ring.restore(state, 1)
+    assert state.max_abs_diff(fresh_state(target, prompt + batch[:2])) == 0.0
+    target.forward(np.array([9, 10]), state, ring=ring)  # the next pass writes into the old base
+    ring.restore(state, 0)
+    assert state.max_abs_diff(fresh_state(target, prompt + batch[:2] + [9])) == 0.0
+    for bad in (-1, 2):
+        with pytest.raises(ValueError, match="slot"):
+            ring.restore(state, bad)
+    with pytest.raises(ValueError, match="rollback to 8 tokens: the state holds 4"):
+        ring.restore(fresh_state(target, prompt), 1)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -212,6 +212,7 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
 
             model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
             model.causal_conv = numba_gdn.causal_conv  # bitwise the oracle's conv
+            model.rollback = "replay"  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 25)
         else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
             import cupy
 

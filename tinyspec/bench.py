@@ -34,7 +34,6 @@ from .generate import generate
 from .lookup import LookupDrafter
 from .model import Model
 from .mtp import MTPDrafter
-from .state import SnapshotRing
 from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 
@@ -86,11 +85,12 @@ def decode_time(model: Model, prompt: list[int], n: int) -> float:
 
 
 def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
-    """Median seconds of a k-token verify pass (snapshot ring included) from the same post-prompt state."""
+    """Median seconds of a k-token verify pass from the same post-prompt state, with the model's ring (Model.new_ring:
+    snapshots written, or the base kept for a replay; a rollback is not part of the pass)."""
     state = model.new_state()
     model.forward(np.array(prompt), state)
     window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(ks)))
-    rings = {k: SnapshotRing(model.cfg, k, model.xp) for k in ks}
+    rings = {k: model.new_ring(k) for k in ks}
     times: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every k alike
         for k in ks:

@@ -44,7 +44,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .ops import asarray_like, l2_norm, linear, rms_norm, sigmoid, silu, softplus
-from .state import GDNState
+from .state import GDNState, ReplayLog
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
@@ -187,7 +187,9 @@ def gdn_layer(
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
     snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
-    state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores.
+    state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores;
+    or (conv, ReplayLog): the conv windows as before, and the memory swapped with the log's spare
+    buffer, which keeps the pre-pass memory and the scan inputs for a replay (state.ReplayRing).
     scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py);
     conv: causal_conv or one with its contract and bits (the same).
     """
@@ -220,6 +222,11 @@ def gdn_layer(
     core = gdn_chunked if chunked else scan
     if chunked:
         o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
+    elif snapshots is not None and isinstance(snapshots[1], ReplayLog):  # rollback by replay (state.ReplayRing):
+        log = snapshots[1]  # the new memory goes to the log's spare buffer, the old one stays as the replay's base
+        o, new = scan(q, k, v, log_decay, beta, state.ssm, out=log.spare)
+        log.record(state.ssm, q, k, v, log_decay, beta)
+        state.ssm = new
     else:  # the new memory overwrites the old in place (snapshots, if any, are copies in the ring)
         o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=None if snapshots is None else snapshots[1],
                             out=state.ssm)

@@ -28,7 +28,7 @@ from .gdn import causal_conv, gdn_layer, gdn_scan
 from .gguf import GGUFFile, read_gguf
 from .ops import linear, rms_norm, silu
 from .quants import dequantize
-from .state import ModelState, SnapshotRing
+from .state import ModelState, ReplayRing, SnapshotRing
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight",
                "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight")
@@ -68,6 +68,7 @@ class Model:
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
         self.causal_conv = causal_conv  # likewise the GDN layers' short convolution
+        self.rollback = "snapshot"  # or "replay": which ring new_ring makes (state.py; the cpu backend replays)
         # where activations and state live: NumPy on the host here; the cuda backend sets CuPy and the
         # two copies (tokens' embeddings in, logits and hidden rows out: the engine works on the host)
         self.xp, self.to_device, self.to_host = np, _same, _same
@@ -105,6 +106,12 @@ class Model:
     def new_state(self) -> ModelState:
         return ModelState(self.cfg, self.xp)
 
+    def new_ring(self, slots: int) -> SnapshotRing | ReplayRing:
+        """Where a verify pass of up to `slots` tokens leaves what a rollback needs (allocated once per sequence)."""
+        if self.rollback == "replay":
+            return ReplayRing(self.cfg, slots, self.gdn_scan, self.xp)
+        return SnapshotRing(self.cfg, slots, self.xp)
+
     def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
@@ -114,14 +121,15 @@ class Model:
             raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {self.cfg.n_vocab - 1})")
         return self.token_embd[tokens]
 
-    def forward(self, tokens, state: ModelState, chunked: bool = False, ring: SnapshotRing | None = None,
+    def forward(self, tokens, state: ModelState, chunked: bool = False, ring: SnapshotRing | ReplayRing | None = None,
                 logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
         sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
         ring: a SnapshotRing that receives every GDN layer's state after each of the T tokens
-        (a verify pass), so any prefix can be restored later without recomputing.
+        (a verify pass), so any prefix can be restored later without recomputing; or a ReplayRing
+        that keeps what a rollback needs to rescan the kept prefix (new_ring picks, state.py).
         logits=False skips the output projection (None instead of logits): for callers that score
         only some rows of it (draft_vocab.py) or need only the state.
         """

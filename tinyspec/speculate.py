@@ -9,8 +9,9 @@ The loop (pending = the next token, already chosen but not yet fed to the target
     Step 3  accept   keep d_1..d_m while the rule accepts (greedy: d_i == argmax p_{i-1}); then a
                      correction from the residual law, or, if all k were kept, a bonus token from p_k
     Step 4  rollback the pass fed k+1 tokens but only pending + d_1..d_m are kept: restore every GDN
-                     layer from the snapshot ring slot m (written during the pass, no recompute),
-                     truncate the KV caches, tell the drafter which tokens were kept
+                     layer from the snapshot ring slot m (written during the pass, no recompute; or,
+                     with a ReplayRing, rescan the m+1 kept tokens from the pre-pass memory), truncate
+                     the KV caches, tell the drafter which tokens were kept
     Step 5  emit     d_1..d_m and the new token, which becomes the next pending token
 
 Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the
@@ -44,7 +45,6 @@ from .adaptive import AdaptiveDraftLength
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step
-from .state import SnapshotRing
 
 
 class Drafter(Protocol):
@@ -121,7 +121,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     t_start = clock()
 
     state = model.new_state()
-    ring = SnapshotRing(model.cfg, draft_n + 1, model.xp)  # allocated once for the whole generation, where the state lives
+    ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
     drafter.start(prompt, hidden)
     stats.phase_s["prefill"] = clock() - t_start

@@ -10,11 +10,25 @@ speculative decoding on hybrid models: a KV cache is a list, so forgetting the l
 be truncated, only restored from a copy taken at the right token boundary (the snapshot ring of the
 speculative engine) or recomputed.
 
+Two ways to roll back, the same bits (tests/test_speculate.py checks both against a fresh run):
+
+    SnapshotRing  copy  the pass writes the state after every token (k + 1 states), a rollback copies one
+    ReplayRing    redo  the pass keeps the state from before it and each token's delta-rule inputs, a
+                        rollback re-runs the scan over the kept tokens (the GDN memory is a function of them)
+
 SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a k-token
 verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
 keeping the first j tokens is a copy of slot j-1 back into the state plus a KV truncate: no recompute,
 no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of
 bounds; peers shipped a CVE for exactly that, ../shared/reference/peers.md section 5).
+
+ReplayRing trades the copies for recompute. A 4-token verify pass of the 0.8B shape writes 72 MB of
+snapshots (18 GDN layers x 4 tokens x 1 MB), ~2 ms of a ~31 ms pass on the 2-core dev machine, on every
+step; the replay re-reads one state per layer and reruns j <= k tokens only when a draft was rejected.
+The scan writes its result into the ring's spare buffer and the two buffers swap (the state's old
+memory becomes the ring's base), so keeping the pre-pass state costs no copy either. The cpu backend
+uses it (Model.new_ring); the oracle and cuda keep SnapshotRing (on a GPU the copies are cheap and a
+replay would add launches to the critical path). LESSONS.md 25 has the measurements.
 
 Where the numbers live: every class takes `xp`, the array module that allocates its buffers (NumPy by
 default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
@@ -187,4 +201,62 @@ class SnapshotRing:
             if conv is not None:
                 np.copyto(layer.conv, conv[slot])
                 np.copyto(layer.ssm, ssm[slot])
+        state.truncate_kv(keep)
+
+
+class ReplayLog:
+    """One GDN layer's side of a ReplayRing: the memory before the last pass and that pass's scan inputs.
+
+    spare [n_v, K, V]: the buffer not in the state. A pass scans state.ssm -> spare and the two swap, so
+    after it `spare` holds the memory from before the pass (the base a replay starts from) and is
+    overwritten by the next pass. q, k, v, log_decay, beta: the last pass's [T, ...] scan inputs."""
+
+    def __init__(self, shape, xp=np):
+        self.spare = zeros_aligned(shape, xp)
+        self.inputs: tuple | None = None
+
+    def record(self, before: np.ndarray, *inputs) -> None:
+        """The pass just wrote its result into self.spare and the state took it: keep `before`, the
+        state's previous buffer, as the base, and the scan inputs (references; the pass made them)."""
+        self.spare, self.inputs = before, inputs
+
+
+class ReplayRing:
+    """Rollback by recomputation, the same interface and bits as SnapshotRing (mark_pass, layer, restore).
+
+    conv[i] [slots, C, w-1]: the conv windows after each token, as SnapshotRing (3 columns: small);
+    log[i]: a ReplayLog (None for attention layers). restore(state, j) copies conv[j] and rescans tokens
+    0..j from the base with the recorded inputs: the same scan, the same inputs, so the same bits as
+    the pass computed after token j (the scan's steps do not depend on how many tokens follow).
+    `scan`: the model's gdn_scan (Model.gdn_scan), so a backend's replay runs its own kernel."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, scan, xp=np):
+        if slots < 1:
+            raise ValueError(f"ReplayRing needs at least one slot, got {slots}")
+        self.slots, self.scan = slots, scan
+        C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
+        shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
+        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
+        self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
+        self.pos = np.zeros(slots, np.int64)
+        self.filled = 0
+
+    def layer(self, i: int) -> tuple[np.ndarray, ReplayLog]:
+        return self.conv[i], self.log[i]
+
+    mark_pass = SnapshotRing.mark_pass
+
+    def restore(self, state: ModelState, slot: int) -> None:
+        """Roll `state` back to slot: conv windows copied, GDN memory rescanned over tokens 0..slot from the
+        base, KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
+        if not 0 <= slot < self.filled:
+            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
+        keep = int(self.pos[slot])
+        if not 0 <= keep <= state.pos:
+            raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
+        for layer, conv, log in zip(state.layers, self.conv, self.log):
+            if conv is not None:
+                np.copyto(layer.conv, conv[slot])
+                inputs = (a[: slot + 1] for a in log.inputs)  # q, k, v, log_decay, beta of the kept tokens
+                _, layer.ssm = self.scan(*inputs, log.spare, out=layer.ssm)  # the outputs are thrown away
         state.truncate_kv(keep)
