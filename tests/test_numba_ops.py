@@ -269,6 +269,8 @@ def test_q8_k_rounding_is_the_oracle_bit_for_bit(rng):
     x[1, 256:512] = np.round(x[1, 256:512] * 4) / 4  # many exact halves after scaling
     x[1, 300], x[1, 301] = 8.0, -8.0  # a tie of magnitudes: the first wins
     x[2, :256] = -np.abs(x[2, :256])  # a negative max
+    x[3, :256] = -0.0  # a zero block of negative zeros (the max is taken over the bits with the sign cleared)
+    x[4, 1023] = 1e6  # the max in the last lane
     T, n = x.shape
     qx, dx, bs = np.zeros(T * n, np.int8), np.zeros(T * n // 256, np.float32), np.zeros(T * n // 16, np.int16)
     numba_ops._quantize_q8_k(x, n, qx, dx, bs)
