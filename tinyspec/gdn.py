@@ -188,14 +188,16 @@ def gdn_layer(
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
     snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
     state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores;
-    or (conv, ReplayLog): the conv windows as before, and the memory swapped with the log's spare
-    buffer, which keeps the pre-pass memory and the scan inputs for a replay (state.ReplayRing).
+    or (None, ReplayLog): no per-token copies; the memory is swapped with the log's spare buffer, which
+    keeps the pre-pass memory, and the log keeps the old conv window and the inputs (state.ReplayRing).
     scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py);
     conv: causal_conv or one with its contract and bits (the same).
     """
     T, D = x.shape
-    if snapshots is not None and (chunked or snapshots[0].shape[0] < T):
-        raise ValueError(f"snapshots need the scan and >= {T} slots (have {snapshots[0].shape[0]}, chunked={chunked})")
+    replay = snapshots is not None and isinstance(snapshots[1], ReplayLog)
+    if snapshots is not None and (chunked or (not replay and snapshots[0].shape[0] < T)):
+        have = "a replay log" if replay else f"{snapshots[0].shape[0]} slots"
+        raise ValueError(f"snapshots need the scan and >= {T} slots (have {have}, chunked={chunked})")
     n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
 
     # 1. projections (z, b, a bypass the conv)
@@ -206,6 +208,7 @@ def gdn_layer(
     log_decay = w["ssm_a"] * softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
 
     # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
+    conv_before = state.conv  # the conv returns a new window: a ReplayLog keeps this one
     c, state.conv = conv(mixed, state.conv, w["ssm_conv1d.weight"], None if snapshots is None else snapshots[0])
     c = silu(c)  # [T, C]
 
@@ -222,10 +225,10 @@ def gdn_layer(
     core = gdn_chunked if chunked else scan
     if chunked:
         o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
-    elif snapshots is not None and isinstance(snapshots[1], ReplayLog):  # rollback by replay (state.ReplayRing):
+    elif replay:  # rollback by replay (state.ReplayRing):
         log = snapshots[1]  # the new memory goes to the log's spare buffer, the old one stays as the replay's base
         o, new = scan(q, k, v, log_decay, beta, state.ssm, out=log.spare)
-        log.record(state.ssm, q, k, v, log_decay, beta)
+        log.record(state.ssm, conv_before, mixed, q, k, v, log_decay, beta)
         state.ssm = new
     else:  # the new memory overwrites the old in place (snapshots, if any, are copies in the ring)
         o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=None if snapshots is None else snapshots[1],

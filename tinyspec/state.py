@@ -13,8 +13,8 @@ speculative engine) or recomputed.
 Two ways to roll back, the same bits (tests/test_speculate.py checks both against a fresh run):
 
     SnapshotRing  copy  the pass writes the state after every token (k + 1 states), a rollback copies one
-    ReplayRing    redo  the pass keeps the state from before it and each token's delta-rule inputs, a
-                        rollback re-runs the scan over the kept tokens (the GDN memory is a function of them)
+    ReplayRing    redo  the pass keeps the state from before it and the tokens' inputs (conv and delta
+                        rule), a rollback reruns the kept tokens' steps (the GDN state is a function of them)
 
 SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a k-token
 verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
@@ -205,58 +205,61 @@ class SnapshotRing:
 
 
 class ReplayLog:
-    """One GDN layer's side of a ReplayRing: the memory before the last pass and that pass's scan inputs.
+    """One GDN layer's side of a ReplayRing: its state before the last pass and that pass's inputs.
 
-    spare [n_v, K, V]: the buffer not in the state. A pass scans state.ssm -> spare and the two swap, so
-    after it `spare` holds the memory from before the pass (the base a replay starts from) and is
-    overwritten by the next pass. q, k, v, log_decay, beta: the last pass's [T, ...] scan inputs."""
+    spare [n_v, K, V]: the memory buffer not in the state. A pass scans state.ssm -> spare and the two
+    swap, so after it `spare` holds the memory from before the pass (the base a replay starts from) and
+    is overwritten by the next pass. conv: the conv window before the pass (the conv returns a new one,
+    so the old array is simply kept); mixed [T, C]: the raw projections the conv consumed; scan: the
+    pass's q, k, v, log_decay, beta ([T, ...] each). All references: recording copies nothing."""
 
     def __init__(self, shape, xp=np):
         self.spare = zeros_aligned(shape, xp)
-        self.inputs: tuple | None = None
+        self.conv = self.mixed = None
+        self.scan: tuple = ()
 
-    def record(self, before: np.ndarray, *inputs) -> None:
-        """The pass just wrote its result into self.spare and the state took it: keep `before`, the
-        state's previous buffer, as the base, and the scan inputs (references; the pass made them)."""
-        self.spare, self.inputs = before, inputs
+    def record(self, ssm_before: np.ndarray, conv_before: np.ndarray, mixed: np.ndarray, *scan_inputs) -> None:
+        """The pass wrote its memory into self.spare and the state took it: keep what it replaced."""
+        self.spare, self.conv, self.mixed, self.scan = ssm_before, conv_before, mixed, scan_inputs
 
 
 class ReplayRing:
     """Rollback by recomputation, the same interface and bits as SnapshotRing (mark_pass, layer, restore).
 
-    conv[i] [slots, C, w-1]: the conv windows after each token, as SnapshotRing (3 columns: small);
-    log[i]: a ReplayLog (None for attention layers). restore(state, j) copies conv[j] and rescans tokens
-    0..j from the base with the recorded inputs: the same scan, the same inputs, so the same bits as
-    the pass computed after token j (the scan's steps do not depend on how many tokens follow).
+    log[i]: a ReplayLog (None for attention layers); nothing is written per token. restore(state, j)
+    rebuilds each GDN layer after token j from its log: the conv window is the last w-1 rows of
+    [window before | mixed[:j+1]] (copies), and the memory is the scan rerun over tokens 0..j from the
+    base with the recorded inputs: the same scan, the same inputs, so the same bits as the pass computed
+    after token j (a scan's steps do not depend on how many tokens follow).
     `scan`: the model's gdn_scan (Model.gdn_scan), so a backend's replay runs its own kernel."""
 
     def __init__(self, cfg: ModelConfig, slots: int, scan, xp=np):
         if slots < 1:
             raise ValueError(f"ReplayRing needs at least one slot, got {slots}")
-        self.slots, self.scan = slots, scan
-        C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
+        self.slots, self.scan, self.xp = slots, scan, xp
         shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
-        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
         self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
         self.pos = np.zeros(slots, np.int64)
         self.filled = 0
 
-    def layer(self, i: int) -> tuple[np.ndarray, ReplayLog]:
-        return self.conv[i], self.log[i]
+    def layer(self, i: int) -> tuple[None, ReplayLog]:  # (no conv snapshots, the log): gdn_layer's `snapshots`
+        return None, self.log[i]
 
     mark_pass = SnapshotRing.mark_pass
 
     def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to slot: conv windows copied, GDN memory rescanned over tokens 0..slot from the
+        """Roll `state` back to slot: conv window rebuilt, GDN memory rescanned over tokens 0..slot from the
         base, KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
         if not 0 <= slot < self.filled:
             raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
         keep = int(self.pos[slot])
         if not 0 <= keep <= state.pos:
             raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
-        for layer, conv, log in zip(state.layers, self.conv, self.log):
-            if conv is not None:
-                np.copyto(layer.conv, conv[slot])
-                inputs = (a[: slot + 1] for a in log.inputs)  # q, k, v, log_decay, beta of the kept tokens
+        n = slot + 1
+        for layer, log in zip(state.layers, self.log):
+            if log is not None:
+                window = self.xp.concatenate([log.conv.T, log.mixed[:n]])  # [w-1+n, C], oldest first
+                np.copyto(layer.conv, window[n:].T)  # the last w-1 rows
+                inputs = (a[:n] for a in log.scan)  # q, k, v, log_decay, beta of the kept tokens
                 _, layer.ssm = self.scan(*inputs, log.spare, out=layer.ssm)  # the outputs are thrown away
         state.truncate_kv(keep)
