@@ -190,13 +190,19 @@ class SnapshotRing:
         self.pos[slot] = state.pos
         self.filled = max(self.filled, slot + 1)
 
-    def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to slot: GDN layers copied in place, KV caches truncated. No recompute."""
+    def kept(self, state: ModelState, slot: int) -> int:
+        """The token count a rollback to `slot` keeps, after checking the slot and the state (a bad range is
+        a bug: it raises before anything is written)."""
         if not 0 <= slot < self.filled:
             raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
         keep = int(self.pos[slot])
         if not 0 <= keep <= state.pos:
             raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
+        return keep
+
+    def restore(self, state: ModelState, slot: int) -> None:
+        """Roll `state` back to slot: GDN layers copied in place, KV caches truncated. No recompute."""
+        keep = self.kept(state, slot)
         for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
             if conv is not None:
                 np.copyto(layer.conv, conv[slot])
@@ -245,16 +251,12 @@ class ReplayRing:
     def layer(self, i: int) -> tuple[None, ReplayLog]:  # (no conv snapshots, the log): gdn_layer's `snapshots`
         return None, self.log[i]
 
-    mark_pass = SnapshotRing.mark_pass
+    mark_pass, kept = SnapshotRing.mark_pass, SnapshotRing.kept  # the same bookkeeping and checks
 
     def restore(self, state: ModelState, slot: int) -> None:
         """Roll `state` back to slot: conv window rebuilt, GDN memory rescanned over tokens 0..slot from the
         base, KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
-        if not 0 <= slot < self.filled:
-            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
-        keep = int(self.pos[slot])
-        if not 0 <= keep <= state.pos:
-            raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
+        keep = self.kept(state, slot)
         n = slot + 1
         for layer, log in zip(state.layers, self.log):
             if log is not None:
