@@ -267,7 +267,7 @@ def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
     from tinyspec.state import ReplayRing
 
     prompt, batch = [1, 2, 3, 4], [5, 6, 7, 8]
-    ring = ReplayRing(target.cfg, 4, target.gdn_scan)
+    ring = ReplayRing(target.cfg, 4, target.causal_conv, target.gdn_scan)
     with pytest.raises(ValueError, match="slot 0: the ring holds slots 0 .. -1"):
         ring.restore(fresh_state(target, prompt), 0)
     state = fresh_state(target, prompt)

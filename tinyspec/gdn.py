@@ -228,7 +228,7 @@ def gdn_layer(
     elif replay:  # rollback by replay (state.ReplayRing):
         log = snapshots[1]  # the new memory goes to the log's spare buffer, the old one stays as the replay's base
         o, new = scan(q, k, v, log_decay, beta, state.ssm, out=log.spare)
-        log.record(state.ssm, conv_before, mixed, q, k, v, log_decay, beta)
+        log.record(state.ssm, conv_before, (mixed, w["ssm_conv1d.weight"]), (q, k, v, log_decay, beta))
         state.ssm = new
     else:  # the new memory overwrites the old in place (snapshots, if any, are copies in the ring)
         o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=None if snapshots is None else snapshots[1],

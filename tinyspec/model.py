@@ -109,7 +109,7 @@ class Model:
     def new_ring(self, slots: int) -> SnapshotRing | ReplayRing:
         """Where a verify pass of up to `slots` tokens leaves what a rollback needs (allocated once per sequence)."""
         if self.rollback == "replay":
-            return ReplayRing(self.cfg, slots, self.gdn_scan, self.xp)
+            return ReplayRing(self.cfg, slots, self.causal_conv, self.gdn_scan, self.xp)
         return SnapshotRing(self.cfg, slots, self.xp)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]

@@ -216,33 +216,33 @@ class ReplayLog:
     spare [n_v, K, V]: the memory buffer not in the state. A pass scans state.ssm -> spare and the two
     swap, so after it `spare` holds the memory from before the pass (the base a replay starts from) and
     is overwritten by the next pass. conv: the conv window before the pass (the conv returns a new one,
-    so the old array is simply kept); mixed [T, C]: the raw projections the conv consumed; scan: the
-    pass's q, k, v, log_decay, beta ([T, ...] each). All references: recording copies nothing."""
+    so the old array is simply kept); conv_inputs: (mixed [T, C], the conv weight), what the conv
+    consumed; scan_inputs: the pass's q, k, v, log_decay, beta ([T, ...] each). All references:
+    recording copies nothing."""
 
     def __init__(self, shape, xp=np):
         self.spare = zeros_aligned(shape, xp)
-        self.conv = self.mixed = None
-        self.scan: tuple = ()
+        self.conv, self.conv_inputs, self.scan_inputs = None, (), ()
 
-    def record(self, ssm_before: np.ndarray, conv_before: np.ndarray, mixed: np.ndarray, *scan_inputs) -> None:
+    def record(self, ssm_before: np.ndarray, conv_before: np.ndarray, conv_inputs: tuple, scan_inputs: tuple) -> None:
         """The pass wrote its memory into self.spare and the state took it: keep what it replaced."""
-        self.spare, self.conv, self.mixed, self.scan = ssm_before, conv_before, mixed, scan_inputs
+        self.spare, self.conv, self.conv_inputs, self.scan_inputs = ssm_before, conv_before, conv_inputs, scan_inputs
 
 
 class ReplayRing:
     """Rollback by recomputation, the same interface and bits as SnapshotRing (mark_pass, layer, restore).
 
     log[i]: a ReplayLog (None for attention layers); nothing is written per token. restore(state, j)
-    rebuilds each GDN layer after token j from its log: the conv window is the last w-1 rows of
-    [window before | mixed[:j+1]] (copies), and the memory is the scan rerun over tokens 0..j from the
-    base with the recorded inputs: the same scan, the same inputs, so the same bits as the pass computed
-    after token j (a scan's steps do not depend on how many tokens follow).
-    `scan`: the model's gdn_scan (Model.gdn_scan), so a backend's replay runs its own kernel."""
+    reruns each GDN layer's conv and scan over tokens 0..j from the state before the pass with the
+    recorded inputs: the same functions, the same inputs, so the same bits as the pass computed after
+    token j (neither a conv's window nor a scan's steps depend on how many tokens follow).
+    conv, scan: the model's causal_conv and gdn_scan (Model.new_ring), so a backend replays with its own
+    kernels."""
 
-    def __init__(self, cfg: ModelConfig, slots: int, scan, xp=np):
+    def __init__(self, cfg: ModelConfig, slots: int, conv, scan, xp=np):
         if slots < 1:
             raise ValueError(f"ReplayRing needs at least one slot, got {slots}")
-        self.slots, self.scan, self.xp = slots, scan, xp
+        self.slots, self.conv, self.scan = slots, conv, scan
         shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
         self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
         self.pos = np.zeros(slots, np.int64)
@@ -254,14 +254,13 @@ class ReplayRing:
     mark_pass, kept = SnapshotRing.mark_pass, SnapshotRing.kept  # the same bookkeeping and checks
 
     def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to slot: conv window rebuilt, GDN memory rescanned over tokens 0..slot from the
-        base, KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
+        """Roll `state` back to slot: conv and scan rerun over tokens 0..slot from the state before the pass,
+        KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
         keep = self.kept(state, slot)
         n = slot + 1
         for layer, log in zip(state.layers, self.log):
-            if log is not None:
-                window = self.xp.concatenate([log.conv.T, log.mixed[:n]])  # [w-1+n, C], oldest first
-                np.copyto(layer.conv, window[n:].T)  # the last w-1 rows
-                inputs = (a[:n] for a in log.scan)  # q, k, v, log_decay, beta of the kept tokens
-                _, layer.ssm = self.scan(*inputs, log.spare, out=layer.ssm)  # the outputs are thrown away
+            if log is not None:  # the kept tokens' rows of each input; the outputs are thrown away
+                mixed, weight = log.conv_inputs
+                _, layer.conv = self.conv(mixed[:n], log.conv, weight)
+                _, layer.ssm = self.scan(*(a[:n] for a in log.scan_inputs), log.spare, out=layer.ssm)
         state.truncate_kv(keep)
