@@ -182,6 +182,16 @@ def test_bench_json_reports_every_field(tiny_model, capsys):
     for s in r["spec"].values():
         assert s["identical"] and set(s) >= {"tok_s", "speedup", "acceptance_rate", "mean_accepted_length"}
     assert r["spec"]["synthetic"]["acceptance_setting"] == 0.8
+    assert r["rollback"] == "snapshot"  # the oracle's ring
+
+
+def test_bench_rollback_replay_on_the_oracle(tiny_model, capsys):
+    """--rollback replay puts the cpu backend's ring under the oracle: the outputs stay identical."""
+    args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
+            "--max-new", "12", "--drafters", "mtp,synthetic", "--rollback", "replay", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["rollback"] == "replay" and all(s["identical"] for s in r["spec"].values())
 
 
 def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):

@@ -299,3 +299,20 @@ def test_self_speculation_accepts_everything(target, temperature):
     spec = speculative_generate(target, DraftModelDrafter(target), [3, 1, 4, 1, 5], 16, draft_n=3,
                                 params=SamplingParams(temperature), rng=np.random.default_rng(0))
     assert spec.stats.drafted > 0 and spec.stats.accepted == spec.stats.drafted
+
+
+def test_measure_step_overheads_times_both_rings(tmp_path, capsys):
+    """tools/measure_step_overheads.py (LESSONS 25's rollback costs) runs on a file's header and reports a
+    ReplayRing rollback per kept count next to the SnapshotRing figures."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import measure_step_overheads
+
+    path = tmp_path / "t.gguf"
+    write_tiny_qwen35(path, seed=11, n_trunk=4, interval=2)
+    assert measure_step_overheads.main(["--model", str(path), "--k", "3", "--repeat", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["restore_ms"] > 0 and len(r["replay_restore_ms"]) == 3 and min(r["replay_restore_ms"]) > 0

@@ -255,6 +255,8 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     if args.synth_len is not None or args.adaptive or args.draft_vocab:
         drafters = tuple(dict.fromkeys(drafters + ("mtp",)))
+    if args.rollback is not None:
+        model.rollback = args.rollback
     report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
@@ -398,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token ids by frequency for --draft-vocab (default: the file's training.token_ranking, "
                         "else id order)")
     p.add_argument("--adaptive", action="store_true", help="also time MTP with k chosen per step (spec.mtp_adaptive)")
+    p.add_argument("--rollback", choices=["snapshot", "replay"], default=None,
+                   help="how verify passes keep what a rollback needs: snapshot (a GDN state per token, copied back) "
+                        "or replay (the state before the pass, the kept tokens rerun); default: the backend's "
+                        "(replay on cpu, snapshot on numpy and cuda; tinyspec/state.py)")
     p.add_argument("--spec-repeats", type=int, default=1,
                    help="timed rounds of plain + every drafter, interleaved; medians, and speedup = the median of "
                         "the per-round ratios (1; use 3+ on a shared machine)")

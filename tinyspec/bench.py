@@ -1,7 +1,8 @@
 """bench: what speculation costs and buys on one model and backend, measured in one run.
 
     decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
-    verify_cost_ratio  median time of a k-token verify pass (with its snapshot ring) / the k = 1 pass
+    verify_cost_ratio  median time of a k-token verify pass (with the model's ring) / the k = 1 pass
+    rollback           which ring the verify passes use (Model.rollback: snapshot or replay, state.py)
     weight_gb_s        bytes of weights a decode step reads / its median time
     copy_gb_s          np.copyto of a 256 MB buffer where the weights live (the GPU's memory for the cuda
                        backend, 1 GB there), the memory bandwidth this machine gives right now
@@ -175,6 +176,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
             spec[name]["draft_vocab"] = len(draft_vocab)
     wb = weight_bytes(model)
     return {"model": str(getattr(model, "path", "")), "backend": getattr(model, "backend", "numpy"),
+            "rollback": model.rollback,
             "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
             "weight_bytes": wb, "prompt_tokens": len(prompt),
             "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
