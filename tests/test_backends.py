@@ -143,8 +143,11 @@ def test_k_token_pass_equals_one_token_passes_bitwise(files, backend):
 
 @pytest.mark.parametrize("backend", FAST)
 @pytest.mark.parametrize("drafter", ["mtp", "lookup", "draft"])
-def test_greedy_speculative_equals_plain(files, drafter, backend):
+@pytest.mark.parametrize("rollback", ["snapshot", "replay"])
+def test_greedy_speculative_equals_plain(files, drafter, backend, rollback):
+    """Both rings on every fast backend (cpu replays by default, cuda copies snapshots)."""
     target = load_model(files / "target.gguf", backend)
+    target.rollback = rollback
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
             "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", backend))}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]

@@ -23,12 +23,13 @@ no allocation. Every rollback range is validated (a bad one is a bug: it raises,
 bounds; peers shipped a CVE for exactly that, ../shared/reference/peers.md section 5).
 
 ReplayRing trades the copies for recompute. A 4-token verify pass of the 0.8B shape writes 72 MB of
-snapshots (18 GDN layers x 4 tokens x 1 MB), ~2 ms of a ~31 ms pass on the 2-core dev machine, on every
-step; the replay re-reads one state per layer and reruns j <= k tokens only when a draft was rejected.
-The scan writes its result into the ring's spare buffer and the two buffers swap (the state's old
-memory becomes the ring's base), so keeping the pre-pass state costs no copy either. The cpu backend
-uses it (Model.new_ring); the oracle and cuda keep SnapshotRing (on a GPU the copies are cheap and a
-replay would add launches to the critical path). LESSONS.md 25 has the measurements.
+snapshots (18 GDN layers x 4 tokens x 1 MB of memory, plus the conv windows), ~2 ms of a ~31 ms pass
+on the 2-core dev machine, on every step; a replay reads one state per layer and reruns j <= k tokens
+(~1-1.4 ms, as much as the copy it replaces), only when a draft was rejected. The scan writes its
+result into the ring's spare buffer and the two buffers swap (the state's old memory becomes the
+ring's base), so keeping the pre-pass state costs no copy either. The cpu backend uses it
+(Model.new_ring; `bench --rollback` picks either); the oracle and cuda keep SnapshotRing (on a GPU the
+copies are cheap and a replay would add launches to a rejection). LESSONS.md 25 has the measurements.
 
 Where the numbers live: every class takes `xp`, the array module that allocates its buffers (NumPy by
 default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
