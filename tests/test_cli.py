@@ -153,10 +153,22 @@ def test_generate_defaults_to_adaptive_k_and_takes_a_draft_vocabulary(tiny_model
     assert "adaptive" not in json.loads(capsys.readouterr().out)["stats"]  # a fixed k
 
 
-@pytest.mark.parametrize("flag, bad", [("--draft-max", "0"), ("--draft-vocab", "-1")])
+@pytest.mark.parametrize("flag, bad", [("--draft-max", "0"), ("--draft-vocab", "-1"), ("--draft-p-min", "1.5")])
 def test_draft_flags_must_be_in_range(tiny_model, capsys, flag, bad):
     assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--spec", "mtp", flag, bad]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_draft_p_min_stops_drafting_and_keeps_the_output(tiny_model, capsys):
+    """--draft-p-min 1: every draft is less sure than that, so each step drafts one token; output as plain."""
+    base = ["generate", "--model", str(tiny_model), "--prompt", "the the the", "--max-new", "12", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["tokens"]
+    assert main(base + ["--spec", "mtp", "--draft-n", "4", "--draft-p-min", "1"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["tokens"] == plain and 0 < stats["stats"]["drafted"] <= stats["stats"]["steps"]  # <= 1 a step
+    assert main(base + ["--spec", "lookup", "--draft-p-min", "0.5"]) == 2
+    assert "needs --spec mtp" in capsys.readouterr().err
 
 
 def test_generate_show_marks_tokens(tiny_model, capsys):

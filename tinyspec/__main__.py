@@ -164,7 +164,7 @@ def make_drafter(args, model, draft_n: int = 16, tokenizer=None):
     if args.spec == "mtp":
         from .mtp import MTPDrafter
 
-        return MTPDrafter(model, draft_vocab(args, model, tokenizer))
+        return MTPDrafter(model, draft_vocab(args, model, tokenizer), p_min=args.draft_p_min)
     if args.spec == "lookup":
         from .lookup import LookupDrafter
 
@@ -189,6 +189,9 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--draft-max must be >= 1, got {args.draft_max}")
     if args.draft_vocab is not None and args.draft_vocab < 0:
         raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
+    if not 0 <= args.draft_p_min <= 1 or (args.draft_p_min and args.spec != "mtp"):
+        raise ValueError(f"--draft-p-min must be in [0, 1] and needs --spec mtp, got {args.draft_p_min} "
+                         f"with --spec {args.spec}")
     adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
     draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
     model, tokenizer = load_model(args.model, args.backend)
@@ -337,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranking", default=None, metavar="FILE.npy",
                    help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
                         "else a count over the Python standard library's sources, computed once and cached)")
+    p.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
+                   help="mtp: stop drafting after a draft the head gives probability < P (llama.cpp's --draft-p-min; "
+                        "0, the default: draft every position the draft length allows)")
     p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model)")
     p.add_argument("--show", action="store_true",
                    help="print the output with accepted drafts [in brackets], corrections {in braces} and "

@@ -74,6 +74,15 @@ def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
     return sample(q, rng), q
 
 
+def draft_probability(logits: np.ndarray, token: int, q: np.ndarray | None) -> float:
+    """How sure a drafter is of its draft `token`: q[token] for a sampled draft (q: its law over the
+    vocabulary), else (q None: greedy, the draft is the argmax) the softmax probability of the largest logit."""
+    if q is not None:
+        return float(q[token])
+    z = logits - logits.max()
+    return float(1.0 / np.exp(z, dtype=np.float64).sum())
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector (inverse CDF of a single uniform)."""
     cdf = np.cumsum(probs)

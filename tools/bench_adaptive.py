@@ -1,6 +1,6 @@
 """Adaptive draft length vs every fixed k vs plain decoding, on the shipped model.
 
-    python tools/bench_adaptive.py [--backend numpy] [--prompts 6] [--max-new 64] [--repeats 5] [--json]
+    python tools/bench_adaptive.py [--backend numpy] [--prompts 6] [--max-new 64] [--repeats 5] [--p-min P] [--json]
 
 Held-out prompts (the training corpus's held-out files, as tools/eval_tiny.py picks them) and one
 adversarial prompt where MTP drafts fail (random token ids: the model's continuation of noise is hard
@@ -40,21 +40,21 @@ ASSETS = REPO / "tinyspec" / "assets"
 FIXED = (1, 2, 3, 4)
 
 
-def run(model, method: str, prompt: list[int], max_new: int) -> tuple[list[int], float, dict]:
-    """(tokens, decode seconds, stats) of one greedy generation."""
+def run(model, method: str, prompt: list[int], max_new: int, p_min: float = 0.0) -> tuple[list[int], float, dict]:
+    """(tokens, decode seconds, stats) of one greedy generation (p_min: MTPDrafter's, for every MTP method)."""
     if method == "plain":
         r = generate(model, prompt, max_new)
         return r.tokens, r.stats["decode_s"], {}
     if method == "mtp_adaptive":
         policy = AdaptiveDraftLength(max(FIXED))
-        spec = speculative_generate(model, MTPDrafter(model), prompt, max_new, max(FIXED), adaptive=policy)
+        spec = speculative_generate(model, MTPDrafter(model, p_min=p_min), prompt, max_new, max(FIXED), adaptive=policy)
     else:
-        spec = speculative_generate(model, MTPDrafter(model), prompt, max_new, int(method[len("mtp_k"):]))
+        spec = speculative_generate(model, MTPDrafter(model, p_min=p_min), prompt, max_new, int(method[len("mtp_k"):]))
     s = spec.stats
     return spec.tokens, s.wall_s - s.phase_s["prefill"], s.as_dict()
 
 
-def measure(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
+def measure(model, prompts: list[list[int]], max_new: int, repeats: int, p_min: float = 0.0) -> dict:
     methods = ["plain"] + [f"mtp_k{k}" for k in FIXED] + ["mtp_adaptive"]
     plain = {i: generate(model, p, max_new).tokens for i, p in enumerate(prompts)}
     per_repeat = {m: [] for m in methods}
@@ -64,7 +64,7 @@ def measure(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict
         for m in methods:
             tokens_total, seconds = 0, 0.0
             for i, p in enumerate(prompts):
-                tokens, dt, stats = run(model, m, p, max_new)
+                tokens, dt, stats = run(model, m, p, max_new, p_min)
                 identical &= tokens == plain[i]
                 tokens_total, seconds = tokens_total + len(tokens), seconds + dt
                 if r == 0 and stats:
@@ -100,10 +100,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=6, help="held-out prompts (6)")
     ap.add_argument("--max-new", type=int, default=64, help="tokens generated per prompt (64)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are reported (5)")
+    ap.add_argument("--p-min", type=float, default=0.0,
+                    help="every MTP method stops drafting after a draft the head is less sure of (MTPDrafter p_min; 0)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.prompts < 1 or a.max_new < 2 or a.repeats < 1:
-        ap.error("--prompts and --repeats must be >= 1, --max-new >= 2")
+    if a.prompts < 1 or a.max_new < 2 or a.repeats < 1 or not 0 <= a.p_min <= 1:
+        ap.error("--prompts and --repeats must be >= 1, --max-new >= 2, --p-min in [0, 1]")
     from eval_tiny import heldout_prompts
 
     model = load_model(a.target, a.backend)
@@ -111,8 +113,8 @@ def main(argv=None) -> int:
     held = heldout_prompts(tok, a.prompts, 64)
     noise = [[int(t) for t in np.random.default_rng(s).integers(0, model.cfg.n_vocab - 1, 64)] for s in range(2)]
     report = {"target": str(a.target), "backend": a.backend, "max_new": a.max_new, "repeats": a.repeats,
-              "heldout": measure(model, held, a.max_new, a.repeats),
-              "adversarial": measure(model, noise, a.max_new, a.repeats)}
+              "p_min": a.p_min, "heldout": measure(model, held, a.max_new, a.repeats, a.p_min),
+              "adversarial": measure(model, noise, a.max_new, a.repeats, a.p_min)}
     if a.json:
         print(json.dumps(report, indent=1))
         return 0
