@@ -105,6 +105,29 @@ def test_cpu_matches_the_oracle_on_every_weight_type(files):
     close_rows(m_fast, m_ref)                                          # spreads a flipped row to later ones
 
 
+def test_cpu_packs_iq2_xxs_and_matches_the_oracle(tmp_path):
+    """An IQ2_XXS file (no quantizer here: random blocks with small finite scales in every FFN down
+    projection) stays packed on cpu, 66 bytes per 256 weights, never a float copy; logits as the oracle's."""
+    meta, tensors = tiny_qwen35_tensors(np.random.default_rng(3), **SHAPE)
+    rng, out = np.random.default_rng(4), {}
+    for name, t in tensors.items():
+        if name.endswith("ffn_down.weight"):
+            raw = rng.integers(0, 256, (t.size // 256, 66), dtype=np.uint8)
+            raw[:, 0:2] = np.full((len(raw), 1), np.float16(0.02)).view(np.uint8)  # d
+            out[name] = RawTensor(GGMLType.IQ2_XXS, t.shape, raw.reshape(t.shape[0], -1))
+        else:
+            out[name] = t
+    write_gguf(tmp_path / "iq2.gguf", meta, out)
+    ref, fast = load_model(tmp_path / "iq2.gguf", "numpy"), load_model(tmp_path / "iq2.gguf", "cpu")
+    packed = [t for name, t in fast.tensors.items() if name.endswith("ffn_down.weight")]
+    assert packed and all(isinstance(t, PackedWeight) and t.ggml_type == GGMLType.IQ2_XXS for t in packed)
+    assert all(t.nbytes == t.shape[0] * t.shape[1] // 256 * 66 for t in packed)
+    tokens = np.random.default_rng(0).integers(0, 300, 12)
+    l_ref, _ = ref.forward(tokens, ref.new_state())
+    l_fast, _ = fast.forward(tokens, fast.new_state())
+    close_rows(l_fast, l_ref)
+
+
 def test_q8_activations_stay_close_to_the_float_oracle(files):
     """Rounding K-quant activations to Q8_K changes the function, boundedly: on this random model (which
     amplifies every perturbation through 3 layers of nearly flat logits) the cpu logits stay within 30% of

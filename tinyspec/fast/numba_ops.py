@@ -7,7 +7,8 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
     get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
-in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k).
+in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k,
+iquants.py dequantize_iq2_xxs). A type not in SUPPORTED is expanded to float32 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
 
@@ -78,6 +79,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import GGMLType
+from ..quants.iq_grids import IQ2XXS_GRID, KSIGNS
 from . import kernel_cache, simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
@@ -86,12 +88,15 @@ SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region cos
 AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
-             GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+             GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+_IQ2_XXS = int(GGMLType.IQ2_XXS)
+_IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
+_KSIGNS = KSIGNS.astype(np.uint8)  # [128] 7 stored sign bits -> 8 (an even number of minus signs)
 
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
@@ -181,6 +186,26 @@ def _decode_q2_k(raw, r0, s, n, w):  # 84 bytes: scales[16], qs[64], d, dmin
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq2_xxs(raw, r0, s, n, w):  # 66 bytes: d, then 8 groups of 8 bytes (4 grid indices, a uint32)
+    """x = (d * (0.5 + s4) * 0.25) * grid[index][k] * sign[k] (tinyspec/quants/iquants.py dequantize_iq2_xxs,
+    its product order; every product is exact in float32). Group g (values 32g .. 32g + 31): bytes 0-3
+    index 8 values each, the uint32 of bytes 4-7 holds four 7-bit KSIGNS indices and the scale s4 on top."""
+    o = r0 + s * 66
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        q = o + 2 + 8 * g
+        aux = np.uint32(raw[q + 4]) | (np.uint32(raw[q + 5]) << 8) | (np.uint32(raw[q + 6]) << 16) \
+            | (np.uint32(raw[q + 7]) << 24)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+        for k in range(4):
+            signs = _KSIGNS[(aux >> (7 * k)) & 127]
+            row = _IQ2XXS_GRID[raw[q + k]]
+            for j in range(8):
+                v = db * row[j]
+                w[32 * g + 8 * k + j] = -v if (signs >> j) & 1 else v
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
 def _decode_q4_k(raw, r0, s, n, w, sm):  # 144 bytes: d, dmin, scales[12], qs[128]
     """x = (d * sc) * q - (dmin * m); qs[32c + l] holds value l of group 2c (low nibble) and 2c + 1."""
     o = r0 + s * 144
@@ -225,6 +250,8 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_q4_0(raw, r0, s, n, w)
     elif kind == _Q2_K:
         _decode_q2_k(raw, r0, s, n, w)
+    elif kind == _IQ2_XXS:
+        _decode_iq2_xxs(raw, r0, s, n, w)
     elif kind == _F16:
         _decode_f16(raw, r0, s, n, w)
     elif kind == _BF16:
