@@ -96,7 +96,8 @@ _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
 _IQ2_XXS = int(GGMLType.IQ2_XXS)
 _IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
-_KSIGNS = KSIGNS.astype(np.uint8)  # [128] 7 stored sign bits -> 8 (an even number of minus signs)
+_KSIGN_ROWS = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [128, 8] of +-1:
+# the 7 stored sign bits of 8 values -> their 8 signs (KSIGNS makes the count of minus signs even)
 
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
@@ -197,12 +198,9 @@ def _decode_iq2_xxs(raw, r0, s, n, w):  # 66 bytes: d, then 8 groups of 8 bytes 
         aux = np.uint32(raw[q + 4]) | (np.uint32(raw[q + 5]) << 8) | (np.uint32(raw[q + 6]) << 16) \
             | (np.uint32(raw[q + 7]) << 24)
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
-        for k in range(4):
-            signs = _KSIGNS[(aux >> (7 * k)) & 127]
-            row = _IQ2XXS_GRID[raw[q + k]]
-            for j in range(8):
-                v = db * row[j]
-                w[32 * g + 8 * k + j] = -v if (signs >> j) & 1 else v
+        for k in range(4):  # 8 values: a codeword times its signs, (db * grid) * sign as the oracle
+            simd.grid_signed8(_IQ2XXS_GRID, 8 * np.int64(raw[q + k]), _KSIGN_ROWS, 8 * np.int64((aux >> (7 * k)) & 127),
+                              db, w, 32 * g + 8 * k)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)

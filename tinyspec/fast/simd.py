@@ -18,7 +18,7 @@ caller keeps `i + n <= a.size` (these are inner-loop primitives: no bounds check
     lane_sum256(a, i), lane_sum16   a[i] + ... + a[i+255] (or +15) as a fixed pairwise tree: (l, l+128), (l, l+64), ...
     half_to_f32(u8, i)                 the fp16 at bytes u8[i], u8[i+1] (little endian) as float32, exact
     affine_u4(u8, i, w, j, s0, m0, s1, m1)   32 bytes -> w[j:j+32] = s0 * (b & 15) - m0, w[j+32:j+64] = s1 * (b >> 4) - m1
-    ...and the block-specific decoders below (Q4_K scales, Q5_K fifth bit, Q6_K, Q8_0, Q4_0).
+    ...and the block-specific decoders below (Q4_K scales, Q5_K fifth bit, Q6_K, Q8_0, Q4_0, IQ2 codewords).
 """
 
 from __future__ import annotations
@@ -268,6 +268,22 @@ def affine_q4_0(typingctx, u8, i, d, w, j):
         return _void(context)
 
     return types.void(u8, i, d, w, j), codegen
+
+
+@intrinsic
+def grid_signed8(typingctx, grid, gi, sign, si, d, w, j):
+    """IQ2 codewords: w[j:j+8] = (d * grid.flat[gi:gi+8]) * sign.flat[si:si+8] (sign: +-1 floats)."""
+    if not all(_is_c_array(t, types.float32) for t in (grid, sign, w)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tg, _, ts, _, _, tw, _ = sig.args
+        g, gi, sg, si, d, w, j = args
+        v = builder.fmul(_splat(builder, d, 8), _load(context, builder, tg, g, gi, 8))
+        _store(context, builder, tw, w, j, builder.fmul(v, _load(context, builder, ts, sg, si, 8)))
+        return _void(context)
+
+    return types.void(grid, gi, sign, si, d, w, j), codegen
 
 
 @intrinsic
