@@ -180,10 +180,7 @@ def _decode_q2_k(raw, r0, s, n, w):  # 84 bytes: scales[16], qs[64], d, dmin
             j = o + 8 * c + 2 * s
             dl0, ml0 = d * np.float32(raw[j] & 15), dmin * np.float32(raw[j] >> 4)
             dl1, ml1 = d * np.float32(raw[j + 1] & 15), dmin * np.float32(raw[j + 1] >> 4)
-            qo, wo = o + 16 + 32 * c, 128 * c + 32 * s
-            for l in range(16):
-                w[wo + l] = dl0 * np.float32(np.uint8((raw[qo + l] >> (2 * s)) & 3)) - ml0
-                w[wo + 16 + l] = dl1 * np.float32(np.uint8((raw[qo + 16 + l] >> (2 * s)) & 3)) - ml1
+            simd.affine_u2(raw, o + 16 + 32 * c, 2 * s, w, 128 * c + 32 * s, dl0, ml0, dl1, ml1)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)

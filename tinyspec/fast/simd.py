@@ -271,6 +271,25 @@ def affine_q4_0(typingctx, u8, i, d, w, j):
 
 
 @intrinsic
+def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
+    """Q2_K, one 32-value group: 2-bit fields (b >> shift) & 3 of the 32 bytes at u8[i] ->
+    w[j:j+16] = s0 * q - m0 (bytes 0-15), w[j+16:j+32] = s1 * q - m1 (bytes 16-31)."""
+    if not (_is_c_array(u8, types.uint8) and _is_c_array(w, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tu, _, _, tw = sig.args[:4]
+        u, i, shift, w, j, s0, m0, s1, m1 = args
+        sh = builder.trunc(shift, I8) if shift.type.width > 8 else shift
+        q = builder.and_(builder.lshr(_load(context, builder, tu, u, i, 32), _splat(builder, sh, 32)), _const(I8, 32, 3))
+        _store(context, builder, tw, w, j, _scale(builder, _shuffle(builder, q, range(16)), False, s0, m0))
+        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, _shuffle(builder, q, range(16, 32)), False, s1, m1))
+        return _void(context)
+
+    return types.void(u8, i, shift, w, j, s0, m0, s1, m1), codegen
+
+
+@intrinsic
 def grid_signed8(typingctx, grid, gi, sign, si, d, w, j):
     """IQ2 codewords: w[j:j+8] = (d * grid.flat[gi:gi+8]) * sign.flat[si:si+8] (sign: +-1 floats)."""
     if not all(_is_c_array(t, types.float32) for t in (grid, sign, w)):
