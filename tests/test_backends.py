@@ -105,23 +105,31 @@ def test_cpu_matches_the_oracle_on_every_weight_type(files):
     close_rows(m_fast, m_ref)                                          # spreads a flipped row to later ones
 
 
-def test_cpu_packs_iq2_xxs_and_matches_the_oracle(tmp_path):
-    """An IQ2_XXS file (no quantizer here: random blocks with small finite scales in every FFN down
-    projection) stays packed on cpu, 66 bytes per 256 weights, never a float copy; logits as the oracle's."""
+# I-quant types the cpu kernels read: tensor suffix -> (type, fp16 d making weights of size ~1)
+IQUANTS = {"ffn_down.weight": (GGMLType.IQ2_XXS, 0.02), "ffn_up.weight": (GGMLType.IQ3_XXS, 0.005),
+           "ffn_gate.weight": (GGMLType.IQ4_XS, 0.0005), "attn_gate.weight": (GGMLType.IQ4_NL, 0.01)}
+
+
+def test_cpu_packs_i_quants_and_matches_the_oracle(tmp_path):
+    """A file with I-quant weights (no quantizer here: random blocks with a small finite d) stays packed on
+    cpu, the file's bytes and never a float copy; logits as the oracle's."""
     meta, tensors = tiny_qwen35_tensors(np.random.default_rng(3), **SHAPE)
     rng, out = np.random.default_rng(4), {}
     for name, t in tensors.items():
-        if name.endswith("ffn_down.weight"):
-            raw = rng.integers(0, 256, (t.size // 256, 66), dtype=np.uint8)
-            raw[:, 0:2] = np.full((len(raw), 1), np.float16(0.02)).view(np.uint8)  # d
-            out[name] = RawTensor(GGMLType.IQ2_XXS, t.shape, raw.reshape(t.shape[0], -1))
-        else:
+        kind = next((v for k, v in IQUANTS.items() if name.endswith(k)), None)
+        if kind is None:
             out[name] = t
-    write_gguf(tmp_path / "iq2.gguf", meta, out)
-    ref, fast = load_model(tmp_path / "iq2.gguf", "numpy"), load_model(tmp_path / "iq2.gguf", "cpu")
-    packed = [t for name, t in fast.tensors.items() if name.endswith("ffn_down.weight")]
-    assert packed and all(isinstance(t, PackedWeight) and t.ggml_type == GGMLType.IQ2_XXS for t in packed)
-    assert all(t.nbytes == t.shape[0] * t.shape[1] // 256 * 66 for t in packed)
+            continue
+        qtype, d = kind
+        raw = rng.integers(0, 256, (t.size // qtype.block_size, qtype.type_size), dtype=np.uint8)
+        raw[:, 0:2] = np.full((len(raw), 1), np.float16(d)).view(np.uint8)
+        out[name] = RawTensor(qtype, t.shape, raw.reshape(t.shape[0], -1))
+    write_gguf(tmp_path / "iq.gguf", meta, out)
+    ref, fast = load_model(tmp_path / "iq.gguf", "numpy"), load_model(tmp_path / "iq.gguf", "cpu")
+    packed = [t for name, t in fast.tensors.items() if name.endswith(tuple(IQUANTS))]
+    assert packed and all(isinstance(t, PackedWeight) for t in packed)
+    assert {t.ggml_type for t in packed} == {qtype for qtype, _ in IQUANTS.values()}
+    assert all(t.nbytes == t.ggml_type.row_nbytes(t.shape[1]) * t.shape[0] for t in packed)
     tokens = np.random.default_rng(0).integers(0, 300, 12)
     l_ref, _ = ref.forward(tokens, ref.new_state())
     l_fast, _ = fast.forward(tokens, fast.new_state())

@@ -8,7 +8,7 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
 in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k,
-iquants.py dequantize_iq2_xxs). A type not in SUPPORTED is expanded to float32 at load (backends.py).
+iquants.py dequantize_iq2_xxs, iq3_xxs, iq4_nl, iq4_xs). A type not in SUPPORTED is expanded to float32 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
 
@@ -79,7 +79,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import GGMLType
-from ..quants.iq_grids import IQ2XXS_GRID, KSIGNS
+from ..quants.iq_grids import IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS, KVALUES_IQ4NL
 from . import kernel_cache, simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
@@ -88,14 +88,18 @@ SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region cos
 AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
-             GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS)
+             GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS, GGMLType.IQ3_XXS,
+             GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
-_IQ2_XXS = int(GGMLType.IQ2_XXS)
+_IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
+                                         int(GGMLType.IQ4_XS))
 _IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
+_IQ3XXS_GRID = IQ3XXS_GRID.astype(np.float32)  # [256, 4]
+_KVALUES = KVALUES_IQ4NL.astype(np.float32)  # [16] the non-uniform 4-bit levels of IQ4_NL / IQ4_XS
 _KSIGN_ROWS = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [128, 8] of +-1:
 # the 7 stored sign bits of 8 values -> their 8 signs (KSIGNS makes the count of minus signs even)
 
@@ -192,12 +196,60 @@ def _decode_iq2_xxs(raw, r0, s, n, w):  # 66 bytes: d, then 8 groups of 8 bytes 
     d = simd.half_to_f32(raw, o)
     for g in range(8):
         q = o + 2 + 8 * g
-        aux = np.uint32(raw[q + 4]) | (np.uint32(raw[q + 5]) << 8) | (np.uint32(raw[q + 6]) << 16) \
-            | (np.uint32(raw[q + 7]) << 24)
+        aux = _u32(raw, q + 4)
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
         for k in range(4):  # 8 values: a codeword times its signs, (db * grid) * sign as the oracle
             simd.grid_signed8(_IQ2XXS_GRID, 8 * np.int64(raw[q + k]), _KSIGN_ROWS, 8 * np.int64((aux >> (7 * k)) & 127),
                               db, w, 32 * g + 8 * k)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _u32(raw, i):  # the little-endian uint32 at raw[i]
+    return np.uint32(raw[i]) | (np.uint32(raw[i + 1]) << 8) | (np.uint32(raw[i + 2]) << 16) \
+        | (np.uint32(raw[i + 3]) << 24)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq3_xxs(raw, r0, s, n, w):  # 98 bytes: d, qs[64] (a grid index per 4 values), 8 uint32 (signs, s4)
+    """As IQ2_XXS with 4-wide codewords (two per 8 values) and db = d * (0.5 + s4) * 0.5
+    (dequantize_iq3_xxs); the uint32 of group g sits at byte 66 + 4g."""
+    o = r0 + s * 98
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        aux = _u32(raw, o + 66 + 4 * g)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+        for k in range(4):
+            q, si, j = o + 2 + 8 * g + 2 * k, 8 * np.int64((aux >> (7 * k)) & 127), 32 * g + 8 * k
+            simd.grid_signed4(_IQ3XXS_GRID, 4 * np.int64(raw[q]), _KSIGN_ROWS, si, db, w, j)
+            simd.grid_signed4(_IQ3XXS_GRID, 4 * np.int64(raw[q + 1]), _KSIGN_ROWS, si + 4, db, w, j + 4)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq4_nl(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * KVALUES[code], Q4_0's nibble layout
+    for k in range(n // 32):
+        o = r0 + (8 * s + k) * 18
+        d = simd.half_to_f32(raw, o)
+        for l in range(16):
+            b = raw[o + 2 + l]
+            w[32 * k + l] = d * _KVALUES[b & 15]
+            w[32 * k + 16 + l] = d * _KVALUES[b >> 4]
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq4_xs(raw, r0, s, n, w):  # 136 bytes: d, scales_h (u16), scales_l[4], qs[128]
+    """x = (d * (scale - 32)) * KVALUES[code] per 32 values, scale = 6 bits: low nibble g of scales_l, high
+    bits 2g, 2g + 1 of scales_h (dequantize_iq4_xs); the codes as IQ4_NL's, 16 bytes per 32 values."""
+    o = r0 + s * 136
+    d = simd.half_to_f32(raw, o)
+    scales_h = np.int32(raw[o + 2]) | (np.int32(raw[o + 3]) << 8)
+    for g in range(8):
+        scale = np.int32((raw[o + 4 + g // 2] >> (4 * (g % 2))) & 15) | (((scales_h >> (2 * g)) & 3) << 4)
+        dl = d * np.float32(scale - 32)
+        q = o + 8 + 16 * g
+        for l in range(16):
+            b = raw[q + l]
+            w[32 * g + l] = dl * _KVALUES[b & 15]
+            w[32 * g + 16 + l] = dl * _KVALUES[b >> 4]
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -247,6 +299,12 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_q2_k(raw, r0, s, n, w)
     elif kind == _IQ2_XXS:
         _decode_iq2_xxs(raw, r0, s, n, w)
+    elif kind == _IQ3_XXS:
+        _decode_iq3_xxs(raw, r0, s, n, w)
+    elif kind == _IQ4_XS:
+        _decode_iq4_xs(raw, r0, s, n, w)
+    elif kind == _IQ4_NL:
+        _decode_iq4_nl(raw, r0, s, n, w)
     elif kind == _F16:
         _decode_f16(raw, r0, s, n, w)
     elif kind == _BF16:

@@ -289,20 +289,26 @@ def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
     return types.void(u8, i, shift, w, j, s0, m0, s1, m1), codegen
 
 
-@intrinsic
-def grid_signed8(typingctx, grid, gi, sign, si, d, w, j):
-    """IQ2 codewords: w[j:j+8] = (d * grid.flat[gi:gi+8]) * sign.flat[si:si+8] (sign: +-1 floats)."""
-    if not all(_is_c_array(t, types.float32) for t in (grid, sign, w)):
-        return None
+def _grid_signed(n: int):
+    @intrinsic
+    def grid_signed(typingctx, grid, gi, sign, si, d, w, j):
+        if not all(_is_c_array(t, types.float32) for t in (grid, sign, w)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        tg, _, ts, _, _, tw, _ = sig.args
-        g, gi, sg, si, d, w, j = args
-        v = builder.fmul(_splat(builder, d, 8), _load(context, builder, tg, g, gi, 8))
-        _store(context, builder, tw, w, j, builder.fmul(v, _load(context, builder, ts, sg, si, 8)))
-        return _void(context)
+        def codegen(context, builder, sig, args):
+            tg, _, ts, _, _, tw, _ = sig.args
+            g, gi, sg, si, d, w, j = args
+            v = builder.fmul(_splat(builder, d, n), _load(context, builder, tg, g, gi, n))
+            _store(context, builder, tw, w, j, builder.fmul(v, _load(context, builder, ts, sg, si, n)))
+            return _void(context)
 
-    return types.void(grid, gi, sign, si, d, w, j), codegen
+        return types.void(grid, gi, sign, si, d, w, j), codegen
+
+    grid_signed.__doc__ = f"""IQ2/IQ3 codewords: w[j:j+{n}] = (d * grid.flat[gi:gi+{n}]) * sign.flat[si:si+{n}] (sign: +-1 floats)."""
+    return grid_signed
+
+
+grid_signed4, grid_signed8 = _grid_signed(4), _grid_signed(8)  # IQ3_XXS, IQ2_XXS codeword widths
 
 
 @intrinsic
