@@ -7,7 +7,7 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
     get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
-in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k,
+in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k (q3_k too),
 iquants.py dequantize_iq2_xxs, iq3_xxs, iq4_nl, iq4_xs). A type not in SUPPORTED is expanded to float32 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
@@ -88,13 +88,14 @@ SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region cos
 AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
-             GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS, GGMLType.IQ3_XXS,
-             GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+             GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+             GGMLType.IQ2_XXS, GGMLType.IQ3_XXS, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+_Q3_K = int(GGMLType.Q3_K)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
                                          int(GGMLType.IQ4_XS))
 _IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
@@ -204,6 +205,24 @@ def _decode_iq2_xxs(raw, r0, s, n, w):  # 66 bytes: d, then 8 groups of 8 bytes 
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q3_k(raw, r0, s, n, w, sm):  # 110 bytes: hmask[32], qs[64], scales[12], d
+    """x = (d * (sc - 32)) * q, q = low2 - (0 if the hmask bit is set else 4) (dequantize_q3_k). Sub-block i
+    (values 16i ..): sc low 4 bits = nibble i // 8 of scales[i % 8], high 2 = bits 2(i // 4).. of
+    scales[8 + i % 4]; value v: low2 = bits 2((v % 128) // 32).. of qs[32(v // 128) + v % 32], its hmask bit
+    = bit v // 32 of hmask[v % 32]."""
+    o = r0 + s * 110
+    d = simd.half_to_f32(raw, o + 108)
+    dl = sm  # the 16 sub-block scales d * (sc - 32)
+    for i in range(16):
+        low, high = (raw[o + 96 + i % 8] >> (4 * (i // 8))) & 15, (raw[o + 104 + i % 4] >> (2 * (i // 4))) & 3
+        dl[i] = d * np.float32((np.int32(low) | (np.int32(high) << 4)) - 32)
+    for c in range(2):
+        for s in range(4):  # values 128c + 32s + l: group 4c + s, sub-blocks 8c + 2s and 8c + 2s + 1
+            simd.q3_k_group(raw, o + 32 + 32 * c, o, 2 * s, 4 * c + s, w, 128 * c + 32 * s,
+                            dl[8 * c + 2 * s], dl[8 * c + 2 * s + 1])
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
 def _u32(raw, i):  # the little-endian uint32 at raw[i]
     return np.uint32(raw[i]) | (np.uint32(raw[i + 1]) << 8) | (np.uint32(raw[i + 2]) << 16) \
         | (np.uint32(raw[i + 3]) << 24)
@@ -297,6 +316,8 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_q4_0(raw, r0, s, n, w)
     elif kind == _Q2_K:
         _decode_q2_k(raw, r0, s, n, w)
+    elif kind == _Q3_K:
+        _decode_q3_k(raw, r0, s, n, w, sm)
     elif kind == _IQ2_XXS:
         _decode_iq2_xxs(raw, r0, s, n, w)
     elif kind == _IQ3_XXS:

@@ -289,6 +289,27 @@ def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
     return types.void(u8, i, shift, w, j, s0, m0, s1, m1), codegen
 
 
+@intrinsic
+def q3_k_group(typingctx, u8, qi, hi, shift, k, w, j, d0, d1):
+    """Q3_K, one 32-value group: q = ((u8[qi + l] >> shift) & 3) - (0 if bit k of u8[hi + l] else 4), l < 32
+    -> w[j:j+16] = d0 * q[0:16], w[j+16:j+32] = d1 * q[16:32]."""
+    if not (_is_c_array(u8, types.uint8) and _is_c_array(w, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tu, tw = sig.args[0], sig.args[5]
+        u, qi, hi, shift, k, w, j, d0, d1 = args
+        sh, kk = (builder.trunc(a, I8) if a.type.width > 8 else a for a in (shift, k))
+        low = builder.and_(builder.lshr(_load(context, builder, tu, u, qi, 32), _splat(builder, sh, 32)), _const(I8, 32, 3))
+        bit = builder.and_(builder.lshr(_load(context, builder, tu, u, hi, 32), _splat(builder, kk, 32)), _const(I8, 32, 1))
+        q = builder.sub(low, builder.mul(builder.sub(_const(I8, 32, 1), bit), _const(I8, 32, 4)))  # -4..3
+        _store(context, builder, tw, w, j, _scale(builder, _shuffle(builder, q, range(16)), True, d0))
+        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, _shuffle(builder, q, range(16, 32)), True, d1))
+        return _void(context)
+
+    return types.void(u8, qi, hi, shift, k, w, j, d0, d1), codegen
+
+
 def _grid_signed(n: int):
     @intrinsic
     def grid_signed(typingctx, grid, gi, sign, si, d, w, j):
