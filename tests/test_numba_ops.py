@@ -34,13 +34,14 @@ from tinyspec.quants.q8_k import bsums_q8_k, dequantize_q8_k, quantize_q8_k  # n
 
 G = GGMLType
 QUANTIZABLE = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_K, G.Q5_K, G.Q6_K]
-BLOCK_TYPES = [G.Q8_0, G.Q4_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ2_XXS, G.IQ3_XXS, G.IQ4_NL,
-               G.IQ4_XS]
-F16_FIELDS = {G.Q8_0: [0], G.Q4_0: [0], G.Q2_K: [80, 82], G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2],
-              G.Q6_K: [208], G.IQ2_XXS: [0], G.IQ3_XXS: [0], G.IQ4_NL: [0], G.IQ4_XS: [0]}
+BLOCK_TYPES = [G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K,
+               G.IQ2_XXS, G.IQ3_XXS, G.IQ4_NL, G.IQ4_XS]
+F16_FIELDS = {G.Q8_0: [0], G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q2_K: [80, 82],
+              G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208],
+              G.IQ2_XXS: [0], G.IQ3_XXS: [0], G.IQ4_NL: [0], G.IQ4_XS: [0]}
 # Row lengths per type: one block, several, a partial LANES chunk, and many 256-value spans.
 LENGTHS = {G.F32: [1, 3, 257, 4099], G.F16: [2, 255, 4097], G.BF16: [5, 300],
-           G.Q8_0: [32, 96, 4128], G.Q4_0: [32, 160],
+           G.Q8_0: [32, 96, 4128], G.Q4_0: [32, 160], G.Q4_1: [32, 288], G.Q5_0: [32, 288], G.Q5_1: [32, 288],
            G.Q2_K: [256, 768], G.Q3_K: [256, 768], G.Q4_K: [256, 1280, 4352], G.Q5_K: [256, 512],
            G.Q6_K: [256, 4352],
            G.IQ2_XXS: [256, 1024], G.IQ3_XXS: [256, 768], G.IQ4_NL: [32, 96, 4128], G.IQ4_XS: [256, 1024]}
@@ -218,7 +219,7 @@ def test_thread_count_does_not_change_bits(rng):
 # ---------------------------------------------------------------- 5. errors
 
 
-@pytest.mark.parametrize("qtype", [G.Q4_1, G.Q5_0, G.IQ2_XS, G.IQ1_S, G.F64, G.I8])
+@pytest.mark.parametrize("qtype", [G.IQ2_XS, G.IQ1_S, G.MXFP4, G.F64, G.I8])
 def test_unsupported_type_is_named(qtype):
     raw = np.zeros(qtype.row_nbytes(256) * 2, np.uint8)
     with pytest.raises(ValueError, match=qtype.name):

@@ -1,7 +1,7 @@
 """backends: the one place that picks how a model's weights are stored and multiplied.
 
     numpy   the oracle. Every weight is dequantized to float32 at load; linear() is one NumPy matvec per row.
-    cpu     NumPy + Numba. Matmul weights of the types numba_ops.SUPPORTED lists (floats, Q4_0, Q8_0, Q2_K..Q6_K,
+    cpu     NumPy + Numba. Matmul weights of the types numba_ops.SUPPORTED lists (floats, Q4_0..Q8_0, Q2_K..Q6_K,
             IQ2_XXS, IQ3_XXS, IQ4_NL, IQ4_XS; any other type is expanded to float32 at load) stay in their GGUF
             bytes (memory-mapped) and are
             multiplied by the fused dequant-matmul kernels of tinyspec/fast/numba_ops.py (Q4_K, Q5_K and

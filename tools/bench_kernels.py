@@ -44,7 +44,8 @@ def median_s(fn, repeat: int) -> float:
 
 
 # byte offsets of the fp16 scale fields in each block type (tinyspec/quants byte tables)
-F16_FIELDS = {GGMLType.Q8_0: (0,), GGMLType.Q4_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
+F16_FIELDS = {GGMLType.Q8_0: (0,), GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,),
+              GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
               GGMLType.Q4_K: (0, 2),
               GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ2_XXS: (0,), GGMLType.IQ3_XXS: (0,),
               GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,)}

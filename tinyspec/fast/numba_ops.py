@@ -7,8 +7,9 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
     get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
-in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 / q8_0, kquants.py dequantize_q2_k .. q6_k (q3_k too),
-iquants.py dequantize_iq2_xxs, iq3_xxs, iq4_nl, iq4_xs). A type not in SUPPORTED is expanded to float32 at load (backends.py).
+in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py dequantize_q2_k .. q6_k,
+iquants.py dequantize_iq2_xxs / iq3_xxs / iq4_nl / iq4_xs). A type not in SUPPORTED is expanded to float32
+at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
 
@@ -87,7 +88,8 @@ ROWS = 8  # output rows per parallel task (the task's buffers are allocated once
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
 AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
 
-SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0,
+SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+             GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
              GGMLType.IQ2_XXS, GGMLType.IQ3_XXS, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
@@ -96,6 +98,7 @@ _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
 _Q3_K = int(GGMLType.Q3_K)
+_Q4_1, _Q5_0, _Q5_1 = int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
                                          int(GGMLType.IQ4_XS))
 _IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
@@ -165,6 +168,22 @@ def _decode_q4_0(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * (q - 8)
     for k in range(n // 32):  # byte l holds value l (low nibble) and value 16 + l (high nibble)
         o = r0 + (8 * s + k) * 18
         simd.affine_q4_0(raw, o + 2, simd.half_to_f32(raw, o), w, 32 * k)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_q4_1_q5(kind, raw, r0, s, n, w):
+    """Q4_1 (20 bytes: d, m, qs), Q5_0 (22: d, qh, qs), Q5_1 (24: d, m, qh, qs), 32 values a block (legacy.py):
+    byte l of qs holds value l (low nibble) and l + 16 (high); bit j of the uint32 qh is the fifth bit of
+    value j. x = d * q + m with an offset m, else d * (q - 16) (simd.q4_1_block, q5_0_block, q5_1_block)."""
+    size = 20 if kind == _Q4_1 else (22 if kind == _Q5_0 else 24)
+    for k in range(n // 32):
+        o = r0 + (8 * s + k) * size
+        if kind == _Q4_1:
+            simd.q4_1_block(raw, o, w, 32 * k)
+        elif kind == _Q5_0:
+            simd.q5_0_block(raw, o, w, 32 * k)
+        else:
+            simd.q5_1_block(raw, o, w, 32 * k)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -318,6 +337,8 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_q2_k(raw, r0, s, n, w)
     elif kind == _Q3_K:
         _decode_q3_k(raw, r0, s, n, w, sm)
+    elif kind == _Q4_1 or kind == _Q5_0 or kind == _Q5_1:
+        _decode_q4_1_q5(kind, raw, r0, s, n, w)
     elif kind == _IQ2_XXS:
         _decode_iq2_xxs(raw, r0, s, n, w)
     elif kind == _IQ3_XXS:

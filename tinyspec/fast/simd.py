@@ -332,6 +332,46 @@ def _grid_signed(n: int):
 grid_signed4, grid_signed8 = _grid_signed(4), _grid_signed(8)  # IQ3_XXS, IQ2_XXS codeword widths
 
 
+def _legacy_block(size: int, offset: bool, qh: int):
+    # Q4_1 (20 bytes: d, m, qs), Q5_0 (22: d, qh, qs), Q5_1 (24: d, m, qh, qs): 32 values (legacy.py)
+    @intrinsic
+    def legacy_block(typingctx, u8, o, w, j):
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(w, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, _, tw, _ = sig.args
+            u, o, w, j = args
+            b = _load(context, builder, tu, u, _add(builder, o, size - 16), 16)
+            q = _cat(builder, builder.and_(b, _const(I8, 16, 15)), builder.lshr(b, _const(I8, 16, 4)))  # <32 x i8>
+            if qh >= 0:  # bit l of the uint32 at qh: the fifth bit (16) of value l
+                h = builder.load(builder.bitcast(_ptr(context, builder, tu, u, _add(builder, o, qh)),
+                                                 I32.as_pointer()), align=1)
+                bits = builder.and_(builder.lshr(_splat(builder, h, 32), ir.Constant(_vec(I32, 32), list(range(32)))),
+                                    _const(I32, 32, 1))
+                q = builder.or_(q, builder.shl(builder.trunc(bits, _vec(I8, 32)), _const(I8, 32, 4)))
+            d = _half(context, builder, tu, u, o)
+            if offset:  # d * q + m, as d * q - (-m): the same IEEE operation
+                m = builder.fneg(_half(context, builder, tu, u, _add(builder, o, 2)))
+                lo, hi = (_scale(builder, _shuffle(builder, q, r), False, d, m) for r in (range(16), range(16, 32)))
+            else:  # d * (q - 16)
+                q = builder.sub(q, _const(I8, 32, 16))
+                lo, hi = (_scale(builder, _shuffle(builder, q, r), True, d) for r in (range(16), range(16, 32)))
+            _store(context, builder, tw, w, j, lo)
+            _store(context, builder, tw, w, _add(builder, j, 16), hi)
+            return _void(context)
+
+        return types.void(u8, o, w, j), codegen
+
+    return legacy_block
+
+
+q4_1_block, q5_0_block, q5_1_block = _legacy_block(20, True, -1), _legacy_block(22, False, 2), _legacy_block(24, True, 4)
+q4_1_block.__doc__ = "Q4_1: the 20-byte block at u8[o] -> w[j:j+32] = d * q + m."
+q5_0_block.__doc__ = "Q5_0: the 22-byte block at u8[o] -> w[j:j+32] = d * (q - 16), q with its fifth bit from qh."
+q5_1_block.__doc__ = "Q5_1: the 24-byte block at u8[o] -> w[j:j+32] = d * q + m, q with its fifth bit from qh."
+
+
 @intrinsic
 def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
     """Q6_K, one half of a block: 64 low-bit bytes at u8[lo], 32 high-bit bytes at u8[hi] -> 128 values
