@@ -281,9 +281,11 @@ def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
         tu, _, _, tw = sig.args[:4]
         u, i, shift, w, j, s0, m0, s1, m1 = args
         sh = builder.trunc(shift, I8) if shift.type.width > 8 else shift
-        q = builder.and_(builder.lshr(_load(context, builder, tu, u, i, 32), _splat(builder, sh, 32)), _const(I8, 32, 3))
-        _store(context, builder, tw, w, j, _scale(builder, _shuffle(builder, q, range(16)), False, s0, m0))
-        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, _shuffle(builder, q, range(16, 32)), False, s1, m1))
+        q = builder.and_(builder.lshr(_load(context, builder, tu, u, i, 32), _splat(builder, sh, 32)),
+                         _const(I8, 32, 3))
+        lo, hi = _shuffle(builder, q, range(16)), _shuffle(builder, q, range(16, 32))
+        _store(context, builder, tw, w, j, _scale(builder, lo, False, s0, m0))
+        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, hi, False, s1, m1))
         return _void(context)
 
     return types.void(u8, i, shift, w, j, s0, m0, s1, m1), codegen
@@ -300,11 +302,14 @@ def q3_k_group(typingctx, u8, qi, hi, shift, k, w, j, d0, d1):
         tu, tw = sig.args[0], sig.args[5]
         u, qi, hi, shift, k, w, j, d0, d1 = args
         sh, kk = (builder.trunc(a, I8) if a.type.width > 8 else a for a in (shift, k))
-        low = builder.and_(builder.lshr(_load(context, builder, tu, u, qi, 32), _splat(builder, sh, 32)), _const(I8, 32, 3))
-        bit = builder.and_(builder.lshr(_load(context, builder, tu, u, hi, 32), _splat(builder, kk, 32)), _const(I8, 32, 1))
+        low = builder.and_(builder.lshr(_load(context, builder, tu, u, qi, 32), _splat(builder, sh, 32)),
+                           _const(I8, 32, 3))
+        bit = builder.and_(builder.lshr(_load(context, builder, tu, u, hi, 32), _splat(builder, kk, 32)),
+                           _const(I8, 32, 1))
         q = builder.sub(low, builder.mul(builder.sub(_const(I8, 32, 1), bit), _const(I8, 32, 4)))  # -4..3
-        _store(context, builder, tw, w, j, _scale(builder, _shuffle(builder, q, range(16)), True, d0))
-        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, _shuffle(builder, q, range(16, 32)), True, d1))
+        lo, hi = _shuffle(builder, q, range(16)), _shuffle(builder, q, range(16, 32))
+        _store(context, builder, tw, w, j, _scale(builder, lo, True, d0))
+        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, hi, True, d1))
         return _void(context)
 
     return types.void(u8, qi, hi, shift, k, w, j, d0, d1), codegen
@@ -325,7 +330,8 @@ def _grid_signed(n: int):
 
         return types.void(grid, gi, sign, si, d, w, j), codegen
 
-    grid_signed.__doc__ = f"""IQ2/IQ3 codewords: w[j:j+{n}] = (d * grid.flat[gi:gi+{n}]) * sign.flat[si:si+{n}] (sign: +-1 floats)."""
+    grid_signed.__doc__ = (f"IQ2/IQ3 codewords: w[j:j+{n}] = (d * grid.flat[gi:gi+{n}]) * sign.flat[si:si+{n}] "
+                           "(sign: +-1 floats).")
     return grid_signed
 
 
@@ -366,7 +372,8 @@ def _legacy_block(size: int, offset: bool, qh: int):
     return legacy_block
 
 
-q4_1_block, q5_0_block, q5_1_block = _legacy_block(20, True, -1), _legacy_block(22, False, 2), _legacy_block(24, True, 4)
+q4_1_block, q5_0_block = _legacy_block(20, True, -1), _legacy_block(22, False, 2)
+q5_1_block = _legacy_block(24, True, 4)
 q4_1_block.__doc__ = "Q4_1: the 20-byte block at u8[o] -> w[j:j+32] = d * q + m."
 q5_0_block.__doc__ = "Q5_0: the 22-byte block at u8[o] -> w[j:j+32] = d * (q - 16), q with its fifth bit from qh."
 q5_1_block.__doc__ = "Q5_1: the 24-byte block at u8[o] -> w[j:j+32] = d * q + m, q with its fifth bit from qh."
