@@ -48,7 +48,8 @@ F16_FIELDS = {GGMLType.Q8_0: (0,), GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), G
               GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
               GGMLType.Q4_K: (0, 2),
               GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ2_XXS: (0,), GGMLType.IQ3_XXS: (0,),
-              GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,)}
+              GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+              GGMLType.IQ1_S: (0,), GGMLType.IQ2_XS: (0,), GGMLType.IQ2_S: (0,), GGMLType.IQ3_S: (0,)}
 
 
 def random_weight(qtype: GGMLType, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:

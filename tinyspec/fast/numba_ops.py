@@ -8,7 +8,7 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
 in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py dequantize_q2_k .. q6_k,
-iquants.py dequantize_iq2_xxs / iq3_xxs / iq4_nl / iq4_xs). A type not in SUPPORTED is expanded to float32
+iquants.py dequantize_iq1_s .. iq4_xs). A type not in SUPPORTED is expanded to float32
 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
@@ -80,7 +80,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import GGMLType
-from ..quants.iq_grids import IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS, KVALUES_IQ4NL
+from ..quants.iq_grids import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
+                               KVALUES_IQ4NL)
 from . import kernel_cache, simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
@@ -91,7 +92,8 @@ AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (si
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
              GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-             GGMLType.IQ2_XXS, GGMLType.IQ3_XXS, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+             GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+             GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
@@ -101,8 +103,15 @@ _Q3_K = int(GGMLType.Q3_K)
 _Q4_1, _Q5_0, _Q5_1 = int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
                                          int(GGMLType.IQ4_XS))
+_IQ1_S, _IQ1_M, _IQ2_XS, _IQ2_S, _IQ3_S = (int(GGMLType.IQ1_S), int(GGMLType.IQ1_M), int(GGMLType.IQ2_XS),
+                                            int(GGMLType.IQ2_S), int(GGMLType.IQ3_S))
 _IQ2XXS_GRID = IQ2XXS_GRID.astype(np.float32)  # [256, 8] codeword magnitudes (tinyspec/quants/iq_grids.py)
-_IQ3XXS_GRID = IQ3XXS_GRID.astype(np.float32)  # [256, 4]
+_IQ2XS_GRID, _IQ2S_GRID = IQ2XS_GRID.astype(np.float32), IQ2S_GRID.astype(np.float32)  # [512, 8], [1024, 8]
+_IQ3XXS_GRID, _IQ3S_GRID = IQ3XXS_GRID.astype(np.float32), IQ3S_GRID.astype(np.float32)  # [256, 4], [512, 4]
+_IQ1S_GRID = IQ1S_GRID.astype(np.float32)  # [2048, 8] of -1, 0, 1
+_IQ1_DELTA = np.float32(0.125)
+_SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [256, 8]:
+# a sign byte (bit k set: value k negative, IQ2_S / IQ3_S) -> its 8 signs
 _KVALUES = KVALUES_IQ4NL.astype(np.float32)  # [16] the non-uniform 4-bit levels of IQ4_NL / IQ4_XS
 _KSIGN_ROWS = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [128, 8] of +-1:
 # the 7 stored sign bits of 8 values -> their 8 signs (KSIGNS makes the count of minus signs even)
@@ -263,6 +272,82 @@ def _decode_iq3_xxs(raw, r0, s, n, w):  # 98 bytes: d, qs[64] (a grid index per 
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq2_xs(raw, r0, s, n, w):  # 74 bytes: d, 32 uint16 (9-bit index, 7-bit KSIGNS index), scales[8]
+    """x = (d * (0.5 + s4) * 0.25) * grid[index][k] * sign[k], s4 per 16 values: nibble k // 2 of scales[g]
+    for the k-th 8 values of group g (dequantize_iq2_xs)."""
+    o = r0 + s * 74
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        sc = raw[o + 66 + g]
+        for k in range(4):
+            u = np.int64(raw[o + 2 + 8 * g + 2 * k]) | (np.int64(raw[o + 3 + 8 * g + 2 * k]) << 8)
+            db = d * (np.float32(0.5) + np.float32((sc >> (4 * (k // 2))) & 15)) * np.float32(0.25)
+            simd.grid_signed8(_IQ2XS_GRID, 8 * (u & 511), _KSIGN_ROWS, 8 * (u >> 9), db, w, 32 * g + 8 * k)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq2_s(raw, r0, s, n, w):  # 82 bytes: d, qs[32], signs[32], qh[8], scales[8]
+    """As IQ2_XS with a 10-bit index (qs byte | 2 bits of qh[g] << 8) and explicit sign bytes (dequantize_iq2_s)."""
+    o = r0 + s * 82
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        sc, qh = raw[o + 74 + g], np.int64(raw[o + 66 + g])
+        for k in range(4):
+            index = np.int64(raw[o + 2 + 4 * g + k]) | (((qh >> (2 * k)) & 3) << 8)
+            db = d * (np.float32(0.5) + np.float32((sc >> (4 * (k // 2))) & 15)) * np.float32(0.25)
+            simd.grid_signed8(_IQ2S_GRID, 8 * index, _SIGN_ROWS, 8 * np.int64(raw[o + 34 + 4 * g + k]), db, w,
+                              32 * g + 8 * k)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq3_s(raw, r0, s, n, w):  # 110 bytes: d, qs[64], qh[8], signs[32], scales[4]
+    """x = (d * (1 + 2 s4)) * grid[index][k] * sign[k]; 9-bit indices (qs byte | bit j of qh[g] << 8), one per 4
+    values, s4 per 32 values: nibble g % 2 of scales[g // 2] (dequantize_iq3_s)."""
+    o = r0 + s * 110
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        db = d * np.float32(1 + 2 * np.int32((raw[o + 106 + g // 2] >> (4 * (g % 2))) & 15))
+        qh = np.int64(raw[o + 66 + g])
+        for k in range(4):
+            si, j = 8 * np.int64(raw[o + 74 + 4 * g + k]), 32 * g + 8 * k
+            for h in range(2):  # two 4-wide codewords per 8 values
+                index = np.int64(raw[o + 2 + 8 * g + 2 * k + h]) | (((qh >> (2 * k + h)) & 1) << 8)
+                simd.grid_signed4(_IQ3S_GRID, 4 * index, _SIGN_ROWS, si + 4 * h, db, w, j + 4 * h)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq1_s(raw, r0, s, n, w):  # 50 bytes: d, qs[32], 8 uint16 qh
+    """x = (d * (2 s3 + 1)) * (grid[index][k] + delta): 11-bit index (qs byte | 3 bits of qh << 8), s3 = qh bits
+    12-14, delta = -1/8 if qh bit 15 else +1/8, per 32 values (dequantize_iq1_s)."""
+    o = r0 + s * 50
+    d = simd.half_to_f32(raw, o)
+    for g in range(8):
+        qh = np.int64(raw[o + 34 + 2 * g]) | (np.int64(raw[o + 35 + 2 * g]) << 8)
+        dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+        delta = -_IQ1_DELTA if qh & 0x8000 else _IQ1_DELTA
+        for k in range(4):
+            index = np.int64(raw[o + 2 + 4 * g + k]) | (((qh >> (3 * k)) & 7) << 8)
+            simd.grid_shifted8(_IQ1S_GRID, 8 * index, delta, dl, w, 32 * g + 8 * k)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_iq1_m(raw, r0, s, n, w):  # 56 bytes: qs[32], qh[16], 4 uint16 scales (d in their top nibbles)
+    """As IQ1_S per 8 values i: index = qs[i] | (nibble i of qh) & 7 << 8, delta by its bit 3; s3 per 16
+    values = bits 3j.. of scale word j // 4; the fp16 d = the four top nibbles (dequantize_iq1_m)."""
+    o = r0 + s * 56
+    bits = np.int64(0)
+    for word in range(4):  # bits 12-15 of scale word `word` = nibble `word` of d's fp16 bits
+        bits |= (np.int64(raw[o + 49 + 2 * word]) >> 4) << (4 * word)
+    d = _f16(np.uint8(bits & 255), np.uint8(bits >> 8))
+    for i in range(32):
+        nib = np.int64(raw[o + 32 + i // 2] >> (4 * (i % 2))) & 15
+        word = raw[o + 48 + 2 * (i // 8)] | (np.int64(raw[o + 49 + 2 * (i // 8)]) << 8)
+        dl = d * np.float32(2 * ((word >> (3 * ((i // 2) % 4))) & 7) + 1)
+        delta = -_IQ1_DELTA if nib & 8 else _IQ1_DELTA
+        simd.grid_shifted8(_IQ1S_GRID, 8 * (np.int64(raw[o + i]) | ((nib & 7) << 8)), delta, dl, w, 8 * i)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
 def _decode_iq4_nl(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * KVALUES[code], Q4_0's nibble layout
     for k in range(n // 32):
         o = r0 + (8 * s + k) * 18
@@ -343,6 +428,16 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_iq2_xxs(raw, r0, s, n, w)
     elif kind == _IQ3_XXS:
         _decode_iq3_xxs(raw, r0, s, n, w)
+    elif kind == _IQ2_XS:
+        _decode_iq2_xs(raw, r0, s, n, w)
+    elif kind == _IQ2_S:
+        _decode_iq2_s(raw, r0, s, n, w)
+    elif kind == _IQ3_S:
+        _decode_iq3_s(raw, r0, s, n, w)
+    elif kind == _IQ1_S:
+        _decode_iq1_s(raw, r0, s, n, w)
+    elif kind == _IQ1_M:
+        _decode_iq1_m(raw, r0, s, n, w)
     elif kind == _IQ4_XS:
         _decode_iq4_xs(raw, r0, s, n, w)
     elif kind == _IQ4_NL:

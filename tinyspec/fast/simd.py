@@ -335,7 +335,23 @@ def _grid_signed(n: int):
     return grid_signed
 
 
-grid_signed4, grid_signed8 = _grid_signed(4), _grid_signed(8)  # IQ3_XXS, IQ2_XXS codeword widths
+grid_signed4, grid_signed8 = _grid_signed(4), _grid_signed(8)  # IQ3_XXS / IQ3_S, IQ2_* codeword widths
+
+
+@intrinsic
+def grid_shifted8(typingctx, grid, gi, delta, d, w, j):
+    """IQ1 codewords: w[j:j+8] = d * (grid.flat[gi:gi+8] + delta) (grid in {-1, 0, 1}, delta +-1/8: exact)."""
+    if not (_is_c_array(grid, types.float32) and _is_c_array(w, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tg, _, _, _, tw, _ = sig.args
+        g, gi, delta, d, w, j = args
+        v = builder.fadd(_load(context, builder, tg, g, gi, 8), _splat(builder, delta, 8))
+        _store(context, builder, tw, w, j, builder.fmul(_splat(builder, d, 8), v))
+        return _void(context)
+
+    return types.void(grid, gi, delta, d, w, j), codegen
 
 
 def _legacy_block(size: int, offset: bool, qh: int):
