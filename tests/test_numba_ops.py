@@ -35,11 +35,12 @@ from tinyspec.quants.q8_k import bsums_q8_k, dequantize_q8_k, quantize_q8_k  # n
 G = GGMLType
 QUANTIZABLE = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_K, G.Q5_K, G.Q6_K]
 BLOCK_TYPES = [G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K,
-               G.IQ1_S, G.IQ1_M, G.IQ2_XXS, G.IQ2_XS, G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ4_NL, G.IQ4_XS]
+               G.IQ1_S, G.IQ1_M, G.IQ2_XXS, G.IQ2_XS, G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ4_NL, G.IQ4_XS,
+               G.MXFP4, G.NVFP4]
 F16_FIELDS = {G.Q8_0: [0], G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q2_K: [80, 82],
               G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208],
               G.IQ1_S: [0], G.IQ1_M: [], G.IQ2_XXS: [0], G.IQ2_XS: [0], G.IQ2_S: [0], G.IQ3_XXS: [0],
-              G.IQ3_S: [0], G.IQ4_NL: [0], G.IQ4_XS: [0]}
+              G.IQ3_S: [0], G.IQ4_NL: [0], G.IQ4_XS: [0], G.MXFP4: [], G.NVFP4: []}
 # Row lengths per type: one block, several, a partial LANES chunk, and many 256-value spans.
 LENGTHS = {G.F32: [1, 3, 257, 4099], G.F16: [2, 255, 4097], G.BF16: [5, 300],
            G.Q8_0: [32, 96, 4128], G.Q4_0: [32, 160], G.Q4_1: [32, 288], G.Q5_0: [32, 288], G.Q5_1: [32, 288],
@@ -47,7 +48,7 @@ LENGTHS = {G.F32: [1, 3, 257, 4099], G.F16: [2, 255, 4097], G.BF16: [5, 300],
            G.Q6_K: [256, 4352],
            G.IQ1_S: [256, 768], G.IQ1_M: [256, 768], G.IQ2_XXS: [256, 1024], G.IQ2_XS: [256, 768],
            G.IQ2_S: [256, 768], G.IQ3_XXS: [256, 768], G.IQ3_S: [256, 768], G.IQ4_NL: [32, 96, 4128],
-           G.IQ4_XS: [256, 1024]}
+           G.IQ4_XS: [256, 1024], G.MXFP4: [32, 96, 4128], G.NVFP4: [64, 192, 4160]}
 
 
 def random_weight(qtype: GGMLType, shape, rng) -> np.ndarray:  # -> [out, row bytes] uint8
@@ -60,6 +61,8 @@ def random_weight(qtype: GGMLType, shape, rng) -> np.ndarray:  # -> [out, row by
 def random_blocks(qtype: GGMLType, shape, rng) -> np.ndarray:  # -> [out, row bytes] uint8
     n_blocks = shape[0] * shape[1] // qtype.block_size
     raw = rng.integers(0, 256, (n_blocks, qtype.type_size), dtype=np.uint8)
+    if qtype == G.MXFP4:  # E8M0 exponents near 2^0: products and sums stay finite
+        raw[:, 0] = rng.integers(118, 136, len(raw))
     if qtype == G.IQ1_M:  # d is spread over the top nibbles of the 4 scale words (bytes 49, 51, 53, 55)
         bits = int(np.float16(rng.uniform(0.5, 2.0)).view(np.uint16))
         for word in range(4):
@@ -226,7 +229,7 @@ def test_thread_count_does_not_change_bits(rng):
 # ---------------------------------------------------------------- 5. errors
 
 
-@pytest.mark.parametrize("qtype", [G.TQ1_0, G.TQ2_0, G.MXFP4, G.F64, G.I8])
+@pytest.mark.parametrize("qtype", [G.TQ1_0, G.TQ2_0, G.F64, G.I8])
 def test_unsupported_type_is_named(qtype):
     raw = np.zeros(qtype.row_nbytes(256) * 2, np.uint8)
     with pytest.raises(ValueError, match=qtype.name):

@@ -8,7 +8,7 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
 in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py dequantize_q2_k .. q6_k,
-iquants.py dequantize_iq1_s .. iq4_xs). A type not in SUPPORTED is expanded to float32
+iquants.py dequantize_iq1_s .. iq4_xs, fp4.py mxfp4 / nvfp4). A type not in SUPPORTED is expanded to float32
 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
 Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
@@ -80,8 +80,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import GGMLType
+from ..quants.fp4 import e8m0_half
 from ..quants.iq_grids import (IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
-                               KVALUES_IQ4NL)
+                               KVALUES_FP4, KVALUES_IQ4NL, UE4M3_HALF)
 from . import kernel_cache, simd
 
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
@@ -93,7 +94,7 @@ SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.
              GGMLType.Q8_0,
              GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
              GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
-             GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+             GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.NVFP4)
 Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
@@ -110,6 +111,10 @@ _IQ2XS_GRID, _IQ2S_GRID = IQ2XS_GRID.astype(np.float32), IQ2S_GRID.astype(np.flo
 _IQ3XXS_GRID, _IQ3S_GRID = IQ3XXS_GRID.astype(np.float32), IQ3S_GRID.astype(np.float32)  # [256, 4], [512, 4]
 _IQ1S_GRID = IQ1S_GRID.astype(np.float32)  # [2048, 8] of -1, 0, 1
 _IQ1_DELTA = np.float32(0.125)
+_MXFP4, _NVFP4 = int(GGMLType.MXFP4), int(GGMLType.NVFP4)
+_KVALUES_FP4 = KVALUES_FP4.astype(np.float32)  # [16] E2M1 values, doubled (fp4.py)
+_E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))  # [256] 2^(e - 128), the halved MXFP4 scale
+_UE4M3_HALF = UE4M3_HALF.astype(np.float32)  # [256] the halved NVFP4 scale of each byte
 _SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [256, 8]:
 # a sign byte (bit k set: value k negative, IQ2_S / IQ3_S) -> its 8 signs
 _KVALUES = KVALUES_IQ4NL.astype(np.float32)  # [16] the non-uniform 4-bit levels of IQ4_NL / IQ4_XS
@@ -348,6 +353,30 @@ def _decode_iq1_m(raw, r0, s, n, w):  # 56 bytes: qs[32], qh[16], 4 uint16 scale
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _decode_fp4(kind, raw, r0, s, n, w):
+    """MXFP4 (17 bytes: E8M0 e, qs[16]; 32 values) and NVFP4 (36 bytes: 4 UE4M3 scales, qs[32]; 64 values, 16 a
+    scale): x = KVALUES_FP4[code] * scale/2 (fp4.py). MXFP4 byte j: values j (low nibble), j + 16; NVFP4 byte
+    8 t + j: values 16 t + j and 16 t + j + 8."""
+    if kind == _MXFP4:
+        for k in range(n // 32):
+            o = r0 + (8 * s + k) * 17
+            d = _E8M0_HALF[raw[o]]
+            for l in range(16):
+                b = raw[o + 1 + l]
+                w[32 * k + l] = _KVALUES_FP4[b & 15] * d
+                w[32 * k + 16 + l] = _KVALUES_FP4[b >> 4] * d
+    else:
+        for k in range(n // 64):
+            o = r0 + (4 * s + k) * 36
+            for t in range(4):
+                d = _UE4M3_HALF[raw[o + t]]
+                for l in range(8):
+                    b = raw[o + 4 + 8 * t + l]
+                    w[64 * k + 16 * t + l] = _KVALUES_FP4[b & 15] * d
+                    w[64 * k + 16 * t + 8 + l] = _KVALUES_FP4[b >> 4] * d
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
 def _decode_iq4_nl(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * KVALUES[code], Q4_0's nibble layout
     for k in range(n // 32):
         o = r0 + (8 * s + k) * 18
@@ -428,6 +457,8 @@ def _decode_span(kind, raw, r0, s, n, w, sm):
         _decode_iq2_xxs(raw, r0, s, n, w)
     elif kind == _IQ3_XXS:
         _decode_iq3_xxs(raw, r0, s, n, w)
+    elif kind == _MXFP4 or kind == _NVFP4:
+        _decode_fp4(kind, raw, r0, s, n, w)
     elif kind == _IQ2_XS:
         _decode_iq2_xs(raw, r0, s, n, w)
     elif kind == _IQ2_S:
