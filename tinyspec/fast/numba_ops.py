@@ -117,7 +117,7 @@ _E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))  # [256] 2^(e - 128), the
 _UE4M3_HALF = UE4M3_HALF.astype(np.float32)  # [256] the halved NVFP4 scale of each byte
 _SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [256, 8]:
 # a sign byte (bit k set: value k negative, IQ2_S / IQ3_S) -> its 8 signs
-_KVALUES = KVALUES_IQ4NL.astype(np.float32)  # [16] the non-uniform 4-bit levels of IQ4_NL / IQ4_XS
+assert tuple(KVALUES_IQ4NL) == simd.KVALUES_IQ4  # the levels simd.iq4_block32 selects from
 _KSIGN_ROWS = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [128, 8] of +-1:
 # the 7 stored sign bits of 8 values -> their 8 signs (KSIGNS makes the count of minus signs even)
 
@@ -380,11 +380,7 @@ def _decode_fp4(kind, raw, r0, s, n, w):
 def _decode_iq4_nl(raw, r0, s, n, w):  # 18 bytes: d, qs[16];  x = d * KVALUES[code], Q4_0's nibble layout
     for k in range(n // 32):
         o = r0 + (8 * s + k) * 18
-        d = simd.half_to_f32(raw, o)
-        for l in range(16):
-            b = raw[o + 2 + l]
-            w[32 * k + l] = d * _KVALUES[b & 15]
-            w[32 * k + 16 + l] = d * _KVALUES[b >> 4]
+        simd.iq4_block32(raw, o + 2, simd.half_to_f32(raw, o), w, 32 * k)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -396,12 +392,7 @@ def _decode_iq4_xs(raw, r0, s, n, w):  # 136 bytes: d, scales_h (u16), scales_l[
     scales_h = np.int32(raw[o + 2]) | (np.int32(raw[o + 3]) << 8)
     for g in range(8):
         scale = np.int32((raw[o + 4 + g // 2] >> (4 * (g % 2))) & 15) | (((scales_h >> (2 * g)) & 3) << 4)
-        dl = d * np.float32(scale - 32)
-        q = o + 8 + 16 * g
-        for l in range(16):
-            b = raw[q + l]
-            w[32 * g + l] = dl * _KVALUES[b & 15]
-            w[32 * g + 16 + l] = dl * _KVALUES[b >> 4]
+        simd.iq4_block32(raw, o + 8 + 16 * g, d * np.float32(scale - 32), w, 32 * g)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)

@@ -315,6 +315,32 @@ def q3_k_group(typingctx, u8, qi, hi, shift, k, w, j, d0, d1):
     return types.void(u8, qi, hi, shift, k, w, j, d0, d1), codegen
 
 
+KVALUES_IQ4 = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # iq_grids.KVALUES_IQ4NL
+
+
+@intrinsic
+def iq4_block32(typingctx, u8, i, d, w, j):
+    """IQ4_NL / IQ4_XS, 32 values: the 16 bytes at u8[i] hold codes c (value l: low nibble of byte l, value
+    l + 16: high nibble) -> w[j:j+32] = d * KVALUES_IQ4[c]. The 16-entry lookup is a tree of 15 selects on
+    the code's bits (portable IR: no variable shuffle), on int8 levels, then one exact convert and multiply."""
+    if not (_is_c_array(u8, types.uint8) and _is_c_array(w, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tu, _, _, tw, _ = sig.args
+        u, i, d, w, j = args
+        b = _load(context, builder, tu, u, i, 16)
+        c = _cat(builder, builder.and_(b, _const(I8, 16, 15)), builder.lshr(b, _const(I8, 16, 4)))  # <32 x i8>
+        level = [_const(I8, 32, v) for v in KVALUES_IQ4]
+        for bit in range(4):  # pick by bit 0, then 1, 2, 3: 8 + 4 + 2 + 1 selects
+            on = builder.icmp_unsigned("!=", builder.and_(c, _const(I8, 32, 1 << bit)), _const(I8, 32, 0))
+            level = [builder.select(on, level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)]
+        _store(context, builder, tw, w, j, _scale(builder, level[0], True, d))
+        return _void(context)
+
+    return types.void(u8, i, d, w, j), codegen
+
+
 def _grid_signed(n: int):
     @intrinsic
     def grid_signed(typingctx, grid, gi, sign, si, d, w, j):
