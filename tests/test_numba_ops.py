@@ -319,7 +319,8 @@ def test_quant_linear_q8_matches_oracle(qtype, rng):
 
 
 BLOCKS = [("q4_k", G.Q4_K, False), ("q4_k", G.Q4_K, True), ("q5_k", G.Q5_K, False), ("q5_k", G.Q5_K, True),
-          ("q6_k", G.Q6_K, False), ("q6_k", G.Q6_K, True), ("q6_k_signed", G.Q6_K, True)]
+          ("q6_k", G.Q6_K, False), ("q6_k", G.Q6_K, True), ("q6_k_signed", G.Q6_K, True),
+          ("q2_k", G.Q2_K, False), ("q2_k", G.Q2_K, True), ("q3_k", G.Q3_K, False), ("q3_k", G.Q3_K, True)]
 
 
 @pytest.mark.parametrize("kind, qtype, vnni", BLOCKS, ids=[f"{k}-{'vnni' if v else 'pairs'}" for k, _, v in BLOCKS])
@@ -356,7 +357,9 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
     qxu = (qx.astype(np.int16) + 128).astype(np.uint8)
     bs = bsums_q8_k(qx.reshape(3, 256)).reshape(-1).astype(np.int16)
     dx = dx.reshape(-1).astype(np.float32)
-    blocks = [random_blocks(qtype, (1, 256), rng), quantize(np.full((1, 256), -3.0, np.float32), qtype)]
+    extreme = (quantize(np.full((1, 256), -3.0, np.float32), qtype) if qtype in QUANTIZABLE  # else every code
+               else with_finite_f16_fields(np.full((1, qtype.type_size), 255, np.uint8), F16_FIELDS[qtype]))  # at max
+    blocks = [random_blocks(qtype, (1, 256), rng), extreme]
     for raw in blocks:
         raw = np.ascontiguousarray(raw).reshape(-1)
         out = [runner(b)(raw, qx, qxu, bs, dx, 3) for b in twins]

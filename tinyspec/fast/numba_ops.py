@@ -10,8 +10,8 @@ where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a ru
 in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py dequantize_q2_k .. q6_k,
 iquants.py dequantize_iq1_s .. iq4_xs, fp4.py mxfp4 / nvfp4). A type not in SUPPORTED is expanded to float32
 at load (backends.py).
-The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: Q4_K,
-Q5_K and Q6_K weights take the integer path (quant_linear_q8), every other type the float path.
+The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: the K-quants
+Q2_K..Q6_K (Q8_TYPES) take the integer path (quant_linear_q8), every other type the float path.
 
 Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memory traffic):
 
@@ -30,7 +30,7 @@ same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as exp
 
 Integer path, _quant_linear_q8_parallel (what ggml's CPU backend does for K-quants): each row of x is
 rounded once to Q8_K (256-value blocks of int8 codes and one float scale, tinyspec/quants/q8_k.py, bit
-for bit its rule); then per weight super-block one intrinsic (simd.q4_k_block / q5_k_block) unpacks the
+for bit its rule); then per weight super-block one intrinsic (simd.q2_k_block .. q5_k_block) unpacks the
 codes and 6-bit scales into vector values and, for each t inside the same IR loop, forms the exact integer
 sums (vpdpbusd / vpackssdw / vpdpwssd with AVX512-VNNI, vpmaddubsw / vpmaddwd with AVX-512BW, plain vector
 IR elsewhere) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16 float lanes with two fmas; the
@@ -95,7 +95,8 @@ SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.
              GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
              GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
              GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.NVFP4)
-Q8_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer dot products with Q8_K x
+Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # quant_linear_q8: integer
+# dot products with Q8_K x
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
@@ -579,6 +580,10 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                     simd.q4_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
                 elif kind == _Q5_K:
                     simd.q5_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                elif kind == _Q3_K:
+                    simd.q3_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                elif kind == _Q2_K:
+                    simd.q2_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
                 elif signed:
                     simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 else:

@@ -591,6 +591,38 @@ def _q5_k_codes(context, builder, tu, u, i):  # Q5_K: as Q4_K (qs at 48), plus b
     return out
 
 
+def _crumb_codes(context, builder, tu, u, i, hmask=None):
+    # Q2_K / Q3_K: value 128c + 32s + l = bits 2s, 2s+1 of qs[32c + l] (qs at u8[i]); with hmask (Q3_K) + 4 when
+    # bit 4c + s of hmask[l] is set (codes 0..7 = q + 4) -> 4 x <64 x i8> in value order
+    parts = []
+    for c in range(2):
+        qs = _load(context, builder, tu, u, _add(builder, i, 32 * c), 32)
+        for sh in range(4):
+            q = builder.and_(builder.lshr(qs, _const(I8, 32, 2 * sh)), _const(I8, 32, 3))
+            if hmask is not None:
+                bit = builder.and_(builder.lshr(hmask, _const(I8, 32, 4 * c + sh)), _const(I8, 32, 1))
+                q = builder.or_(q, builder.shl(bit, _const(I8, 32, 2)))
+            parts.append(q)
+    return [_cat(builder, parts[2 * v], parts[2 * v + 1]) for v in range(4)]
+
+
+def _q2_k_codes(context, builder, tu, u, i):  # Q2_K: 2-bit codes 0..3 (qs at byte 16)
+    return _crumb_codes(context, builder, tu, u, _add(builder, i, 16))
+
+
+def _q3_k_codes(context, builder, tu, u, i):  # Q3_K: q + 4 in 0..7 (hmask at byte 0, qs at 32)
+    return _crumb_codes(context, builder, tu, u, _add(builder, i, 32), _load(context, builder, tu, u, i, 32))
+
+
+def _q3_k_scales(builder, b):  # the 12 scale bytes <12 x i8> -> the 16 signed scales sc - 32 as <16 x i16>
+    shifts_low = ir.Constant(_vec(I8, 16), [0] * 8 + [4] * 8)  # scale i: nibble i // 8 of byte i % 8
+    shifts_high = ir.Constant(_vec(I8, 16), [0] * 4 + [2] * 4 + [4] * 4 + [6] * 4)  # bits 2(i // 4) of byte 8 + i % 4
+    low = builder.and_(builder.lshr(_shuffle(builder, b, list(range(8)) * 2), shifts_low), _const(I8, 16, 15))
+    high = builder.and_(builder.lshr(_shuffle(builder, b, [8, 9, 10, 11] * 4), shifts_high), _const(I8, 16, 3))
+    return builder.sub(builder.zext(builder.or_(low, builder.shl(high, _const(I8, 16, 4))), _vec(I16, 16)),
+                       _const(I16, 16, 32))
+
+
 def _q6_k_codes4(context, builder, tu, u, i):  # Q6_K: its codes q + 32 (0..63) as 4 x <64 x i8>
     return [_shuffle(builder, half, range(64 * n, 64 * n + 64)) for half in _q6_k_codes(context, builder, tu, u, i)
             for n in range(2)]
@@ -604,7 +636,8 @@ def _scale_tables(builder, sc16, vnni):  # <n x i16>, one scale per 256 / n valu
 
 
 def _k_block(kind: str, native: bool, vnni: bool):
-    codes_of = {"q4_k": _q4_k_codes, "q5_k": _q5_k_codes, "q6_k": _q6_k_codes4}[kind]
+    codes_of = {"q2_k": _q2_k_codes, "q3_k": _q3_k_codes, "q4_k": _q4_k_codes, "q5_k": _q5_k_codes,
+                "q6_k": _q6_k_codes4}[kind]
 
     @intrinsic
     def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
@@ -622,6 +655,16 @@ def _k_block(kind: str, native: bool, vnni: bool):
                 dmin = builder.fmul(ir.Constant(F32, 32.0), d)  # exact
                 sc16 = builder.sext(_load(context, builder, tu, u, _add(builder, o, 192), 16), _vec(I16, 16))
                 mins16 = sc16
+            elif kind == "q3_k":  # 16 scales sc - 32; the codes' offset 4 is taken back as 4 d * (scales . bsums)
+                d = half(108)
+                dmin = builder.fmul(ir.Constant(F32, 4.0), d)  # exact
+                sc16 = _q3_k_scales(builder, _load(context, builder, tu, u, _add(builder, o, 96), 12))
+                mins16 = sc16
+            elif kind == "q2_k":  # 16 bytes: scale (low nibble) and min (high nibble) of each 16 values
+                d, dmin = half(80), half(82)
+                scales = _load(context, builder, tu, u, o, 16)
+                sc16 = builder.zext(builder.and_(scales, _const(I8, 16, 15)), _vec(I16, 16))
+                mins16 = builder.zext(builder.lshr(scales, _const(I8, 16, 4)), _vec(I16, 16))
             else:  # Q4_K / Q5_K: eight 6-bit (sc, m) pairs, one per 32 values
                 d, dmin = half(0), half(2)
                 sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
@@ -733,6 +776,7 @@ def _q6_k_signed_block(native: bool):
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
+q2_k_block, q3_k_block = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT)
 q6_k_block = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT)  # where q6_k_signed_block is not (no VNNI)
 q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
 
