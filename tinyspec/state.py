@@ -243,7 +243,7 @@ class ReplayRing:
     def __init__(self, cfg: ModelConfig, slots: int, conv, scan, xp=np):
         if slots < 1:
             raise ValueError(f"ReplayRing needs at least one slot, got {slots}")
-        self.slots, self.conv, self.scan = slots, conv, scan
+        self.slots, self.causal_conv, self.gdn_scan = slots, conv, scan  # the functions a replay reruns
         shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
         self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
         self.pos = np.zeros(slots, np.int64)
@@ -262,6 +262,6 @@ class ReplayRing:
         for layer, log in zip(state.layers, self.log):
             if log is not None:  # the kept tokens' rows of each input; the outputs are thrown away
                 mixed, weight = log.conv_inputs
-                _, layer.conv = self.conv(mixed[:n], log.conv, weight)
-                _, layer.ssm = self.scan(*(a[:n] for a in log.scan_inputs), log.spare, out=layer.ssm)
+                _, layer.conv = self.causal_conv(mixed[:n], log.conv, weight)
+                _, layer.ssm = self.gdn_scan(*(a[:n] for a in log.scan_inputs), log.spare, out=layer.ssm)
         state.truncate_kv(keep)

@@ -118,9 +118,8 @@ _E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))  # [256] 2^(e - 128), the
 _UE4M3_HALF = UE4M3_HALF.astype(np.float32)  # [256] the halved NVFP4 scale of each byte
 _SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [256, 8]:
 # a sign byte (bit k set: value k negative, IQ2_S / IQ3_S) -> its 8 signs
+_KSIGN_ROWS = _SIGN_ROWS[KSIGNS]  # [128, 8]: a 7-bit KSIGNS index (IQ2_XXS / IQ2_XS / IQ3_XXS) -> its 8 signs
 assert tuple(KVALUES_IQ4NL) == simd.KVALUES_IQ4  # the levels simd.iq4_block32 selects from
-_KSIGN_ROWS = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.float32)  # [128, 8] of +-1:
-# the 7 stored sign bits of 8 values -> their 8 signs (KSIGNS makes the count of minus signs even)
 
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
@@ -148,6 +147,12 @@ def _f16(lo, hi):  # two little-endian bytes -> float32, exact
     else:
         v = np.float32(m + 1024) * _POW2[e]
     return -v if h & 0x8000 else v
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _u32(raw, i):  # the little-endian uint32 at raw[i]
+    return np.uint32(raw[i]) | (np.uint32(raw[i + 1]) << 8) | (np.uint32(raw[i + 2]) << 16) \
+        | (np.uint32(raw[i + 3]) << 24)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -254,12 +259,6 @@ def _decode_q3_k(raw, r0, s, n, w, sm):  # 110 bytes: hmask[32], qs[64], scales[
         for s in range(4):  # values 128c + 32s + l: group 4c + s, sub-blocks 8c + 2s and 8c + 2s + 1
             simd.q3_k_group(raw, o + 32 + 32 * c, o, 2 * s, 4 * c + s, w, 128 * c + 32 * s,
                             dl[8 * c + 2 * s], dl[8 * c + 2 * s + 1])
-
-
-@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _u32(raw, i):  # the little-endian uint32 at raw[i]
-    return np.uint32(raw[i]) | (np.uint32(raw[i + 1]) << 8) | (np.uint32(raw[i + 2]) << 16) \
-        | (np.uint32(raw[i + 3]) << 24)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)

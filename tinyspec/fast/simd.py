@@ -270,6 +270,17 @@ def affine_q4_0(typingctx, u8, i, d, w, j):
     return types.void(u8, i, d, w, j), codegen
 
 
+def _byte(builder, v):  # a Numba integer argument as an i8 (a shift count for <n x i8> lanes)
+    return builder.trunc(v, I8) if v.type.width > 8 else v
+
+
+def _store_halves(context, builder, tw, w, j, q, signed, s0, s1, m0=None, m1=None):
+    # <32 x i8> codes q -> w[j:j+16] = s0 * q[0:16] [- m0], w[j+16:j+32] = s1 * q[16:32] [- m1] (the oracle's order)
+    lo, hi = _shuffle(builder, q, range(16)), _shuffle(builder, q, range(16, 32))
+    _store(context, builder, tw, w, j, _scale(builder, lo, signed, s0, m0))
+    _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, hi, signed, s1, m1))
+
+
 @intrinsic
 def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
     """Q2_K, one 32-value group: 2-bit fields (b >> shift) & 3 of the 32 bytes at u8[i] ->
@@ -280,12 +291,9 @@ def affine_u2(typingctx, u8, i, shift, w, j, s0, m0, s1, m1):
     def codegen(context, builder, sig, args):
         tu, _, _, tw = sig.args[:4]
         u, i, shift, w, j, s0, m0, s1, m1 = args
-        sh = builder.trunc(shift, I8) if shift.type.width > 8 else shift
-        q = builder.and_(builder.lshr(_load(context, builder, tu, u, i, 32), _splat(builder, sh, 32)),
-                         _const(I8, 32, 3))
-        lo, hi = _shuffle(builder, q, range(16)), _shuffle(builder, q, range(16, 32))
-        _store(context, builder, tw, w, j, _scale(builder, lo, False, s0, m0))
-        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, hi, False, s1, m1))
+        b = _load(context, builder, tu, u, i, 32)
+        q = builder.and_(builder.lshr(b, _splat(builder, _byte(builder, shift), 32)), _const(I8, 32, 3))
+        _store_halves(context, builder, tw, w, j, q, False, s0, s1, m0, m1)
         return _void(context)
 
     return types.void(u8, i, shift, w, j, s0, m0, s1, m1), codegen
@@ -301,15 +309,13 @@ def q3_k_group(typingctx, u8, qi, hi, shift, k, w, j, d0, d1):
     def codegen(context, builder, sig, args):
         tu, tw = sig.args[0], sig.args[5]
         u, qi, hi, shift, k, w, j, d0, d1 = args
-        sh, kk = (builder.trunc(a, I8) if a.type.width > 8 else a for a in (shift, k))
+        sh, kk = _byte(builder, shift), _byte(builder, k)
         low = builder.and_(builder.lshr(_load(context, builder, tu, u, qi, 32), _splat(builder, sh, 32)),
                            _const(I8, 32, 3))
         bit = builder.and_(builder.lshr(_load(context, builder, tu, u, hi, 32), _splat(builder, kk, 32)),
                            _const(I8, 32, 1))
         q = builder.sub(low, builder.mul(builder.sub(_const(I8, 32, 1), bit), _const(I8, 32, 4)))  # -4..3
-        lo, hi = _shuffle(builder, q, range(16)), _shuffle(builder, q, range(16, 32))
-        _store(context, builder, tw, w, j, _scale(builder, lo, True, d0))
-        _store(context, builder, tw, w, _add(builder, j, 16), _scale(builder, hi, True, d1))
+        _store_halves(context, builder, tw, w, j, q, True, d0, d1)
         return _void(context)
 
     return types.void(u8, qi, hi, shift, k, w, j, d0, d1), codegen
@@ -400,13 +406,10 @@ def _legacy_block(size: int, offset: bool, qh: int):
                 q = builder.or_(q, builder.shl(builder.trunc(bits, _vec(I8, 32)), _const(I8, 32, 4)))
             d = _half(context, builder, tu, u, o)
             if offset:  # d * q + m, as d * q - (-m): the same IEEE operation
-                m = builder.fneg(_half(context, builder, tu, u, _add(builder, o, 2)))
-                lo, hi = (_scale(builder, _shuffle(builder, q, r), False, d, m) for r in (range(16), range(16, 32)))
+                v = _scale(builder, q, False, d, builder.fneg(_half(context, builder, tu, u, _add(builder, o, 2))))
             else:  # d * (q - 16)
-                q = builder.sub(q, _const(I8, 32, 16))
-                lo, hi = (_scale(builder, _shuffle(builder, q, r), True, d) for r in (range(16), range(16, 32)))
-            _store(context, builder, tw, w, j, lo)
-            _store(context, builder, tw, w, _add(builder, j, 16), hi)
+                v = _scale(builder, builder.sub(q, _const(I8, 32, 16)), True, d)
+            _store(context, builder, tw, w, j, v)
             return _void(context)
 
         return types.void(u8, o, w, j), codegen
