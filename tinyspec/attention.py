@@ -30,8 +30,28 @@ from .ops import linear, rms_norm, rope_neox, sigmoid, softmax
 from .state import KVCache
 
 
-def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig) -> np.ndarray:
-    """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n."""
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
+    """Causal grouped attention of T new query rows: q [T, H_kv, G, d]; keys, values [>= n_past + T, H_kv, d]
+    (the cache's arrays, the T new rows already in) -> o [T, H_kv, G, d].
+
+    Row t sees the n = n_past + t + 1 keys up to its own position: o = softmax(scale * K[:n] q) V[:n], per kv
+    head for its G query heads, with exactly the calls a one-token pass at that position makes.
+    """
+    T, H_kv, G, d = q.shape
+    o = np.empty_like(q)  # float32, on q's device
+    for t in range(T):
+        n = n_past + t + 1  # keys visible to this row (causal)
+        k_t = np.copy(keys[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
+        v_t = np.copy(values[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
+        scores = np.matmul(q[t], k_t.transpose(0, 2, 1)) * scale  # [H_kv, G, n]
+        o[t] = np.matmul(softmax(scores), v_t)  # [H_kv, G, d]
+    return o
+
+
+def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
+                    attend=attend) -> np.ndarray:
+    """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n.
+    attend: the function above or one with its contract (a backend's, e.g. fast/numba_attention.py)."""
     T = x.shape[0]
     H, H_kv, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     G = H // H_kv  # query heads per kv head
@@ -46,13 +66,6 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
     n_past = cache.n
     cache.append(k, v)
 
-    o = np.empty_like(q, shape=(T, H_kv, G, d))  # float32, on q's device
-    for t in range(T):
-        n = n_past + t + 1  # keys visible to this row (causal)
-        keys = np.copy(cache.k[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
-        values = np.copy(cache.v[:n].transpose(1, 0, 2), order="C")  # [H_kv, n, d]
-        q_t = q[t].reshape(H_kv, G, d)  # grouped: heads h = j*G .. j*G+G-1 share kv head j
-        scores = np.matmul(q_t, keys.transpose(0, 2, 1)) * np.float32(cfg.attn_scale)  # [H_kv, G, n]
-        o[t] = np.matmul(softmax(scores), values)  # [H_kv, G, d]
+    o = attend(q.reshape(T, H_kv, G, d), cache.k, cache.v, n_past, np.float32(cfg.attn_scale))  # [T, H_kv, G, d]
     attn = o.reshape(T, H * d) * sigmoid(gate)  # [T, H*d]
     return linear(attn, w["attn_output.weight"])

@@ -210,8 +210,9 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
         model = Model(cfg, tensors, g.metadata)
         model.source = g
         if backend == "cpu":
-            from .fast import numba_gdn
+            from .fast import numba_attention, numba_gdn
 
+            model.attend = numba_attention.attend  # batch-invariant like the oracle's, to float32 rounding of it
             model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
             model.causal_conv = numba_gdn.causal_conv  # bitwise the oracle's conv
             model.rollback = "replay"  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 25)

@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .attention import attention_layer
+from .attention import attend, attention_layer
 from .config import ModelConfig
 from .gdn import causal_conv, gdn_layer, gdn_scan
 from .gguf import GGUFFile, read_gguf
@@ -68,6 +68,7 @@ class Model:
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
         self.causal_conv = causal_conv  # likewise the GDN layers' short convolution
+        self.attend = attend  # and the attention layers' softmax(q K^T) V over the cache
         self.rollback = "snapshot"  # or "replay": which ring new_ring makes (state.py; the cpu backend replays)
         # where activations and state live: NumPy on the host here; the cuda backend sets CuPy and the
         # two copies (tokens' embeddings in, logits and hidden rows out: the engine works on the host)
@@ -145,7 +146,7 @@ class Model:
                 x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots, scan=self.gdn_scan,
                                   conv=self.causal_conv)
             else:
-                x = x + attention_layer(u, w, layer_state, cfg)
+                x = x + attention_layer(u, w, layer_state, cfg, self.attend)
             x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)
         state.pos += x.shape[0]
         hidden = rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]

@@ -64,7 +64,7 @@ class MTPHead:
         e = rms_norm(dev(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
         h = rms_norm(dev(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)  # [T, D]
         y = linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
-        y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg)
+        y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg, self.model.attend)
         y = y + ffn(rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w)
         h_mtp = rms_norm(y, self.head_norm, cfg.rms_eps)
         host = self.model.to_host

@@ -16,6 +16,8 @@ caller keeps `i + n <= a.size` (these are inner-loop primitives: no bounds check
 
     fma16(acc, i, w, j, x, k)          acc[i:i+16] = fma(w[j:j+16], x[k:k+16], acc[i:i+16])   (and fma256)
     lane_sum256(a, i), lane_sum16   a[i] + ... + a[i+255] (or +15) as a fixed pairwise tree: (l, l+128), (l, l+64), ...
+    dot256(a, i, b, j), dot16          the products a[i+l] * b[j+l], rounded, summed by that tree (in registers)
+    axpy256(y, i, s, x, j), axpy16     y[i:i+256] = fma(s, x[j:j+256], y[i:i+256]) for a scalar s
     half_to_f32(u8, i)                 the fp16 at bytes u8[i], u8[i+1] (little endian) as float32, exact
     affine_u4(u8, i, w, j, s0, m0, s1, m1)   32 bytes -> w[j:j+32] = s0 * (b & 15) - m0, w[j+32:j+64] = s1 * (b >> 4) - m1
     ...and the block-specific decoders below (Q4_K scales, Q5_K fifth bit, Q6_K, Q8_0, Q4_0, IQ2 codewords).
@@ -137,6 +139,52 @@ def _lane_sum_n(width: int):
 
 
 lane_sum16, lane_sum256 = _lane_sum_n(16), _lane_sum_n(256)
+
+
+def _dot_n(width: int):
+    @intrinsic
+    def dot(typingctx, a, i, b, j):
+        if not (_is_c_array(a, types.float32) and _is_c_array(b, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ta, _, tb, _ = sig.args
+            v, n = builder.fmul(_load(context, builder, ta, args[0], args[1], width),
+                                _load(context, builder, tb, args[2], args[3], width)), width
+            while n > 1:
+                n //= 2
+                v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
+            return builder.extract_element(v, ir.Constant(I32, 0))
+
+        return types.float32(a, i, b, j), codegen
+
+    dot.__doc__ = (f"a[i:i+{width}] . b[j:j+{width}]: the products rounded, then summed by lane_sum{width}'s "
+                   "fixed tree, all in registers.")
+    return dot
+
+
+def _axpy_n(width: int):
+    @intrinsic
+    def axpy(typingctx, y, i, s, x, j):
+        if not (_is_c_array(y, types.float32) and _is_c_array(x, types.float32) and s == types.float32):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ty, _, _, tx, _ = sig.args
+            yv, i, sv, xv, j = args
+            r = _fma(builder, _splat(builder, sv, width), _load(context, builder, tx, xv, j, width),
+                     _load(context, builder, ty, yv, i, width))
+            _store(context, builder, ty, yv, i, r)
+            return _void(context)
+
+        return types.void(y, i, s, x, j), codegen
+
+    axpy.__doc__ = f"y[i:i+{width}] = fma(s, x[j:j+{width}], y[i:i+{width}]) for a float32 scalar s."
+    return axpy
+
+
+dot16, dot256 = _dot_n(16), _dot_n(256)
+axpy16, axpy256 = _axpy_n(16), _axpy_n(256)
 
 
 @intrinsic
