@@ -140,3 +140,54 @@ def test_one_early_rejection_at_position_2_does_not_lock_a_short_k(prior_deep, c
         ks.append(policy.choose())
         policy.update(ks[-1], ks[-1], 1.0 + 0.3 * ks[-1])
     assert (min(ks[-10:]) >= 2 and max(ks[-10:]) >= 3) if climbs else max(ks[-10:]) <= 1, ks
+
+
+def run_confident(policy: AdaptiveDraftLength, steps: int, cost, rng) -> tuple[float, float]:
+    """A drafter whose drafts are sure (p = 0.95, kept 0.98) or, one in five, unsure (p = 0.2, kept 0.4),
+    drafting as far as keep_drafting lets it; returns (tokens, cost) over the steps."""
+    policy.by_confidence = True  # what speculative_generate sets for a drafter with a keep_going hook
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        k = policy.choose()
+        probs, n, alive = [], 0, True
+        while len(probs) < k:
+            unsure = rng.random() < 0.2
+            probs.append(0.2 if unsure else 0.95)
+            kept = rng.random() < (0.4 if unsure else 0.98)
+            alive = alive and kept
+            n += alive
+            if not policy.keep_drafting(probs):
+                break
+        tokens, seconds = tokens + 1 + n, seconds + cost(len(probs))
+        policy.update(len(probs), n, cost(len(probs)), probs)
+    return tokens, seconds
+
+
+def test_confidence_ends_a_step_at_an_unsure_draft_and_beats_every_fixed_k():
+    """Drafts the drafter is unsure of are mostly rejected: stopping there (and drafting on through sure
+    ones) gives more tokens per unit of cost than any fixed k, whose drafts after an unsure one are mostly
+    wasted. Fixed k under the same law: E(k) / T(k) with the mean acceptance 0.8 * 0.98 + 0.2 * 0.4."""
+    def cost(k):
+        return 1.0 + 0.5 * k
+
+    policy = AdaptiveDraftLength(8)
+    run_confident(policy, 300, cost, np.random.default_rng(1))  # learn costs and calibration
+    tokens, seconds = run_confident(policy, 2000, cost, np.random.default_rng(2))
+    a = 0.8 * 0.98 + 0.2 * 0.4
+    best_fixed = max(expected_mean_accepted_length(a, k) / cost(k) for k in range(9))
+    assert tokens / seconds > 1.05 * best_fixed, (tokens / seconds, best_fixed, policy.as_dict())
+    calib = policy.as_dict()["kept_by_confidence"]
+    assert calib["0.0"] < 0.5 < 0.95 < calib["0.9"]  # learnt from the outcomes (priors 0.5 and 0.99)
+    # after a sure draft the step goes on, after an unsure one it stops; the cap is k_max
+    assert policy.choose() in (0, 8)
+    policy.since_probe = 0
+    assert policy.choose() == 8 and policy.keep_drafting([0.95]) and not policy.keep_drafting([0.95, 0.2])
+
+
+def test_confidence_is_off_for_drafters_without_the_hook_or_when_disabled(target):  # noqa: F811
+    for drafter, use, expect in [(RandomDrafter(0), True, False), (make_drafter("mtp", target, None, []), False, False),
+                                 (make_drafter("mtp", target, None, []), True, True)]:
+        policy = AdaptiveDraftLength(4, use_confidence=use)
+        spec = speculative_generate(target, drafter, [40, 41, 42, 43], 12, 4, adaptive=policy)
+        assert policy.by_confidence is expect
+        assert ("kept_by_confidence" in spec.stats.adaptive) is expect

@@ -108,6 +108,8 @@ class MTPDrafter:
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {p_min}")
         self.p_min = float(p_min)
+        self.keep_going = None  # keep_going(probs) -> draft another? (adaptive.py keep_drafting; set by the engine)
+        self.probs: list[float] = []  # the last propose's probability of each draft (with p_min or keep_going)
         self.head = MTPHead(model)
         self._cache = self.head.new_cache()
         self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
@@ -143,7 +145,7 @@ class MTPDrafter:
         rows = [h for _, h in self.queue]
         self.queue = []
         n_kept = cache.n + len(fed)
-        drafts, q_rows = [], []
+        drafts, q_rows, self.probs = [], [], []
         tokens, hs = fed + [pending], np.concatenate(rows + [self.h_last[None, :]])
         for _ in range(k):
             _, h_mtp = self.head.forward(tokens, hs, cache, logits=False)
@@ -156,8 +158,10 @@ class MTPDrafter:
                 token, q_draft = draw(self.vocab, logits, params, rng)
             drafts.append(token)
             q_rows.append(q_draft)
-            if self.p_min and draft_probability(logits, token, q_draft) < self.p_min:
-                break
+            if self.p_min or self.keep_going is not None:
+                self.probs.append(draft_probability(logits, token, q_draft))
+                if self.probs[-1] < self.p_min or (self.keep_going is not None and not self.keep_going(self.probs)):
+                    break
             tokens, hs = [token], h
         cache.truncate(n_kept)
         return drafts, q_rows

@@ -120,6 +120,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     clock = time.perf_counter
     t_start = clock()
 
+    if adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going"):  # the drafter reports how sure it is of each draft:
+        drafter.keep_going, adaptive.by_confidence = adaptive.keep_drafting, True  # it stops where the policy says
     state = model.new_state()
     ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
@@ -171,7 +173,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         pending = emitted[-1]
         stats.record(len(drafts), n_accepted)
         if adaptive is not None:
-            adaptive.update(len(drafts), n_accepted, clock() - t_step)
+            adaptive.update(len(drafts), n_accepted, clock() - t_step, getattr(drafter, "probs", None) if drafts else None)
         for phase, dt in zip(("draft", "verify", "sample", "rollback"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             stats.phase_s[phase] += dt
     stats.emitted = len(out)

@@ -9,9 +9,10 @@ tokens over decode time (prefill excluded, it is the same for every method). Met
 inside each repeat and the median over repeats is reported, so a burst of load hits all of them alike.
 
     plain          one target pass per token
-    mtp_k1..k4     MTP drafting with a fixed k
-    mtp_adaptive   k chosen per step in 0..4 (tinyspec/adaptive.py), a fresh policy per generation,
-                   as `python -m tinyspec generate --spec mtp` runs by default
+    mtp_k1..k8     MTP drafting with a fixed k
+    mtp_adaptive   per step a plain step or drafting up to 8, each step ending where the head's confidence
+                   says the next draft does not pay (tinyspec/adaptive.py keep_drafting), a fresh policy per
+                   generation, as `python -m tinyspec generate --spec mtp` runs by default
 
 Every speculative output is checked equal to the plain one.
 """
@@ -37,7 +38,7 @@ from tinyspec.speculate import speculative_generate  # noqa: E402
 from tinyspec.tokenizer import Tokenizer  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
-FIXED = (1, 2, 3, 4)
+FIXED = tuple(range(1, 9))
 
 
 def run(model, method: str, prompt: list[int], max_new: int, p_min: float = 0.0) -> tuple[list[int], float, dict]:
