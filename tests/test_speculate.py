@@ -84,15 +84,15 @@ def make_drafter(kind: str, target: Model, draft_model: Model, plain: list[int])
             "draft": lambda: DraftModelDrafter(draft_model, target=target),
             "mtp-vocab": lambda: MTPDrafter(target, vocab),
             "mtp-pmin": lambda: MTPDrafter(target, vocab, p_min=0.3),  # stops after unsure drafts
-            "mtp-stop": lambda: stopping_mtp(target),  # stops where a rule on the drafts' probabilities says
+            "mtp-stop": lambda: stopping(MTPDrafter(target)),  # stops where a rule on the drafts' probabilities says
+            "draft-stop": lambda: stopping(DraftModelDrafter(draft_model, target=target)),
             "draft-vocab": lambda: DraftModelDrafter(draft_model, target=target, vocab=vocab),
             "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain)}[kind]()
 
 
-def stopping_mtp(target: Model) -> MTPDrafter:
-    """MTP drafting cut by its keep_going hook (as adaptive.keep_drafting drives it): on after a draft the
-    head gives >= 0.4 while the chain's product stays >= 0.2."""
-    drafter = MTPDrafter(target)
+def stopping(drafter):
+    """A drafter cut by its keep_going hook (as adaptive.keep_drafting drives it): on after a draft it gives
+    probability >= 0.4 while the chain's product stays >= 0.2."""
     drafter.keep_going = lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2
     return drafter
 
@@ -116,7 +116,7 @@ def rollback(target, request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "random", "oracle"])
+@pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "draft-stop", "random", "oracle"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12), max_new=st.integers(1, 24))
 def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, seed, draft_n, n_prompt, max_new):
@@ -136,7 +136,7 @@ def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, se
         cache = head.new_cache()
         head.forward(tokens, shift_hidden(hidden), cache)
         assert drafter.cache.max_abs_diff(cache) == 0.0
-    if kind == "draft":
+    if kind in ("draft", "draft-stop"):  # the draft model holds exactly the accepted prefix
         assert drafter.state.max_abs_diff(fresh_state(draft_model, prompt + plain[:-1])) == 0.0
 
 
@@ -206,7 +206,8 @@ CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32
             11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70}
 
 
-@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "mtp-vocab", "draft-vocab", "mtp-pmin", "mtp-stop"])
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "mtp-vocab", "draft-vocab", "mtp-pmin", "mtp-stop",
+                                  "draft-stop"])
 def test_sampled_speculation_keeps_the_target_law(target, draft_model, kind):
     """Monte-Carlo chi-square: the joint law of the first two emitted tokens under speculative sampling
     (the second one went through the accept/residual rule against the drafter's q) equals the target's
