@@ -45,13 +45,14 @@ start costs one long step, then one short one; the first step's time is not reco
 the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
 
 Depth by confidence (use_confidence, on by default): a drafter that reports its probability p of each
-draft (MTPDrafter: the head's softmax of its greedy draft, q of a sampled one) gets keep_drafting as its
-keep_going hook (speculate.py), and k from choose() becomes a cap: 0 (a plain step) or k_max. After each
+draft (MTPDrafter, DraftModelDrafter: the softmax of its greedy draft, q of a sampled one) gets keep_drafting
+as its keep_going hook (speculate.py), and k from choose() becomes a cap: 0 (a plain step) or k_max (1 for
+a probing draft). After each
 draft the step goes on only while the chance that every draft so far is kept, the product of the
 calibrated rates confidence(p) (per bin of p, a prior updated online from the drafts' outcomes), makes
 the next draft pay at the best rate the model promises (keep_drafting's docstring). The per-step
 information is what no fixed k has: on the shipped model 0.58 of the drafts at p < 0.3 are kept and 1.0
-at p >= 0.9 (LESSONS 26), so a step ends at an unsure draft and runs long through sure ones (LESSONS 28).
+at p >= 0.9 (LESSONS 26), so a step ends at an unsure draft and runs long through sure ones (LESSONS 29).
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
