@@ -191,3 +191,4 @@ def test_confidence_is_off_for_drafters_without_the_hook_or_when_disabled(target
         spec = speculative_generate(target, drafter, [40, 41, 42, 43], 12, 4, adaptive=policy)
         assert policy.by_confidence is expect
         assert ("kept_by_confidence" in spec.stats.adaptive) is expect
+        assert getattr(drafter, "keep_going", None) is None  # the hook is the policy's only while it runs

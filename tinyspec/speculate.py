@@ -120,8 +120,10 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     clock = time.perf_counter
     t_start = clock()
 
-    if adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going"):  # the drafter reports how sure it is of each draft:
-        drafter.keep_going, adaptive.by_confidence = adaptive.keep_drafting, True  # it stops where the policy says
+    # a drafter that reports how sure it is of each draft stops where the policy says (adaptive.py keep_drafting)
+    hooked = adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going")
+    if hooked:
+        own_hook, drafter.keep_going, adaptive.by_confidence = drafter.keep_going, adaptive.keep_drafting, True
     state = model.new_state()
     ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
@@ -129,6 +131,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats.phase_s["prefill"] = clock() - t_start
     out: list[int] = []
     if max_new == 0:
+        if hooked:
+            drafter.keep_going = own_hook
         return SpecResult(out, stats, state)
     pending = pick(logits[-1], params, rng)
     out.append(pending)
@@ -179,4 +183,6 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats.emitted = len(out)
     stats.wall_s = clock() - t_start
     stats.adaptive = adaptive.as_dict() if adaptive is not None else None
+    if hooked:  # the drafter as it came (it may run again without the policy)
+        drafter.keep_going = own_hook
     return SpecResult(out, stats, state, marks)
