@@ -84,6 +84,18 @@ def test_bad_k_max():
         AdaptiveDraftLength(0)
 
 
+@pytest.mark.parametrize("kw", [
+    {"edges": (0.5, 0.3), "kept_prior": (0.5, 0.7, 0.9)},  # not increasing
+    {"edges": (0.0, 0.5), "kept_prior": (0.5, 0.7, 0.9)},  # an edge outside (0, 1)
+    {"kept_prior": (0.5, 0.9)},  # two priors for the five default bins
+    {"edges": (0.5,), "kept_prior": (0.0, 0.9)},  # a prior of 0
+    {"prior_weight": 0.0},
+])
+def test_bad_confidence_bins(kw):
+    with pytest.raises(ValueError):
+        AdaptiveDraftLength(4, **kw)
+
+
 @pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "random"])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), max_new=st.integers(1, 24))

@@ -103,6 +103,11 @@ class AdaptiveDraftLength:
         self.seen = [0] * self.k_max
         if len(self.kept_prior) != len(self.edges) + 1:
             raise ValueError("kept_prior needs one value per bin: len(edges) + 1")
+        if any(not 0 < e < 1 for e in self.edges) or any(a >= b for a, b in zip(self.edges, self.edges[1:])):
+            raise ValueError(f"edges must increase strictly inside (0, 1), got {self.edges}")
+        if any(not 0 < c <= 1 for c in self.kept_prior) or self.prior_weight <= 0:
+            raise ValueError(f"kept_prior must lie in (0, 1] and prior_weight be > 0, got {self.kept_prior}, "
+                             f"{self.prior_weight}")
         self.kept, self.seen_bin = [0.0] * len(self.kept_prior), [0.0] * len(self.kept_prior)
 
     # ------------------------------------------------------------------ the model
