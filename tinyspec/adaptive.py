@@ -162,9 +162,12 @@ class AdaptiveDraftLength:
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
+    def _bin(self, p: float) -> int:  # the confidence bin of probability p: edges below or at it
+        return sum(p >= e for e in self.edges)
+
     def confidence(self, p: float) -> float:
         """P(a draft is kept | the drafter gave it probability p, the drafts before it kept): its bin's rate."""
-        b = sum(p >= e for e in self.edges)
+        b = self._bin(p)
         return (self.kept[b] + self.prior_weight * self.kept_prior[b]) / (self.seen_bin[b] + self.prior_weight)
 
     def keep_drafting(self, probs: list[float]) -> bool:
@@ -190,7 +193,7 @@ class AdaptiveDraftLength:
         r = self.rate
         self.updates += 1
         for j, p in enumerate((probs or [])[: n_accepted + 1]):
-            b = sum(p >= e for e in self.edges)
+            b = self._bin(p)
             self.seen_bin[b] += 1
             self.kept[b] += 1.0 if j < n_accepted else 0.0
         if self.probing:  # a probing draft: back off while drafts keep failing

@@ -118,6 +118,14 @@ def _fma_n(n: int):
 fma16, fma256 = _fma_n(16), _fma_n(256)
 
 
+def _tree_sum(builder, v):  # <n x float> -> v[0] + ... + v[n-1] by the fixed tree v[l] += v[l + h], h = n/2, ..., 1
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
 def _lane_sum_n(width: int):
     @intrinsic
     def lane_sum(typingctx, a, i):
@@ -125,11 +133,7 @@ def _lane_sum_n(width: int):
             return None
 
         def codegen(context, builder, sig, args):
-            v, n = _load(context, builder, sig.args[0], args[0], args[1], width), width
-            while n > 1:
-                n //= 2
-                v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
-            return builder.extract_element(v, ir.Constant(I32, 0))
+            return _tree_sum(builder, _load(context, builder, sig.args[0], args[0], args[1], width))
 
         return types.float32(a, i), codegen
 
@@ -149,12 +153,8 @@ def _dot_n(width: int):
 
         def codegen(context, builder, sig, args):
             ta, _, tb, _ = sig.args
-            v, n = builder.fmul(_load(context, builder, ta, args[0], args[1], width),
-                                _load(context, builder, tb, args[2], args[3], width)), width
-            while n > 1:
-                n //= 2
-                v = builder.fadd(_shuffle(builder, v, range(n)), _shuffle(builder, v, range(n, 2 * n)))
-            return builder.extract_element(v, ir.Constant(I32, 0))
+            return _tree_sum(builder, builder.fmul(_load(context, builder, ta, args[0], args[1], width),
+                                                   _load(context, builder, tb, args[2], args[3], width)))
 
         return types.float32(a, i, b, j), codegen
 
