@@ -9,9 +9,10 @@
 4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
    k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
 5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range;
-6. the integer path for K-quants (quant_linear_q8, what the cpu backend runs): its Q8_K rounding bit for
-   bit tinyspec/quants/q8_k.py's, its products within the same bound of ops.quant_linear_q8, batch
-   invariant (in 4.), the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
+6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants and Q8_0: its Q8_K rounding
+   bit for bit tinyspec/quants/q8_k.py's and its Q8_0 rounding bit for bit legacy.py's quantize_q8_0 (fp16
+   scales: simd.round_f16 against NumPy), its products within the same bound of ops.quant_linear_q8,
+   batch invariant (in 4.), the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
 
 Random blocks get their fp16 scale fields made finite (tests/quant_helpers.with_finite_f16_fields):
 a NaN or inf scale gives NaN sums whose bits depend on the summation order.
@@ -260,7 +261,7 @@ def test_shape_errors(rng):
 
 
 @pytest.mark.parametrize("qtype,q8", [(G.Q4_K, False), (G.Q6_K, False), (G.Q8_0, False), (G.F16, False),
-                                      (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True)])
+                                      (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True), (G.Q8_0, True)])
 def test_serial_and_parallel_paths_agree(qtype, q8, rng, monkeypatch):
     """Small matrices run on one thread (SERIAL_BELOW; the integer path has a serial compilation of its
     kernel); forcing the threaded path changes no bit."""
@@ -295,10 +296,16 @@ def test_q8_k_rounding_is_the_oracle_bit_for_bit(rng):
     assert_array_equal(bs.reshape(T, -1), bsums_q8_k(q))
 
 
+def rounded_x(x, qtype):  # x as the integer path rounds it: Q8_0 blocks for Q8_0 weights, Q8_K for K-quants
+    if qtype == G.Q8_0:
+        return dequantize(quantize(x, G.Q8_0), G.Q8_0, x.shape)
+    return dequantize_q8_k(*quantize_q8_k(x))
+
+
 def assert_q8_close_to_oracle(x, raw, qtype, shape):
     y = numba_ops.quant_linear_q8(x, raw, qtype, shape)
     ref = ops.quant_linear_q8(x, raw, qtype, shape)
-    xq = dequantize_q8_k(*quantize_q8_k(x)).astype(np.float64)
+    xq = rounded_x(x, qtype).astype(np.float64)
     w = dequantize(raw, qtype, shape).astype(np.float64)
     bound = 1.1 * shape[1] * 2.0**-23 * (np.abs(xq) @ np.abs(w).T)
     assert y.dtype == np.float32 and y.shape == ref.shape
@@ -372,7 +379,91 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * 256), (got, want)
 
 
-@pytest.mark.parametrize("qtype", [G.Q8_0, G.F16, G.Q4_0])
+def test_q8_0_rounding_is_the_oracle_bit_for_bit(rng):
+    """The kernel's Q8_0 rounding of x (numba_ops._quantize_q8_0: codes as x' = q + 128, fp16-rounded scales)
+    is tinyspec/quants/legacy.py quantize_q8_0 (ggml quantize_row_q8_0_ref), byte for byte."""
+    x = (rng.standard_normal((7, 160)) * rng.choice([1e-30, 1e-6, 1e-3, 1.0, 1e4], (7, 1))).astype(np.float32)
+    x[0, :32] = 0  # a zero block
+    x[1, 32:64] = np.float32(127) / (2 * np.arange(32) + 1)  # max 127: x * (1 / d) lands on halves...
+    x[1, 64:96] = (np.arange(32) - 15.5).astype(np.float32)  # ...and on exact halves (ties away from zero)
+    x[2, :32] = -np.abs(x[2, :32])  # a negative max
+    x[3, :32] = -0.0
+    x[4, 159] = 6e6  # the max in the last lane; a scale near the fp16 limit
+    x[5, :32] = rng.standard_normal(32).astype(np.float32) * 2e-6  # fp16-subnormal scales
+    T, n = x.shape
+    W = 64 * ((n // 32 + 1) // 2)
+    qxu = np.full(T * W, 128, np.uint8)
+    dxb = np.zeros(T * W // 32, np.float32)
+    numba_ops._quantize_q8_0(x, n, W, qxu, dxb)
+    blocks = quantize(x, G.Q8_0).reshape(T, n // 32, 34)
+    codes = (qxu.reshape(T, W)[:, :n].astype(np.int16) - 128).astype(np.int8)
+    assert_array_equal(codes.reshape(T, n // 32, 32).view(np.uint8), blocks[:, :, 2:])
+    d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    assert_bits_equal(dxb.reshape(T, -1)[:, :n // 32], d)
+    assert np.all(qxu.reshape(T, W)[:, n:] == 128) and np.all(dxb.reshape(T, -1)[:, n // 32:] == 0)
+
+
+def test_round_f16_is_numpy_float16(rng):
+    """simd.round_f16 (LLVM fptrunc to half, fpext back) is NumPy's float32 -> float16 -> float32: ties to
+    even, fp16 subnormals, overflow to inf, on random bit patterns and every boundary region."""
+    from numba import njit
+
+    @njit
+    def run(v, out):
+        for i in range(v.size):
+            out[i] = simd.round_f16(v[i])
+
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    near = np.arange(0x33000000, 0x47800000 + 4096, 4093, dtype=np.uint32)  # 2^-25 .. past 65536
+    halves = np.arange(0, 2**16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    v = np.concatenate([bits, near, near | 0x80000000, halves, halves + 1, halves - 1, halves + 0x1000]).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = v.astype(np.float16).astype(np.float32)
+    got = np.empty_like(v)
+    run(v, got)
+    finite = ~np.isnan(want)
+    assert_bits_equal(got[finite], want[finite])
+    assert np.all(np.isnan(got[~finite]))
+
+
+@pytest.mark.parametrize("blocks", [2, 1])
+def test_q8_0_intrinsics_native_portable_and_exact(blocks, rng):
+    """simd.q8_0_pair (two blocks) and the lone-block form, T = 3 rows: vpdpbusd (where this CPU has it) and
+    the plain-IR twin give the same bits, on random and extreme codes (weights -128 and 127 against x' 0
+    and 255), and the 16 lanes of each row sum to the float64 dot of the dequantized blocks and the
+    rounded rows (exact integer sums; each lane adds rounded terms)."""
+    from numba import njit
+
+    twins = [simd._q8_0_pair(False, blocks)] + ([simd._q8_0_pair(True, blocks)] if simd.NATIVE_VNNI else [])
+
+    def runner(pair):
+        @njit
+        def run(raw, qxu, dxb, T):
+            acc = np.zeros(16 * T, np.float32)
+            pair(raw, 0, qxu, 0, 64, dxb, 0, 2, acc, T)
+            return acc
+        return run
+
+    n = 32 * blocks
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    x[2, ::2], x[2, 1::2] = -1.0, 1.0  # x' = 0 and 255 (codes -127 ... 127 after the +128 shift)
+    W = 64
+    qxu, dxb = np.full(3 * W, 128, np.uint8), np.zeros(3 * 2, np.float32)
+    numba_ops._quantize_q8_0(x[:, :n].copy(), n, W, qxu, dxb)
+    extreme = np.concatenate([np.array(f16(0.75), np.uint8), np.where(np.arange(32) % 2, 127, 128).astype(np.uint8)])
+    for raw in [random_blocks(G.Q8_0, (1, 64), rng).reshape(-1), np.tile(extreme, 2)]:
+        raw = np.ascontiguousarray(raw)
+        out = [runner(p)(raw, qxu, dxb, 3) for p in twins]
+        for other in out[1:]:
+            assert_bits_equal(other, out[0])
+        w = dequantize(raw[:34 * blocks], G.Q8_0, (1, n)).astype(np.float64)[0]
+        xq = rounded_x(x[:, :n].copy(), G.Q8_0).astype(np.float64)
+        want = xq @ w
+        got = out[0].reshape(3, 16).astype(np.float64).sum(1)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * n), (got, want)
+
+
+@pytest.mark.parametrize("qtype", [G.F16, G.Q4_0, G.IQ4_NL])
 def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
     raw = random_weight(qtype, (2, 256), rng)
     with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K"):

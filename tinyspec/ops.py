@@ -7,7 +7,7 @@
     softmax(x)       exp(x - max) / sum                      over the last axis
     linear(x, W)     y[t] = W @ x[t]                          W: [out, in] (NumPy shape of a GGUF weight)
     quant_linear(x, raw, type, shape)   linear(x, dequantize(raw))   the contract every fast kernel meets
-    quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K)   the cpu backend's K-quant contract
+    quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K, or Q8_0 for Q8_0)   the cpu backend's contract
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
 
@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from .quants import GGMLType, dequantize
+from .quants import GGMLType, dequantize, quantize
 from .quants.q8_k import dequantize_q8_k, quantize_q8_k
 
 
@@ -109,8 +109,13 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
 
 
 def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
-    """quant_linear on x rounded to Q8_K (tinyspec/quants/q8_k.py): the value the cpu backend's integer
-    dot products compute for K-quant weights, as llama.cpp's CPU backend does. [T, in] -> [T, out]."""
+    """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for a Q8_0
+    weight (tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256 for the K-quants
+    (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
+    CPU backend does. [T, in] -> [T, out]."""
+    if GGMLType(ggml_type) == GGMLType.Q8_0:
+        x = np.asarray(x, dtype=np.float32)
+        return quant_linear(dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape), raw, ggml_type, shape)
     q, d = quantize_q8_k(x)
     return quant_linear(dequantize_q8_k(q, d), raw, ggml_type, shape)
 

@@ -573,14 +573,15 @@ def _x86(builder, name, ret, args):  # call an x86 intrinsic; vectors bitcast to
                         [builder.bitcast(v, t) for t, v in args])
 
 
-def _dot4_u8i8(builder, a, b, native):  # <64 x u8>, <64 x i8> -> <16 x i32>: sums of 4 adjacent products
-    if native:  # vpdpbusd onto zero (LLVM's original i32 operand types; newer LLVMs upgrade them)
-        v16 = _vec(I32, 16)
+def _dot4_u8i8(builder, a, b, native, acc=None):  # <64 x u8>, <64 x i8> -> <16 x i32>: [acc +] sums of 4 adjacent products
+    v16 = _vec(I32, 16)
+    if native:  # vpdpbusd onto acc or zero (LLVM's original i32 operand types; newer LLVMs upgrade them)
         return _x86(builder, "llvm.x86.avx512.vpdpbusd.512", v16,
-                    [(v16, ir.Constant(v16, None)), (v16, a), (v16, b)])
+                    [(v16, ir.Constant(v16, None) if acc is None else acc), (v16, a), (v16, b)])
     p = builder.mul(builder.zext(a, _vec(I32, 64)), builder.sext(b, _vec(I32, 64)))
     q = [_shuffle(builder, p, range(j, 64, 4)) for j in range(4)]
-    return builder.add(builder.add(q[0], q[1]), builder.add(q[2], q[3]))
+    s = builder.add(builder.add(q[0], q[1]), builder.add(q[2], q[3]))
+    return s if acc is None else builder.add(acc, s)
 
 
 PACK_ORDER = tuple(j + 4 * c + 16 * h for c in range(4) for h in range(2) for j in range(4))  # vpackssdw's lanes
@@ -824,6 +825,72 @@ def _q6_k_signed_block(native: bool):
         return types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T), codegen
 
     return q6_k_signed_block
+
+
+# Q8_0 weights times activations rounded to Q8_0 (per 32 values, fp16 scale: llama.cpp's vec_dot_type for
+# Q8_0). Both codes are signed; vpdpbusd wants one operand unsigned, so the activations come as
+# x' = q_x + 128 (0..255) and
+#     sum q_w q_x  =  sum q_w x'  -  128 sum q_w
+# where the last term belongs to the weight block alone: computed once per block pair as `base` (its
+# negation, in the lanes the dot produces), it is the accumulator every input row's vpdpbusd starts from,
+# so one instruction gives a row its exact 4-value sums (|sum| <= 4 * 255 * 128 < 2^31).
+
+def _q8_0_pair(native: bool, blocks: int):
+    @intrinsic
+    def q8_0_pair(typingctx, u8, o, qxu, k, W, dxb, j, nb2, acc, T):
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)
+                and _is_c_array(acc, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
+            u, o, q, k, W, x, j, nb2, a, T = args
+            d0 = _half(context, builder, tu, u, o)
+            codes = _load(context, builder, tu, u, _add(builder, o, 2), 32)
+            if blocks == 2:
+                d1 = _half(context, builder, tu, u, _add(builder, o, 34))
+                codes = _cat(builder, codes, _load(context, builder, tu, u, _add(builder, o, 36), 32))
+            else:  # the last block of an odd row: the second half is zero weights (they add 0 to every lane)
+                d1 = ir.Constant(F32, 0.0)
+                codes = _cat(builder, codes, ir.Constant(_vec(I8, 32), None))
+            zero = ir.Constant(_vec(I32, 16), None)
+            base = builder.sub(zero, _dot4_u8i8(builder, _const(I8, 64, 128), codes, native))
+            dw = _shuffle(builder, _cat(builder, _splat(builder, d0, 1), _splat(builder, d1, 1)), [0] * 8 + [1] * 8)
+            with cgutils.for_range(builder, T) as loop:
+                t = loop.index
+                xs = _load(context, builder, tq, q, builder.add(k, builder.mul(t, W)), 64)
+                isum = _dot4_u8i8(builder, xs, codes, native, base)
+                dx = _shuffle(builder, _load(context, builder, tx, x, builder.add(j, builder.mul(t, nb2)), 2),
+                              [0] * 8 + [1] * 8)
+                i = builder.mul(t, ir.Constant(I64, 16))
+                r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), builder.fmul(dw, dx),
+                         _load(context, builder, ta, a, i, 16))
+                _store(context, builder, ta, a, i, r)
+            return _void(context)
+
+        return types.void(u8, o, qxu, k, W, dxb, j, nb2, acc, T), codegen
+
+    q8_0_pair.__doc__ = f"""{blocks} Q8_0 block(s) at u8[o] times input rows t = 0 .. T-1 (x' = q_x + 128 at
+    qxu[k + t W:][:64], block scales dxb[j + t nb2:][:2]) into acc[16t:16t+16]:
+        acc[l] += (d_w * d_x) * (base[l] + sum of x' q_w over values 4l .. 4l+3)       lanes 0-7: block 0
+    with the codes, base and weight scales in registers for every row."""
+    return q8_0_pair
+
+
+q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
+
+
+@intrinsic
+def round_f16(typingctx, v):
+    """The float32 v rounded to the nearest fp16 (ties to even; overflow to inf), as float32: a scale
+    stored in an fp16 field (np.float32(np.float16(v)); Numba has no float16 on the CPU)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), F32)
+
+    return types.float32(v), codegen
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
