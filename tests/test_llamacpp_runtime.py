@@ -16,8 +16,9 @@ Measured (llama_cpp_python 0.3.36's vendored llama.cpp, x86-64 CPU, prompt = 32 
 The tiny random model's logits are nearly flat (scale ~2 over 248k entries), so top-1 gaps are small
 and a few argmax flips under Q8 activations are expected; those files are reported, loosely bounded.
 
-The cpu backend rounds K-quant activations to Q8_K as ggml does and lands ~4x closer on the K-quant files
-(test_cpu_backend_rounds_activations_like_llamacpp: Q4_K_M rel 0.065 -> 0.017, argmax 32/32).
+The cpu backend rounds activations to Q8_K (K-quant weights) and Q8_0 (Q8_0 weights) as ggml does and lands
+2-7x closer (test_cpu_backend_rounds_activations_like_llamacpp: Q4_K_M rel 0.065 -> 0.0097, Q8_0 0.049 ->
+0.021, argmax 32/32).
 
 F32 tolerance: 1e-4 x max(1, logit scale), ~30x the measured difference and still 1e-4 relative:
 with F32 weights and an F32 KV cache the only differences are summation order and libm vs NumPy
@@ -99,12 +100,16 @@ def test_quantized_logits_close_to_llamacpp_runtime(harness, name, record_proper
     assert r["argmax_agree"] >= N_TOKENS // 2  # measured 30/32
 
 
-@pytest.mark.parametrize("name", ["qwen35-tiny-Q4_K_M.gguf", "qwen35-tiny-Q5_K_M.gguf", "qwen35-tiny-Q6_K.gguf"])
+@pytest.mark.parametrize("name", ["qwen35-tiny-Q4_K_M.gguf", "qwen35-tiny-Q5_K_M.gguf", "qwen35-tiny-Q6_K.gguf",
+                                  "qwen35-tiny-Q8_0-py.gguf"])
 def test_cpu_backend_rounds_activations_like_llamacpp(harness, name):
-    """The cpu backend multiplies K-quant weights by Q8_K-rounded activations, as ggml's CPU backend does,
-    so it lands ~4x closer to llama.cpp than the float-activation oracle. Measured max|diff| / scale,
-    oracle -> cpu: Q4_K_M 0.065 -> 0.017, Q5_K_M 0.058 -> 0.010, Q6_K 0.071 -> 0.027 (what remains:
-    the Q8_0 and F16 weights of the mix, where tinyspec keeps float activations, and summation order)."""
+    """The cpu backend multiplies K-quant weights by Q8_K-rounded activations and Q8_0 weights by Q8_0-rounded
+    ones, as ggml's CPU backend does, so it lands closer to llama.cpp than the float-activation oracle.
+    Measured max|diff| / scale, oracle -> cpu: Q4_K_M 0.065 -> 0.0097, Q5_K_M 0.058 -> 0.0076, Q6_K
+    0.071 -> 0.014, Q8_0 0.049 -> 0.021 (K-quants only, before Q8_0 took the integer path: 0.017, 0.010,
+    0.027: the mixes hold Q8_0 tensors too). What remains: the F16 weights of the mixes (ggml rounds
+    those activations to F16), ggml's SIMD Q8_0 rounding (ties to even, 127 / max) against the reference
+    rule used here, and summation order."""
     pytest.importorskip("numba")
     path = FOLDER / name
     if not path.is_file():

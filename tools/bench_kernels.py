@@ -6,8 +6,8 @@
 For each GGML type, weight shape [out, in] in (1024x1024, 3584x1024, 1024x3584) (Qwen3.5-0.8B: hidden
 1024, ffn 3584) and T input rows: the median wall time over --repeat calls, the effective weight
 bandwidth (weight bytes / time, GB/s = 1e9 B/s) and time(T) / time(1), the cost of verifying T tokens
-relative to decoding one. --q8 times quant_linear_q8 (x rounded to Q8_K, integer dot products: what the
-cpu backend runs for the K-quants) instead of the float kernel; --shapes replaces the default shapes
+relative to decoding one. --q8 times quant_linear_q8 (x rounded to Q8_K, or Q8_0 for Q8_0 weights, integer
+dot products: what the cpu backend runs for the K-quants and Q8_0) instead of the float kernel; --shapes replaces the default shapes
 (248320x1024 is the 0.8B output projection). Also measured in the same run: a memory-copy bandwidth (np.copyto of a 256 MB
 float32 array; `copy_GBps` counts the 256 MB once, the bus moves it twice: read + write).
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20, help="calls per measurement; the median is reported")
     ap.add_argument("--shapes", default=",".join(f"{o}x{i}" for o, i in SHAPES),
                     help="comma-separated OUTxIN weight shapes (default: the 0.8B layer shapes)")
-    ap.add_argument("--q8", action="store_true", help="time quant_linear_q8 (the cpu backend's K-quant path)")
+    ap.add_argument("--q8", action="store_true", help="time quant_linear_q8 (the cpu backend's K-quant and Q8_0 path)")
     ap.add_argument("--cold", action="store_true", help="read every weight from DRAM (cycle through >= 512 MB)")
     ap.add_argument("--threads", type=int, default=0, help="numba threads (default: all cores)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
