@@ -493,37 +493,37 @@ def _aligned_zeros(n):  # n float32 zeros starting on a 64-byte line: a zmm load
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
-    """y[:, r] for every row, tasks of ROWS rows over the threads: per span of LANES values, decode
-    once into w, then for each t acc[t, l] = fma(w[l], x[t, v0 + l], acc[t, l]) over independent lanes
-    (simd.fma256, or 16 at a time in a partial span), then the fixed lane tree."""
+    """y[:, r] for every row, tasks of ROWS rows over the threads: decode the row once, span by span of
+    LANES values, into wrow; then for each t the lanes acc[l] = fma(w[l], x[t, v0 + l], acc[l]) over the
+    whole spans in registers (simd.fma_spans256), a partial last span 16 lanes at a time (simd.fma16),
+    and the fixed lane tree."""
     T, n_out = y.shape
     W = (n_in + LANES - 1) // LANES * LANES
+    full = n_in // LANES  # whole spans; a partial one follows when n_in % LANES
     span_bytes = row_bytes * LANES // max(n_in, 1)  # bytes of a whole span (a prefetch hint only)
     xc = _aligned_zeros(T * W)  # x zero-padded to whole spans, rows on 64-byte lines
     for t in range(T):
         xc[W * t:W * t + n_in] = x[t]
     for task in prange((n_out + ROWS - 1) // ROWS):
-        scratch = _aligned_zeros(LANES + 16 + T * LANES)
-        w, sm, acc = scratch[:LANES], scratch[LANES:LANES + 16], scratch[LANES + 16:]
+        scratch = _aligned_zeros(W + 16 + LANES)
+        wrow, sm, acc = scratch[:W], scratch[W:W + 16], scratch[W + 16:]
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
-            acc[:] = np.float32(0)
             for s in range((n_in + LANES - 1) // LANES):  # span s: values v0 .. v0 + n - 1
                 v0 = LANES * s
                 n = min(LANES, n_in - v0)
                 for p in range(0, span_bytes, 64):
                     simd.prefetch(raw, r * row_bytes + s * span_bytes + AHEAD + p)
-                _decode_span(kind, raw, r * row_bytes, s, n, w, sm)
+                _decode_span(kind, raw, r * row_bytes, s, n, wrow[v0:], sm)
                 n16 = (n + 15) // 16
                 if n < 16 * n16:  # a float row ending mid-group: the x padding is 0, make w finite there
-                    w[n:16 * n16] = np.float32(0)
-                for t in range(T):
-                    if n == LANES:
-                        simd.fma256(acc, LANES * t, w, 0, xc, W * t + v0)
-                    else:
-                        for g in range(n16):
-                            simd.fma16(acc, LANES * t + 16 * g, w, 16 * g, xc, W * t + v0 + 16 * g)
+                    wrow[v0 + n:v0 + 16 * n16] = np.float32(0)
             for t in range(T):
-                y[t, r] = simd.lane_sum256(acc, LANES * t)
+                simd.fma_spans256(acc, wrow, 0, xc, W * t, full)
+                if full * LANES < n_in:
+                    v0 = full * LANES
+                    for g in range((n_in - v0 + 15) // 16):
+                        simd.fma16(acc, 16 * g, wrow, v0 + 16 * g, xc, W * t + v0 + 16 * g)
+                y[t, r] = simd.lane_sum256(acc, 0)
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)

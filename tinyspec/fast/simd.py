@@ -118,6 +118,33 @@ def _fma_n(n: int):
 fma16, fma256 = _fma_n(16), _fma_n(256)
 
 
+@intrinsic
+def fma_spans256(typingctx, acc, w, j, x, k, n):
+    """acc[0:256] = the lanes of sum over spans s < n of w[j + 256 s + l] * x[k + 256 s + l]: lane l starts
+    at +0 and takes fma(w, x, lane) span by span, in registers (16 <16 x float> accumulators), stored once
+    at the end. The same lanes, in the same order, as n calls of fma256 on a zeroed acc in memory, without
+    a load and a store of every accumulator per span."""
+    if not all(_is_c_array(a, types.float32) for a in (acc, w, x)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ta, tw, _, tx, _, _ = sig.args
+        a, wv, j, xv, k, n = args
+        v16 = _vec(F32, 16)
+        lanes = [cgutils.alloca_once_value(builder, ir.Constant(v16, None)) for _ in range(16)]  # SROA: registers
+        with cgutils.for_range(builder, n) as loop:
+            o = builder.mul(loop.index, ir.Constant(loop.index.type, 256))
+            for v, slot in enumerate(lanes):
+                wl = _load(context, builder, tw, wv, _add(builder, builder.add(j, o), 16 * v), 16)
+                xl = _load(context, builder, tx, xv, _add(builder, builder.add(k, o), 16 * v), 16)
+                builder.store(_fma(builder, wl, xl, builder.load(slot)), slot)
+        for v, slot in enumerate(lanes):
+            _store(context, builder, ta, a, ir.Constant(I64, 16 * v), builder.load(slot))
+        return _void(context)
+
+    return types.void(acc, w, j, x, k, n), codegen
+
+
 def _tree_sum(builder, v):  # <n x float> -> v[0] + ... + v[n-1] by the fixed tree v[l] += v[l + h], h = n/2, ..., 1
     n = v.type.count
     while n > 1:
