@@ -18,12 +18,16 @@ Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memo
 
     for each task of ROWS output rows, in parallel (prange; one thread below SERIAL_BELOW weights):
         for each row r:
-            acc[t, l] = 0                                     T x LANES float32 partial sums
-            for each span s of LANES = 256 values (one K-quant super-block, 8 legacy blocks):
-                w = decode(span)                              read the bytes once, exact f32 weights
-                for t in range(T):                            reuse them for every input row
-                    acc[t, l] = fma(w[l], x[t, 256 s + l], acc[t, l])   for l in span (simd.fma256)
-            y[t, r] = pairwise sum of acc[t, 0..LANES-1]      fixed tree: (l, l + 128), (l, l + 64), ...
+            wrow = decode(row), span by span of LANES = 256 values (one K-quant super-block, 8 legacy
+                   blocks)                                    read the bytes once, exact f32 weights
+            for t in range(T):                                reuse them for every input row
+                acc[l] = 0                                    LANES float32 partial sums, in registers
+                for each span s:
+                    acc[l] = fma(wrow[256 s + l], x[t, 256 s + l], acc[l])   (simd.fma_spans256)
+                y[t, r] = pairwise sum of acc[0..LANES-1]     fixed tree: (l, l + 128), (l, l + 64), ...
+
+(An earlier loop order - decode a span, then every t's 256 lanes from memory - gave the same bits and
+paid a load and a store of every accumulator per span: a 4-token pass 27-32% dearer, LESSONS 30.)
 
 Each block decodes into float32 values bit-identical to the oracle's (the same f32 operations in the
 same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as explicit vector IR
