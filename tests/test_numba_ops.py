@@ -364,6 +364,7 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
     qxu = (qx.astype(np.int16) + 128).astype(np.uint8)
     bs = bsums_q8_k(qx.reshape(3, 256)).reshape(-1).astype(np.int16)
     dx = dx.reshape(-1).astype(np.float32)
+    bs = -(np.repeat(dx, 16) * bs.astype(np.float32))  # the kernel's offset terms, -(dx * bsum) per 16 values
     extreme = (quantize(np.full((1, 256), -3.0, np.float32), qtype) if qtype in QUANTIZABLE  # else every code
                else with_finite_f16_fields(np.full((1, qtype.type_size), 255, np.uint8), F16_FIELDS[qtype]))  # at max
     blocks = [random_blocks(qtype, (1, 256), rng), extreme]

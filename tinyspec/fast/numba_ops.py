@@ -38,8 +38,9 @@ rounded once to Q8_K (256-value blocks of int8 codes and one float scale, tinysp
 for bit its rule); then per weight super-block one intrinsic (simd.q2_k_block .. q5_k_block) unpacks the
 codes and 6-bit scales into vector values and, for each t inside the same IR loop, forms the exact integer
 sums (vpdpbusd / vpackssdw / vpdpwssd with AVX512-VNNI, vpmaddubsw / vpmaddwd with AVX-512BW, plain vector
-IR elsewhere) and adds `d dx * isum - dmin dx * (mins . bsums)` into 16 float lanes with two fmas; the
-fixed 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
+IR elsewhere) and adds `(d dx) * isum + (dmin m) * (-(dx bsum))` into 16 float lanes with two fmas (the
+offset term's weight side dmin m formed once per block, its row side -(dx bsum) once per x); the fixed
+16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
 cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
 VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes
@@ -635,6 +636,9 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
     dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
     _quantize_q8_k(x, n_in, qx, dx, bs)
+    xb = _aligned_zeros(T * n_in // 16)  # [T, n_in / 16] the offsets' row side, -(dx * bsum) per group of 16
+    for g in range(xb.size):
+        xb[g] = -(dx[g // 16] * np.float32(bs[g]))
     signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.q6_k_signed_block)
     qxu = _aligned_zeros(T * n_in // 4 if signed else 16).view(np.uint8)
     if signed:
@@ -650,17 +654,17 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 for p in range(0, block_bytes, 64):
                     simd.prefetch(raw, o + AHEAD + p)
                 if kind == _Q4_K:
-                    simd.q4_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    simd.q4_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q5_K:
-                    simd.q5_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    simd.q5_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q3_K:
-                    simd.q3_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    simd.q3_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q2_K:
-                    simd.q2_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    simd.q2_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif signed:
                     simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 else:
-                    simd.q6_k_block(raw, o, qx, 256 * b, n_in, bs, dx, b, nb, acc, T)
+                    simd.q6_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
             for t in range(T):
                 y[t, r] = simd.lane_sum16(acc, 16 * t)
 

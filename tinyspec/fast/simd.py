@@ -538,10 +538,13 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 #     mins    per 16 values, what multiplies the activation sum bsum (Q4_K/Q5_K: m of the group;
 #             Q6_K: sc, because its codes carry an offset of 32)
 # and for input row t the block contributes, with dx its Q8_K scale, qx its codes, bs its bsums,
-#     f * sum_p scl[p] * (codes[2p] qx[2p] + codes[2p+1] qx[2p+1])  -  g * sum_j mins[j] * bs[j]
-# where f = d * dx and g = dmin * dx (Q4_K, Q5_K) or 32 * d * dx (Q6_K). Every sum is an exact integer
+#     f * sum_p scl[p] * (codes[2p] qx[2p] + codes[2p+1] qx[2p+1])  +  sum_j (g * mins[j]) * (-(dx * bs[j]))
+# where f = d * dx and g = dmin (Q4_K, Q5_K) or 32 * d (Q6_K). The first sum is an exact integer
 # (|pair| <= 2 * 63 * 127, a 16-lane i32 partial stays below 2^24 so its float conversion is exact too);
-# the float part is two fmas per lane per block and the fixed 16-lane tree at the end of a row.
+# g * mins[j] is exact too (an fp16 times a small integer, formed once per block), and -(dx * bs[j]) is
+# formed once per row of x (the kernel's xb): the float part is two fmas per lane per block and the fixed
+# 16-lane tree at the end of a row. (Until LESSONS 30 the offset was an integer mins . bsums per row and
+# block, a load, a widening, a vpmulld and a convert more per row.)
 #
 # On CPUs with AVX-512BW the pair products are vpmaddubsw (u8 x i8 -> i16 pair sums, which cannot
 # saturate at these ranges) and vpmaddwd (i16 x i16 -> i32 pair sums): 2 instructions per 64 weights
@@ -720,7 +723,7 @@ def _k_block(kind: str, native: bool, vnni: bool):
 
     @intrinsic
     def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
-        if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.int16)
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.float32)
                 and _is_c_array(dx, types.float32) and _is_c_array(acc, types.float32)):
             return None
 
@@ -750,28 +753,28 @@ def _k_block(kind: str, native: bool, vnni: bool):
                 sc16 = builder.zext(sc, _vec(I16, 8))
                 mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)])
             tables = _scale_tables(builder, sc16, vnni)
-            mins = builder.sext(mins16, _vec(I32, 16))
+            mins = builder.fmul(_splat(builder, dmin, 16), builder.sitofp(mins16, _vec(F32, 16)))  # dmin m, exact
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
                 kk = builder.add(k, builder.mul(t, n_in))
                 qxs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
                 isum = _k_isum(builder, codes, qxs, tables, vnni, native)
-                corr = builder.mul(mins, builder.sext(_load(context, builder, tb, b, builder.ashr(kk, ir.Constant(I64, 4)), 16),
-                                                      _vec(I32, 16)))
                 e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
                 i = builder.mul(t, ir.Constant(I64, 16))
                 r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, builder.fmul(d, e), 16),
                          _load(context, builder, ta, a, i, 16))
-                r = _fma(builder, builder.sitofp(corr, _vec(F32, 16)), _splat(builder, builder.fneg(builder.fmul(dmin, e)), 16), r)
+                r = _fma(builder, mins, _load(context, builder, tb, b, builder.ashr(kk, ir.Constant(I64, 4)), 16), r)
                 _store(context, builder, ta, a, i, r)
             return _void(context)
 
         return types.void(u8, o, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
 
     k_block.__doc__ = f"""The {kind.upper()} block at u8[o] times input rows t = 0 .. T-1 (Q8_K codes qx[k + t n_in:][:256],
-    bsums bs[(k + t n_in) / 16:][:16], scale dx[j + t nb]) into acc[16t:16t+16]:
-        acc += d dx * isum - dmin dx * (mins . bsums)      two fmas per lane on exact integer sums
-    with the codes and scale tables unpacked once into registers for every row (see the section comment)."""
+    scale dx[j + t nb], the 16 group terms xb[(k + t n_in) / 16:][:16] = -(dx * bsum) of q8_k_offsets) into
+    acc[16t:16t+16]:
+        acc += (d dx) * isum + (dmin m) * xb         two fmas per lane: an exact integer sum, the offsets
+    with the codes, scale tables and dmin m (exact: an fp16 times a 6-bit integer) unpacked once into
+    registers for every row (see the section comment)."""
     return k_block
 
 
@@ -788,7 +791,7 @@ def _k_isum(builder, codes, qxs, tables, vnni, native):  # the exact lane sums o
 
 
 # Q6_K on VNNI without the offset term. Its codes carry +32 so that vpdpbusd's unsigned operand can hold
-# them, which costs every input row the mins x bsums correction (5 vector ops a block). Swap the roles:
+# them, which costs every input row the mins x bsums correction (an fma and a load a block). Swap the roles:
 # the codes become signed (q, -32..31) and the activations unsigned (x' = qx + 128, 1..255, once per call),
 #     sum sc * q * qx  =  sum sc * q * x'  -  128 * sum sc * q
 # where the last term belongs to the weight block alone: q6_k_signed_block computes it once, in the lanes
