@@ -45,8 +45,9 @@ cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
 VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes
 ops.quant_linear_q8, a different function from ops.quant_linear (x moves by at most half a Q8_K step), and
-the one llama.cpp computes: on llama.cpp-made K-quant files the cpu logits land ~4x closer to llama.cpp's
-than the oracle's (tests/test_llamacpp_runtime.py).
+the one llama.cpp computes: on llama.cpp-made files the cpu logits equal llama.cpp's to float32 summation
+order unless some activation falls on the other side of a rounding boundary (then ~1e-2; the float oracle:
+~5e-2; tests/test_llamacpp_runtime.py, LESSONS 30).
 
 Q8_0 weights, _quant_linear_q8_0_parallel (llama.cpp's vec_dot_q8_0_q8_0): x is rounded to Q8_0 blocks of
 32 with fp16 scales (legacy.py quantize_q8_0, bit for bit), kept as x' = q + 128 so that vpdpbusd can take
@@ -569,18 +570,18 @@ def _quantize_q8_0(x, n_in, W, qxu, dxb):
     """x [T, n_in] -> Q8_0 blocks of 32 as the kernel reads them: x' = q + 128 in qxu [T, W] (uint8; a row
     padded to W with 128, i.e. q = 0) and the fp16-rounded block scales in dxb [T, W / 32] (padding 0).
     Bit for bit tinyspec/quants/legacy.py quantize_q8_0 (ggml quantize_row_q8_0_ref): d = max|x| / 127,
-    q = round(x * (1 / d)) with ties away from zero, d stored as fp16. The block's max|x| is an integer max
-    over the float bits with the sign cleared (a NaN wins, as in NumPy's max)."""
+    q = round(x * (1 / d)) with ties away from zero, d stored as fp16 (a NaN in the block makes d NaN, as
+    NumPy's max does)."""
     T = x.shape[0]
     nb2 = W // 32
     for t in range(T):
         row = x[t]
-        bits = row.view(np.int32)
         for b in range(n_in // 32):
-            top = np.int32(0)
+            amax = np.float32(0)
             for j in range(32 * b, 32 * b + 32):
-                top = max(top, bits[j] & np.int32(0x7FFFFFFF))
-            amax = np.array([top], np.int32).view(np.float32)[0]
+                a = abs(row[j])
+                if a > amax or a != a:  # a NaN sticks: nothing compares greater than it
+                    amax = a
             d = amax / np.float32(127)
             inv = np.float32(1) / d if d != 0 else np.float32(0)
             for j in range(32 * b, 32 * b + 32):
