@@ -185,14 +185,20 @@ def _decode_bf16(raw, r0, s, n, w):  # 2 bytes a value: the high half of the f32
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
 def _decode_f16(raw, r0, s, n, w):  # 2 bytes a value
-    """fp16 -> f32 in three vector passes: place exponent and mantissa 13 bits up (an f32 2^112 too
-    small, subnormals included), multiply by 2^112 (exact), then OR in the sign and inf/NaN exponent."""
-    h, bits = raw[r0 + 2 * LANES * s:r0 + 2 * (LANES * s + n)].view(np.uint16), w.view(np.uint32)
-    for j in range(n):
+    """fp16 -> f32: 16 values at a time by the hardware conversion (simd.halves16, NaN bits kept), the
+    last n % 16 in three vector passes: place exponent and mantissa 13 bits up (an f32 2^112 too small,
+    subnormals included), multiply by 2^112 (exact), then OR in the sign and inf/NaN exponent."""
+    o = r0 + 2 * LANES * s
+    n16 = n // 16 * 16
+    for g in range(0, n16, 16):
+        simd.halves16(raw, o + 2 * g, w, g)
+    h, bits = raw[o + 2 * n16:o + 2 * n].view(np.uint16), w[n16:n].view(np.uint32)
+    tail = w[n16:n]
+    for j in range(n - n16):
         bits[j] = (np.uint32(h[j]) & 0x7FFF) << 13
-    for j in range(n):
-        w[j] = w[j] * np.float32(2.0**112)
-    for j in range(n):
+    for j in range(n - n16):
+        tail[j] = tail[j] * np.float32(2.0**112)
+    for j in range(n - n16):
         inf_nan = np.uint32(0x7F800000) if (h[j] & 0x7C00) == 0x7C00 else np.uint32(0)
         bits[j] |= ((np.uint32(h[j]) & 0x8000) << 16) | inf_nan
 

@@ -226,6 +226,31 @@ def half_to_f32(typingctx, u8, i):
     return types.float32(u8, i), codegen
 
 
+@intrinsic
+def halves16(typingctx, u8, i, w, j):
+    """w[j:j+16] = the 16 IEEE halves at u8[i:i+32] widened to float32, bit for bit NumPy's float16 ->
+    float32: one vcvtph2ps, which quiets a signalling NaN (sets the top mantissa bit), so that bit is
+    cleared again where the half was a signalling NaN (exponent 31, mantissa != 0, top mantissa bit 0)."""
+    if not (_is_c_array(u8, types.uint8) and _is_c_array(w, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tu, _, tw, _ = sig.args
+        u, i, wv, j = args
+        p = _ptr(context, builder, tu, u, i)
+        h = builder.load(builder.bitcast(p, _vec(ir.HalfType(), 16).as_pointer()), align=1)
+        bits = builder.bitcast(h, _vec(I16, 16))
+        c = lambda v: _const(I16, 16, v)  # noqa: E731
+        snan = builder.and_(builder.icmp_unsigned("==", builder.and_(bits, c(0x7E00)), c(0x7C00)),
+                            builder.icmp_unsigned("!=", builder.and_(bits, c(0x01FF)), c(0)))
+        f = builder.bitcast(builder.fpext(h, _vec(F32, 16)), _vec(I32, 16))
+        f = builder.select(snan, builder.and_(f, _const(I32, 16, 0xFFBFFFFF)), f)
+        _store(context, builder, tw, wv, j, builder.bitcast(f, _vec(F32, 16)))
+        return _void(context)
+
+    return types.void(u8, i, w, j), codegen
+
+
 def _half(context, builder, tu, u, i):  # the fp16 at bytes u8[i], u8[i+1] as a float32 value (exact)
     return builder.fpext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, i), ir.HalfType().as_pointer()),
                                       align=1), F32)
