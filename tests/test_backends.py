@@ -2,7 +2,7 @@
 run the same model as the NumPy oracle.
 
     oracle       cpu logits within float tolerance of the oracle on every weight type the kernels read (the
-                 oracle with activations rounded to Q8_K for K-quants and to Q8_0 for Q8_0, as the cpu kernels
+                 oracle with activations rounded to Q8_K for K-quants and IQ4_XS, to Q8_0 for Q8_0, as the cpu kernels
                  do: ops.quant_linear_q8);
                  cuda logits within 1e-4 of the float oracle
     invariance   on cpu and cuda, a k-token pass gives bitwise the rows and state of k one-token passes
@@ -70,7 +70,7 @@ def files(tmp_path_factory):
 
 
 def q8_oracle(path, calls: list | None = None) -> Model:
-    """The NumPy oracle computing what the cpu backend computes: K-quant and Q8_0 weights (numba_ops.Q8_TYPES)
+    """The NumPy oracle computing what the cpu backend computes: K-quant, IQ4_XS and Q8_0 weights (numba_ops.Q8_TYPES)
     multiply activations rounded to Q8_K or Q8_0 (ops.quant_linear_q8), every other weight the float32
     activations. calls: receives (x, raw, kind, shape) of every matmul."""
     from tinyspec.fast import numba_ops
@@ -134,7 +134,7 @@ IQUANTS = {"ffn_down.weight": (GGMLType.IQ2_XXS, 0.02), "ffn_up.weight": (GGMLTy
 
 def test_cpu_packs_i_quants_and_matches_the_oracle(tmp_path):
     """A file with I-quant weights (no quantizer here: random blocks with a small finite d) stays packed on
-    cpu, the file's bytes and never a float copy; logits as the oracle's."""
+    cpu, the file's bytes and never a float copy; logits as the oracle's (IQ4_XS: on x rounded to Q8_K)."""
     meta, tensors = tiny_qwen35_tensors(np.random.default_rng(3), **SHAPE)
     rng, out = np.random.default_rng(4), {}
     for name, t in tensors.items():
@@ -147,7 +147,7 @@ def test_cpu_packs_i_quants_and_matches_the_oracle(tmp_path):
         raw[:, 0:2] = np.full((len(raw), 1), np.float16(d)).view(np.uint8)
         out[name] = RawTensor(qtype, t.shape, raw.reshape(t.shape[0], -1))
     write_gguf(tmp_path / "iq.gguf", meta, out)
-    ref, fast = load_model(tmp_path / "iq.gguf", "numpy"), load_model(tmp_path / "iq.gguf", "cpu")
+    ref, fast = q8_oracle(tmp_path / "iq.gguf"), load_model(tmp_path / "iq.gguf", "cpu")  # IQ4_XS: x to Q8_K
     packed = [t for name, t in fast.tensors.items() if name.endswith(tuple(IQUANTS))]
     assert packed and all(isinstance(t, PackedWeight) for t in packed)
     assert {t.ggml_type for t in packed} == {qtype for qtype, _ in IQUANTS.values()}

@@ -9,7 +9,7 @@
 4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
    k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
 5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range;
-6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants and Q8_0: its Q8_K rounding
+6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants, IQ4_XS and Q8_0: its Q8_K rounding
    bit for bit tinyspec/quants/q8_k.py's and its Q8_0 rounding bit for bit legacy.py's quantize_q8_0 (fp16
    scales: simd.round_f16 against NumPy), its products within the same bound of ops.quant_linear_q8,
    batch invariant (in 4.), the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
@@ -267,7 +267,8 @@ def test_shape_errors(rng):
 
 
 @pytest.mark.parametrize("qtype,q8", [(G.Q4_K, False), (G.Q6_K, False), (G.Q8_0, False), (G.F16, False),
-                                      (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True), (G.Q8_0, True)])
+                                      (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True), (G.Q8_0, True),
+                                      (G.IQ4_XS, True)])
 def test_serial_and_parallel_paths_agree(qtype, q8, rng, monkeypatch):
     """Small matrices run on one thread (SERIAL_BELOW; the integer path has a serial compilation of its
     kernel); forcing the threaded path changes no bit."""
@@ -332,7 +333,7 @@ def test_quant_linear_q8_matches_oracle(qtype, rng):
 
 
 BLOCKS = [("q4_k", G.Q4_K, False), ("q4_k", G.Q4_K, True), ("q5_k", G.Q5_K, False), ("q5_k", G.Q5_K, True),
-          ("q6_k", G.Q6_K, False), ("q6_k", G.Q6_K, True), ("q6_k_signed", G.Q6_K, True),
+          ("q6_k", G.Q6_K, False), ("q6_k", G.Q6_K, True), ("q6_k_signed", G.Q6_K, True), ("iq4_xs", G.IQ4_XS, True),
           ("q2_k", G.Q2_K, False), ("q2_k", G.Q2_K, True), ("q3_k", G.Q3_K, False), ("q3_k", G.Q3_K, True)]
 
 
@@ -346,17 +347,19 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
     from numba import njit
 
     have = simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD
-    if kind == "q6_k_signed":
-        make = simd._q6_k_signed_block
+    if kind in ("q6_k_signed", "iq4_xs"):
+        make = simd._q6_k_signed_block if kind == "q6_k_signed" else simd._iq4_xs_block
         twins = [make(False)] + ([make(True)] if have else [])
     else:
         twins = [simd._k_block(kind, False, vnni)] + ([simd._k_block(kind, True, vnni)] if have else [])
+
+    unsigned_x = kind in ("q6_k_signed", "iq4_xs")  # a constant to Numba: the other call is pruned
 
     def runner(block):
         @njit
         def run(raw, qx, qxu, bs, dx, T):
             acc = np.zeros(16 * T, np.float32)
-            if kind == "q6_k_signed":
+            if unsigned_x:
                 block(raw, 0, qxu, 0, 256, dx, 0, 1, acc, T)
             else:
                 block(raw, 0, qx, 0, 256, bs, dx, 0, 1, acc, T)

@@ -110,8 +110,8 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
 
 def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
     """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for a Q8_0
-    weight (tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256 for the K-quants
-    (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
+    weight (tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256 for the K-quants and
+    IQ4_XS (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
     CPU backend does. [T, in] -> [T, out]."""
     if GGMLType(ggml_type) == GGMLType.Q8_0:
         x = np.asarray(x, dtype=np.float32)

@@ -3,7 +3,8 @@
 Same names, arguments and results as the oracle in tinyspec/ops.py:
 
     quant_linear(x, raw, ggml_type, shape)      y[t, r] = sum_j W[r, j] * x[t, j]           [T, in] -> [T, out]
-    quant_linear_q8(x, raw, ggml_type, shape)   the same on x rounded to Q8_K (K-quants)    [T, in] -> [T, out]
+    quant_linear_q8(x, raw, ggml_type, shape)   the same on x rounded to Q8_K (K-quants,    [T, in] -> [T, out]
+                                                IQ4_XS)
                                                 or to Q8_0 (Q8_0 weights)
     get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
@@ -12,7 +13,8 @@ in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py deq
 iquants.py dequantize_iq1_s .. iq4_xs, fp4.py mxfp4 / nvfp4). A type not in SUPPORTED is expanded to float32
 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: the K-quants
-Q2_K..Q6_K and Q8_0 (Q8_TYPES) take the integer path (quant_linear_q8), every other type the float path.
+Q2_K..Q6_K, IQ4_XS and Q8_0 (Q8_TYPES) take the integer path (quant_linear_q8), every other type the float
+path.
 
 Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memory traffic):
 
@@ -43,7 +45,9 @@ offset term's weight side dmin m formed once per block, its row side -(dx bsum) 
 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
 cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
-VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). It computes
+VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). IQ4_XS
+(simd.iq4_xs_block) looks its codes up as signed levels (vpshufb), takes x' the same way and applies its
+sub-block scales to the 16 exact i32 lanes in float (its 4-value sums need 32 bits). It computes
 ops.quant_linear_q8, a different function from ops.quant_linear (x moves by at most half a Q8_K step), and
 the one llama.cpp computes: on llama.cpp-made files the cpu logits equal llama.cpp's to float32 summation
 order unless some activation falls on the other side of a rounding boundary (then ~1e-2; the float oracle:
@@ -110,7 +114,8 @@ SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.
              GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
              GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.NVFP4)
 # quant_linear_q8: integer dot products, the K-quants with x rounded to Q8_K, Q8_0 with x rounded to Q8_0
-Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0)
+Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
+            GGMLType.Q8_0)
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
@@ -647,8 +652,9 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     for g in range(xb.size):
         xb[g] = -(dx[g // 16] * np.float32(bs[g]))
     signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.q6_k_signed_block)
-    qxu = _aligned_zeros(T * n_in // 4 if signed else 16).view(np.uint8)
-    if signed:
+    unsigned_x = signed or kind == _IQ4_XS  # IQ4_XS's codes are signed levels (simd.iq4_xs_block)
+    qxu = _aligned_zeros(T * n_in // 4 if unsigned_x else 16).view(np.uint8)
+    if unsigned_x:
         for j in range(T * n_in):
             qxu[j] = np.uint8(np.int16(qx[j]) + 128)
     block_bytes = row_bytes // nb
@@ -668,6 +674,8 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                     simd.q3_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q2_K:
                     simd.q2_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                elif kind == _IQ4_XS:
+                    simd.iq4_xs_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 elif signed:
                     simd.q6_k_signed_block(raw, o, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 else:
