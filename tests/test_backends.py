@@ -2,7 +2,8 @@
 run the same model as the NumPy oracle.
 
     oracle       cpu logits within float tolerance of the oracle on every weight type the kernels read (the
-                 oracle with activations rounded to Q8_K for K-quants and IQ4_XS, to Q8_0 for Q8_0, as the cpu kernels
+                 oracle with activations rounded to Q8_K for K-quants and IQ4_XS, to Q8_0 for Q8_0 / Q4_0 /
+                 IQ4_NL, as the cpu kernels
                  do: ops.quant_linear_q8);
                  cuda logits within 1e-4 of the float oracle
     invariance   on cpu and cuda, a k-token pass gives bitwise the rows and state of k one-token passes
@@ -114,7 +115,7 @@ def test_cpu_matches_the_oracle_on_every_weight_type(files):
         want = (ops.quant_linear_q8 if kind in numba_ops.Q8_TYPES else ops.quant_linear)(x, raw, kind, shape)
         got = by_bytes[id(raw)].linear(x)
         xr = (x if kind not in numba_ops.Q8_TYPES  # x as the kernel rounds it
-              else dequantize(quantize(x, kind), kind, x.shape) if kind == GGMLType.Q8_0
+              else dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape) if kind in ops.X_Q8_0
               else dequantize_q8_k(*quantize_q8_k(x)))
         bound = 1.1 * shape[1] * 2.0**-23 * (np.abs(xr).astype(np.float64) @ np.abs(dequantize(raw, kind, shape)).T)
         assert np.all(np.abs(got - want) <= bound), kind

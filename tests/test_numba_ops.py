@@ -9,9 +9,9 @@
 4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
    k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
 5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range;
-6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants, IQ4_XS and Q8_0: its Q8_K rounding
-   bit for bit tinyspec/quants/q8_k.py's and its Q8_0 rounding bit for bit legacy.py's quantize_q8_0 (fp16
-   scales: simd.round_f16 against NumPy), its products within the same bound of ops.quant_linear_q8,
+6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants, IQ4_XS, Q8_0, Q4_0 and IQ4_NL:
+   its Q8_K rounding bit for bit tinyspec/quants/q8_k.py's and its Q8_0 rounding bit for bit legacy.py's
+   quantize_q8_0 (fp16 scales: simd.round_f16 against NumPy), its products within the same bound of ops.quant_linear_q8,
    batch invariant (in 4.), the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
 
 Random blocks get their fp16 scale fields made finite (tests/quant_helpers.with_finite_f16_fields):
@@ -268,7 +268,7 @@ def test_shape_errors(rng):
 
 @pytest.mark.parametrize("qtype,q8", [(G.Q4_K, False), (G.Q6_K, False), (G.Q8_0, False), (G.F16, False),
                                       (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True), (G.Q8_0, True),
-                                      (G.IQ4_XS, True)])
+                                      (G.IQ4_XS, True), (G.Q4_0, True), (G.IQ4_NL, True)])
 def test_serial_and_parallel_paths_agree(qtype, q8, rng, monkeypatch):
     """Small matrices run on one thread (SERIAL_BELOW; the integer path has a serial compilation of its
     kernel); forcing the threaded path changes no bit."""
@@ -303,8 +303,8 @@ def test_q8_k_rounding_is_the_oracle_bit_for_bit(rng):
     assert_array_equal(bs.reshape(T, -1), bsums_q8_k(q))
 
 
-def rounded_x(x, qtype):  # x as the integer path rounds it: Q8_0 blocks for Q8_0 weights, Q8_K for K-quants
-    if qtype == G.Q8_0:
+def rounded_x(x, qtype):  # x as the integer path rounds it: Q8_0 blocks for ops.X_Q8_0 weights, else Q8_K
+    if qtype in ops.X_Q8_0:
         return dequantize(quantize(x, G.Q8_0), G.Q8_0, x.shape)
     return dequantize_q8_k(*quantize_q8_k(x))
 
@@ -436,15 +436,17 @@ def test_round_f16_is_numpy_float16(rng):
     assert np.all(np.isnan(got[~finite]))
 
 
+@pytest.mark.parametrize("kind, qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("iq4_nl", G.IQ4_NL)])
 @pytest.mark.parametrize("blocks", [2, 1])
-def test_q8_0_intrinsics_native_portable_and_exact(blocks, rng):
-    """simd.q8_0_pair (two blocks) and the lone-block form, T = 3 rows: vpdpbusd (where this CPU has it) and
-    the plain-IR twin give the same bits, on random and extreme codes (weights -128 and 127 against x' 0
-    and 255), and the 16 lanes of each row sum to the float64 dot of the dequantized blocks and the
-    rounded rows (exact integer sums; each lane adds rounded terms)."""
+def test_q8_0_intrinsics_native_portable_and_exact(blocks, kind, qtype, rng):
+    """simd.q8_0_pair and its Q4_0 / IQ4_NL forms (two blocks) and the lone-block form, T = 3 rows: vpdpbusd
+    and vpshufb (where this CPU has them) and the plain-IR twin give the same bits, on random and extreme
+    blocks (Q8_0 weights -128 and 127 against x' 0 and 255; every nibble 0 or 15), and the 16 lanes of each
+    row sum to the float64 dot of the dequantized blocks and the rounded rows (exact integer sums; each lane
+    adds rounded terms)."""
     from numba import njit
 
-    twins = [simd._q8_0_pair(False, blocks)] + ([simd._q8_0_pair(True, blocks)] if simd.NATIVE_VNNI else [])
+    twins = [simd._q8_0_pair(False, blocks, kind)] + ([simd._q8_0_pair(True, blocks, kind)] if simd.NATIVE_VNNI else [])
 
     def runner(pair):
         @njit
@@ -460,20 +462,23 @@ def test_q8_0_intrinsics_native_portable_and_exact(blocks, rng):
     W = 64
     qxu, dxb = np.full(3 * W, 128, np.uint8), np.zeros(3 * 2, np.float32)
     numba_ops._quantize_q8_0(x[:, :n].copy(), n, W, qxu, dxb)
-    extreme = np.concatenate([np.array(f16(0.75), np.uint8), np.where(np.arange(32) % 2, 127, 128).astype(np.uint8)])
-    for raw in [random_blocks(G.Q8_0, (1, 64), rng).reshape(-1), np.tile(extreme, 2)]:
+    size = qtype.type_size
+    extremes = [np.where(np.arange(size - 2) % 2, 127, 128), np.full(size - 2, 0xF0)] if kind == "q8_0" else \
+        [np.full(size - 2, 0xF0), np.full(size - 2, 0x0F)]
+    extremes = [np.tile(np.concatenate([np.array(f16(0.75), np.uint8), e.astype(np.uint8)]), 2) for e in extremes]
+    for raw in [random_blocks(qtype, (1, 64), rng).reshape(-1)] + extremes:
         raw = np.ascontiguousarray(raw)
         out = [runner(p)(raw, qxu, dxb, 3) for p in twins]
         for other in out[1:]:
             assert_bits_equal(other, out[0])
-        w = dequantize(raw[:34 * blocks], G.Q8_0, (1, n)).astype(np.float64)[0]
-        xq = rounded_x(x[:, :n].copy(), G.Q8_0).astype(np.float64)
+        w = dequantize(raw[:size * blocks], qtype, (1, n)).astype(np.float64)[0]
+        xq = rounded_x(x[:, :n].copy(), qtype).astype(np.float64)
         want = xq @ w
         got = out[0].reshape(3, 16).astype(np.float64).sum(1)
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * n), (got, want)
 
 
-@pytest.mark.parametrize("qtype", [G.F16, G.Q4_0, G.IQ4_NL])
+@pytest.mark.parametrize("qtype", [G.F16, G.Q4_1, G.IQ2_XXS])
 def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
     raw = random_weight(qtype, (2, 256), rng)
     with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K"):

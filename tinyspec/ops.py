@@ -108,12 +108,15 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     return linear(x, dequantize(raw, ggml_type, shape))
 
 
+X_Q8_0 = (GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q8_0)  # weights whose x llama.cpp rounds to Q8_0 blocks
+
+
 def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
-    """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for a Q8_0
-    weight (tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256 for the K-quants and
-    IQ4_XS (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
+    """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for Q8_0, Q4_0
+    and IQ4_NL weights (X_Q8_0; tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256
+    for the K-quants and IQ4_XS (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
     CPU backend does. [T, in] -> [T, out]."""
-    if GGMLType(ggml_type) == GGMLType.Q8_0:
+    if GGMLType(ggml_type) in X_Q8_0:
         x = np.asarray(x, dtype=np.float32)
         return quant_linear(dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape), raw, ggml_type, shape)
     q, d = quantize_q8_k(x)

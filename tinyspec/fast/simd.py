@@ -883,14 +883,26 @@ def _q6_k_signed_block(native: bool):
 
 
 # Q8_0 weights times activations rounded to Q8_0 (per 32 values, fp16 scale: llama.cpp's vec_dot_type for
-# Q8_0). Both codes are signed; vpdpbusd wants one operand unsigned, so the activations come as
+# Q8_0, and for Q4_0 and IQ4_NL, whose codes become the signed weights q - 8 and KVALUES_IQ4[q]). Both codes are signed; vpdpbusd wants one operand unsigned, so the activations come as
 # x' = q_x + 128 (0..255) and
 #     sum q_w q_x  =  sum q_w x'  -  128 sum q_w
 # where the last term belongs to the weight block alone: computed once per block pair as `base` (its
 # negation, in the lanes the dot produces), it is the accumulator every input row's vpdpbusd starts from,
 # so one instruction gives a row its exact 4-value sums (|sum| <= 4 * 255 * 128 < 2^31).
 
-def _q8_0_pair(native: bool, blocks: int):
+def _legacy_codes(context, builder, tu, u, i, kind, native):  # one 32-value block's codes (signed) as <32 x i8>
+    if kind == "q8_0":  # d, qs[32] int8
+        return _load(context, builder, tu, u, _add(builder, i, 2), 32)
+    b = _load(context, builder, tu, u, _add(builder, i, 2), 16)  # d, qs[16]: value l low nibble, l + 16 high
+    c = _cat(builder, builder.and_(b, _const(I8, 16, 15)), builder.lshr(b, _const(I8, 16, 4)))
+    if kind == "q4_0":  # q - 8
+        return builder.sub(c, _const(I8, 32, 8))
+    return _shuffle(builder, _iq4_lookup(builder, _cat(builder, c, c), native), range(32))  # iq4_nl: KVALUES_IQ4[c]
+
+
+def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
+    size = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18}[kind]  # bytes a block
+
     @intrinsic
     def q8_0_pair(typingctx, u8, o, qxu, k, W, dxb, j, nb2, acc, T):
         if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)
@@ -901,10 +913,10 @@ def _q8_0_pair(native: bool, blocks: int):
             tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
             u, o, q, k, W, x, j, nb2, a, T = args
             d0 = _half(context, builder, tu, u, o)
-            codes = _load(context, builder, tu, u, _add(builder, o, 2), 32)
+            codes = _legacy_codes(context, builder, tu, u, o, kind, native)
             if blocks == 2:
-                d1 = _half(context, builder, tu, u, _add(builder, o, 34))
-                codes = _cat(builder, codes, _load(context, builder, tu, u, _add(builder, o, 36), 32))
+                d1 = _half(context, builder, tu, u, _add(builder, o, size))
+                codes = _cat(builder, codes, _legacy_codes(context, builder, tu, u, _add(builder, o, size), kind, native))
             else:  # the last block of an odd row: the second half is zero weights (they add 0 to every lane)
                 d1 = ir.Constant(F32, 0.0)
                 codes = _cat(builder, codes, ir.Constant(_vec(I8, 32), None))
@@ -925,14 +937,17 @@ def _q8_0_pair(native: bool, blocks: int):
 
         return types.void(u8, o, qxu, k, W, dxb, j, nb2, acc, T), codegen
 
-    q8_0_pair.__doc__ = f"""{blocks} Q8_0 block(s) at u8[o] times input rows t = 0 .. T-1 (x' = q_x + 128 at
+    q8_0_pair.__doc__ = f"""{blocks} {kind.upper()} block(s) at u8[o] times input rows t = 0 .. T-1 (x' = q_x + 128 at
     qxu[k + t W:][:64], block scales dxb[j + t nb2:][:2]) into acc[16t:16t+16]:
-        acc[l] += (d_w * d_x) * (base[l] + sum of x' q_w over values 4l .. 4l+3)       lanes 0-7: block 0
-    with the codes, base and weight scales in registers for every row."""
+        acc[l] += (d_w * d_x) * (base[l] + sum of x' w over values 4l .. 4l+3)       lanes 0-7: block 0
+    with the codes w (Q8_0: q; Q4_0: q - 8; IQ4_NL: KVALUES_IQ4[q]), base and weight scales in registers
+    for every row."""
     return q8_0_pair
 
 
 q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
+q4_0_pair, q4_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q4_0"), _q8_0_pair(NATIVE_VNNI, 1, "q4_0")
+iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NATIVE_VNNI, 1, "iq4_nl")
 
 
 @intrinsic
