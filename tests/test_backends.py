@@ -3,7 +3,7 @@ run the same model as the NumPy oracle.
 
     oracle       cpu logits within float tolerance of the oracle on every weight type the kernels read (the
                  oracle with activations rounded to Q8_K for K-quants and IQ4_XS, to Q8_0 for Q8_0 / Q4_0 /
-                 IQ4_NL, as the cpu kernels
+                 Q5_0 / IQ4_NL, as the cpu kernels
                  do: ops.quant_linear_q8);
                  cuda logits within 1e-4 of the float oracle
     invariance   on cpu and cuda, a k-token pass gives bitwise the rows and state of k one-token passes

@@ -101,14 +101,15 @@ def test_quantized_logits_close_to_llamacpp_runtime(harness, name, record_proper
 
 @pytest.mark.parametrize("name", ["qwen35-tiny-Q4_K_M.gguf", "qwen35-tiny-Q5_K_M.gguf", "qwen35-tiny-Q6_K.gguf",
                                   "qwen35-tiny-Q8_0-py.gguf", "qwen35-tiny-IQ4_XS.gguf", "qwen35-tiny-Q4_0.gguf",
-                                  "qwen35-tiny-IQ4_NL.gguf"])
+                                  "qwen35-tiny-Q5_0.gguf", "qwen35-tiny-IQ4_NL.gguf"])
 def test_cpu_backend_rounds_activations_like_llamacpp(harness, name):
-    """The cpu backend multiplies K-quant and IQ4_XS weights by Q8_K-rounded activations, Q8_0 / Q4_0 / IQ4_NL
-    weights by Q8_0-rounded
+    """The cpu backend multiplies K-quant and IQ4_XS weights by Q8_K-rounded activations, Q8_0 / Q4_0 / Q5_0 /
+    IQ4_NL weights by Q8_0-rounded
     ones, as ggml's CPU backend does, so it lands closer to llama.cpp than the float-activation oracle.
     Measured max|diff| / scale over prompt seeds 0-4, oracle -> cpu: Q4_K_M 0.051-0.070 -> 5e-7..0.024,
     Q5_K_M 0.052-0.063 -> 4e-7..0.023, Q6_K 0.044-0.071 -> 3e-7..0.014, Q8_0 0.032-0.049 -> 0.0055-0.023,
-    IQ4_XS 0.043-0.077 -> 3e-7..0.024, Q4_0 0.036-0.060 -> 0.010-0.029, IQ4_NL 0.024-0.051 -> 2e-7..0.023.
+    IQ4_XS 0.043-0.077 -> 3e-7..0.024, Q4_0 0.036-0.060 -> 0.010-0.029, Q5_0 0.031-0.048 -> 0.0085-0.020,
+    IQ4_NL 0.024-0.051 -> 2e-7..0.023.
     Two-valued: ~5e-7 (no activation crosses a rounding boundary: llama.cpp's function up to summation
     order) or ~1e-2 (one code moved, and every later row with it). Q8_0 and Q4_0 never reach 5e-7 here,
     IQ4_NL (x in the same Q8_0 blocks) does on 3 of 5 prompts (LESSONS 30)."""

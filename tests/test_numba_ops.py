@@ -9,7 +9,7 @@
 4. batch invariance, bitwise: row t of a k-row call equals the 1-row call and the 16-row call, for
    k = 1..16 (a hypothesis property over types, shapes and T), and for 1 vs 2 threads;
 5. clear errors: unsupported or unknown types, sizes that do not fit, ids out of range;
-6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants, IQ4_XS, Q8_0, Q4_0 and IQ4_NL:
+6. the integer path (quant_linear_q8, what the cpu backend runs) for K-quants, IQ4_XS, Q8_0, Q4_0, Q5_0, IQ4_NL:
    its Q8_K rounding bit for bit tinyspec/quants/q8_k.py's and its Q8_0 rounding bit for bit legacy.py's
    quantize_q8_0 (fp16 scales: simd.round_f16 against NumPy), its products within the same bound of ops.quant_linear_q8,
    batch invariant (in 4.), the AVX-512 instructions bitwise their plain-IR twin, errors for other types.
@@ -268,7 +268,7 @@ def test_shape_errors(rng):
 
 @pytest.mark.parametrize("qtype,q8", [(G.Q4_K, False), (G.Q6_K, False), (G.Q8_0, False), (G.F16, False),
                                       (G.Q4_K, True), (G.Q5_K, True), (G.Q6_K, True), (G.Q8_0, True),
-                                      (G.IQ4_XS, True), (G.Q4_0, True), (G.IQ4_NL, True)])
+                                      (G.IQ4_XS, True), (G.Q4_0, True), (G.Q5_0, True), (G.IQ4_NL, True)])
 def test_serial_and_parallel_paths_agree(qtype, q8, rng, monkeypatch):
     """Small matrices run on one thread (SERIAL_BELOW; the integer path has a serial compilation of its
     kernel); forcing the threaded path changes no bit."""
@@ -436,10 +436,10 @@ def test_round_f16_is_numpy_float16(rng):
     assert np.all(np.isnan(got[~finite]))
 
 
-@pytest.mark.parametrize("kind, qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("iq4_nl", G.IQ4_NL)])
+@pytest.mark.parametrize("kind, qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("q5_0", G.Q5_0), ("iq4_nl", G.IQ4_NL)])
 @pytest.mark.parametrize("blocks", [2, 1])
 def test_q8_0_intrinsics_native_portable_and_exact(blocks, kind, qtype, rng):
-    """simd.q8_0_pair and its Q4_0 / IQ4_NL forms (two blocks) and the lone-block form, T = 3 rows: vpdpbusd
+    """simd.q8_0_pair and its Q4_0 / Q5_0 / IQ4_NL forms (two blocks) and the lone-block form, T = 3 rows: vpdpbusd
     and vpshufb (where this CPU has them) and the plain-IR twin give the same bits, on random and extreme
     blocks (Q8_0 weights -128 and 127 against x' 0 and 255; every nibble 0 or 15), and the 16 lanes of each
     row sum to the float64 dot of the dequantized blocks and the rounded rows (exact integer sums; each lane

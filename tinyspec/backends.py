@@ -5,7 +5,7 @@
             every I-quant, MXFP4, NVFP4; only the ternary TQ types are expanded to float32 at load) stay in their
             GGUF bytes (memory-mapped) and are multiplied by the fused dequant-matmul kernels of
             tinyspec/fast/numba_ops.py (Q2_K..Q6_K and IQ4_XS weights in integer dot products with the
-            activations rounded to Q8_K, Q8_0 / Q4_0 / IQ4_NL weights with them rounded to Q8_0, as llama.cpp's
+            activations rounded to Q8_K, Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights with them rounded to Q8_0, as llama.cpp's
             CPU backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small
             tensors (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
             short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a

@@ -108,12 +108,12 @@ def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shap
     return linear(x, dequantize(raw, ggml_type, shape))
 
 
-X_Q8_0 = (GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q8_0)  # weights whose x llama.cpp rounds to Q8_0 blocks
+X_Q8_0 = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.Q8_0)  # weights whose x llama.cpp rounds to Q8_0
 
 
 def quant_linear_q8(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
-    """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for Q8_0, Q4_0
-    and IQ4_NL weights (X_Q8_0; tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256
+    """quant_linear on x rounded to llama.cpp's vec_dot_type of the weight: Q8_0 blocks of 32 for Q8_0, Q4_0,
+    Q5_0 and IQ4_NL weights (X_Q8_0; tinyspec/quants/legacy.py quantize_q8_0, fp16 scales), Q8_K blocks of 256
     for the K-quants and IQ4_XS (tinyspec/quants/q8_k.py). The value the cpu backend's integer dot products compute, as llama.cpp's
     CPU backend does. [T, in] -> [T, out]."""
     if GGMLType(ggml_type) in X_Q8_0:

@@ -4,7 +4,7 @@ Same names, arguments and results as the oracle in tinyspec/ops.py:
 
     quant_linear(x, raw, ggml_type, shape)      y[t, r] = sum_j W[r, j] * x[t, j]           [T, in] -> [T, out]
     quant_linear_q8(x, raw, ggml_type, shape)   the same on x rounded to Q8_K (K-quants,    [T, in] -> [T, out]
-                                                IQ4_XS) or to Q8_0 (Q8_0, Q4_0, IQ4_NL)
+                                                IQ4_XS) or to Q8_0 (Q8_0, Q4_0, Q5_0, IQ4_NL)
     get_rows(raw, ggml_type, shape, ids)        W[ids]                                       [n] -> [n, in]
 
 where W = dequantize(raw, ggml_type, shape) is never built. A row of raw is a run of blocks (byte tables
@@ -12,7 +12,7 @@ in tinyspec/quants: floats.py, legacy.py dequantize_q4_0 .. q8_0, kquants.py deq
 iquants.py dequantize_iq1_s .. iq4_xs, fp4.py mxfp4 / nvfp4). A type not in SUPPORTED is expanded to float32
 at load (backends.py).
 The cpu backend (tinyspec/backends.py) calls `bind(raw, type, shape, q8=True)` once per weight: the K-quants
-Q2_K..Q6_K, IQ4_XS, Q4_0, IQ4_NL and Q8_0 (Q8_TYPES) take the integer path (quant_linear_q8), every other
+Q2_K..Q6_K, IQ4_XS, Q4_0, Q5_0, IQ4_NL and Q8_0 (Q8_TYPES) take the integer path (quant_linear_q8), every other
 type the float path.
 
 Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memory traffic):
@@ -52,8 +52,8 @@ the one llama.cpp computes: on llama.cpp-made files the cpu logits equal llama.c
 order unless some activation falls on the other side of a rounding boundary (then ~1e-2; the float oracle:
 ~5e-2; tests/test_llamacpp_runtime.py, LESSONS 30).
 
-Q8_0, Q4_0, IQ4_NL weights, _quant_linear_q8_0_parallel (llama.cpp's vec_dot_*_q8_0; the codes of the last
-two unpacked to the signed weights q - 8 and KVALUES_IQ4[q] first): x is rounded to Q8_0 blocks of
+Q8_0, Q4_0, Q5_0, IQ4_NL weights, _quant_linear_q8_0_parallel (llama.cpp's vec_dot_*_q8_0; the codes of the
+last three unpacked to the signed weights q - 8, q - 16 and KVALUES_IQ4[q] first): x is rounded to Q8_0 blocks of
 32 with fp16 scales (legacy.py quantize_q8_0, bit for bit), kept as x' = q + 128 so that vpdpbusd can take
 it as its unsigned operand; per pair of weight blocks simd.q8_0_pair loads the 64 codes once, forms
 base = -128 * (4-value sums of q_w), and gives every row its exact 4-value sums in one vpdpbusd started
@@ -116,7 +116,7 @@ SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.
              GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.NVFP4)
 # quant_linear_q8: integer dot products, the K-quants with x rounded to Q8_K, Q8_0 with x rounded to Q8_0
 Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
-            GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q8_0)
+            GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.Q8_0)
 # Plain ints for the kernels (numba reads module globals as compile-time constants).
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
@@ -605,13 +605,13 @@ def _quantize_q8_0(x, n_in, W, qxu, dxb):
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
-    """y[:, r] for Q8_0, Q4_0 or IQ4_NL rows times x rounded to Q8_0 (llama.cpp's vec_dot_q8_0_q8_0,
-    vec_dot_q4_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks one simd.*_pair call (signed codes, scales and
+    """y[:, r] for Q8_0, Q4_0, Q5_0 or IQ4_NL rows times x rounded to Q8_0 (llama.cpp's vec_dot_q8_0_q8_0,
+    vec_dot_q4_0_q8_0, vec_dot_q5_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks one simd.*_pair call (signed codes, scales and
     the -128 sum w base unpacked once, then one vpdpbusd and one fma per input row), a lone last block
     through simd.*_single; the fixed 16-lane tree."""
     T, n_out = y.shape
     nbk = n_in // 32
-    bb = row_bytes // max(nbk, 1)  # bytes a block: 34 (Q8_0) or 18
+    bb = row_bytes // max(nbk, 1)  # bytes a block: 34 (Q8_0), 22 (Q5_0) or 18
     npair = (nbk + 1) // 2
     W = 64 * npair  # a row of x' padded to whole pairs
     qxu = _aligned_zeros(T * W // 4).view(np.uint8)  # [T, W] x' = q + 128, rows on 64-byte lines
@@ -629,6 +629,8 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
                     simd.q8_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
                 elif kind == _Q4_0:
                     simd.q4_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
+                elif kind == _Q5_0:
+                    simd.q5_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
                 else:
                     simd.iq4_nl_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
             if nbk % 2:
@@ -638,6 +640,8 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
                     simd.q8_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
                 elif kind == _Q4_0:
                     simd.q4_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
+                elif kind == _Q5_0:
+                    simd.q5_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
                 else:
                     simd.iq4_nl_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
             for t in range(T):

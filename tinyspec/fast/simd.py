@@ -883,7 +883,8 @@ def _q6_k_signed_block(native: bool):
 
 
 # Q8_0 weights times activations rounded to Q8_0 (per 32 values, fp16 scale: llama.cpp's vec_dot_type for
-# Q8_0, and for Q4_0 and IQ4_NL, whose codes become the signed weights q - 8 and KVALUES_IQ4[q]). Both codes are signed; vpdpbusd wants one operand unsigned, so the activations come as
+# Q8_0, and for Q4_0, Q5_0 and IQ4_NL, whose codes become the signed weights q - 8, q - 16 and
+# KVALUES_IQ4[q]). Both codes are signed; vpdpbusd wants one operand unsigned, so the activations come as
 # x' = q_x + 128 (0..255) and
 #     sum q_w q_x  =  sum q_w x'  -  128 sum q_w
 # where the last term belongs to the weight block alone: computed once per block pair as `base` (its
@@ -893,15 +894,23 @@ def _q6_k_signed_block(native: bool):
 def _legacy_codes(context, builder, tu, u, i, kind, native):  # one 32-value block's codes (signed) as <32 x i8>
     if kind == "q8_0":  # d, qs[32] int8
         return _load(context, builder, tu, u, _add(builder, i, 2), 32)
-    b = _load(context, builder, tu, u, _add(builder, i, 2), 16)  # d, qs[16]: value l low nibble, l + 16 high
+    qs = 6 if kind == "q5_0" else 2  # d, [qh (u32),] qs[16]: value l low nibble, l + 16 high
+    b = _load(context, builder, tu, u, _add(builder, i, qs), 16)
     c = _cat(builder, builder.and_(b, _const(I8, 16, 15)), builder.lshr(b, _const(I8, 16, 4)))
     if kind == "q4_0":  # q - 8
         return builder.sub(c, _const(I8, 32, 8))
+    if kind == "q5_0":  # q | (bit l of qh) << 4, then - 16
+        qh_ptr = builder.bitcast(_ptr(context, builder, tu, u, _add(builder, i, 2)), I32.as_pointer())
+        qh = builder.load(qh_ptr, align=1)
+        bit = builder.and_(builder.lshr(_splat(builder, qh, 32), ir.Constant(_vec(I32, 32), list(range(32)))),
+                           _const(I32, 32, 1))
+        return builder.sub(builder.or_(c, builder.shl(builder.trunc(bit, _vec(I8, 32)), _const(I8, 32, 4))),
+                           _const(I8, 32, 16))
     return _shuffle(builder, _iq4_lookup(builder, _cat(builder, c, c), native), range(32))  # iq4_nl: KVALUES_IQ4[c]
 
 
 def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
-    size = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18}[kind]  # bytes a block
+    size = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18, "q5_0": 22}[kind]  # bytes a block
 
     @intrinsic
     def q8_0_pair(typingctx, u8, o, qxu, k, W, dxb, j, nb2, acc, T):
@@ -916,7 +925,8 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
             codes = _legacy_codes(context, builder, tu, u, o, kind, native)
             if blocks == 2:
                 d1 = _half(context, builder, tu, u, _add(builder, o, size))
-                codes = _cat(builder, codes, _legacy_codes(context, builder, tu, u, _add(builder, o, size), kind, native))
+                second = _legacy_codes(context, builder, tu, u, _add(builder, o, size), kind, native)
+                codes = _cat(builder, codes, second)
             else:  # the last block of an odd row: the second half is zero weights (they add 0 to every lane)
                 d1 = ir.Constant(F32, 0.0)
                 codes = _cat(builder, codes, ir.Constant(_vec(I8, 32), None))
@@ -940,7 +950,7 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
     q8_0_pair.__doc__ = f"""{blocks} {kind.upper()} block(s) at u8[o] times input rows t = 0 .. T-1 (x' = q_x + 128 at
     qxu[k + t W:][:64], block scales dxb[j + t nb2:][:2]) into acc[16t:16t+16]:
         acc[l] += (d_w * d_x) * (base[l] + sum of x' w over values 4l .. 4l+3)       lanes 0-7: block 0
-    with the codes w (Q8_0: q; Q4_0: q - 8; IQ4_NL: KVALUES_IQ4[q]), base and weight scales in registers
+    with the codes w (Q8_0: q; Q4_0: q - 8; Q5_0: q - 16; IQ4_NL: KVALUES_IQ4[q]), base and weight scales in registers
     for every row."""
     return q8_0_pair
 
@@ -948,6 +958,7 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
 q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
 q4_0_pair, q4_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q4_0"), _q8_0_pair(NATIVE_VNNI, 1, "q4_0")
 iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NATIVE_VNNI, 1, "iq4_nl")
+q5_0_pair, q5_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q5_0"), _q8_0_pair(NATIVE_VNNI, 1, "q5_0")
 
 
 @intrinsic
