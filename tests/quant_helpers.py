@@ -1,10 +1,13 @@
-"""Helpers shared by the quant tests: hand-built blocks, finite fp16 scale fields, bit comparisons."""
+"""Helpers shared by the quant tests: hand-built blocks, finite fp16 scale fields, bit comparisons, x as the
+cpu integer path rounds it."""
 
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from tinyspec.quants import GGMLType
+from tinyspec import ops
+from tinyspec.quants import GGMLType, dequantize, quantize
+from tinyspec.quants.q8_k import dequantize_q8_k, quantize_q8_k
 
 
 def f16(x: float) -> list[int]:
@@ -43,3 +46,11 @@ def reference(raw: np.ndarray, qtype: GGMLType) -> np.ndarray:
     gguf_constants = pytest.importorskip("gguf.constants")
     with np.errstate(invalid="ignore", over="ignore"):
         return gguf_quants.dequantize(raw, gguf_constants.GGMLQuantizationType[qtype.name])
+
+
+def rounded_x(x: np.ndarray, qtype: GGMLType) -> np.ndarray:
+    """x as the cpu integer path rounds it for a weight of qtype: Q8_0 blocks for ops.X_Q8_0, else Q8_K (the
+    K-quants, IQ4_XS); what ops.quant_linear_q8 multiplies."""
+    if qtype in ops.X_Q8_0:
+        return dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape)
+    return dequantize_q8_k(*quantize_q8_k(x))

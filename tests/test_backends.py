@@ -31,9 +31,9 @@ from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead
 from tinyspec.quants import GGMLType, dequantize, quantize
-from tinyspec.quants.q8_k import dequantize_q8_k, quantize_q8_k
 from tinyspec.generate import generate
 
+from quant_helpers import rounded_x
 from tiny_models import tiny_qwen35_tensors
 
 pytest.importorskip("numba")
@@ -114,9 +114,7 @@ def test_cpu_matches_the_oracle_on_every_weight_type(files):
     for x, raw, kind, shape in calls:
         want = (ops.quant_linear_q8 if kind in numba_ops.Q8_TYPES else ops.quant_linear)(x, raw, kind, shape)
         got = by_bytes[id(raw)].linear(x)
-        xr = (x if kind not in numba_ops.Q8_TYPES  # x as the kernel rounds it
-              else dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape) if kind in ops.X_Q8_0
-              else dequantize_q8_k(*quantize_q8_k(x)))
+        xr = rounded_x(x, kind) if kind in numba_ops.Q8_TYPES else x  # x as the kernel rounds it
         bound = 1.1 * shape[1] * 2.0**-23 * (np.abs(xr).astype(np.float64) @ np.abs(dequantize(raw, kind, shape)).T)
         assert np.all(np.abs(got - want) <= bound), kind
     l_fast, h_fast = fast.forward(tokens, fast.new_state())

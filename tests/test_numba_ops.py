@@ -26,7 +26,7 @@ from numpy.testing import assert_array_equal
 
 pytest.importorskip("numba")
 
-from quant_helpers import assert_bits_equal, block, f16, with_finite_f16_fields  # noqa: E402
+from quant_helpers import assert_bits_equal, block, f16, rounded_x, with_finite_f16_fields  # noqa: E402
 
 from tinyspec import ops  # noqa: E402
 from tinyspec.fast import numba_ops, simd  # noqa: E402
@@ -301,12 +301,6 @@ def test_q8_k_rounding_is_the_oracle_bit_for_bit(rng):
     assert_array_equal(qx.reshape(T, n), q)
     assert_bits_equal(dx.reshape(T, -1), d)
     assert_array_equal(bs.reshape(T, -1), bsums_q8_k(q))
-
-
-def rounded_x(x, qtype):  # x as the integer path rounds it: Q8_0 blocks for ops.X_Q8_0 weights, else Q8_K
-    if qtype in ops.X_Q8_0:
-        return dequantize(quantize(x, G.Q8_0), G.Q8_0, x.shape)
-    return dequantize_q8_k(*quantize_q8_k(x))
 
 
 def assert_q8_close_to_oracle(x, raw, qtype, shape):

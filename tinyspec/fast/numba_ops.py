@@ -666,15 +666,16 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
     dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
     _quantize_q8_k(x, n_in, qx, dx, bs)
-    xb = _aligned_zeros(T * n_in // 16)  # [T, n_in / 16] the offsets' row side, -(dx * bsum) per group of 16
-    for g in range(xb.size):
-        xb[g] = -(dx[g // 16] * np.float32(bs[g]))
     signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.q6_k_signed_block)
     unsigned_x = signed or kind == _IQ4_XS  # IQ4_XS's codes are signed levels (simd.iq4_xs_block)
     qxu = _aligned_zeros(T * n_in // 4 if unsigned_x else 16).view(np.uint8)
     if unsigned_x:
         for j in range(T * n_in):
             qxu[j] = np.uint8(np.int16(qx[j]) + 128)
+    xb = _aligned_zeros(16 if unsigned_x else T * n_in // 16)  # [T, n_in / 16] -(dx * bsum) per group of 16:
+    if not unsigned_x:                                          # the offsets' row side (the others have none)
+        for g in range(xb.size):
+            xb[g] = -(dx[g // 16] * np.float32(bs[g]))
     block_bytes = row_bytes // nb
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
