@@ -371,9 +371,17 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
     extreme = (quantize(np.full((1, 256), -3.0, np.float32), qtype) if qtype in QUANTIZABLE  # else every code
                else with_finite_f16_fields(np.full((1, qtype.type_size), 255, np.uint8), F16_FIELDS[qtype]))  # at max
     blocks = [random_blocks(qtype, (1, 256), rng), extreme]
+    wide = kind == "q4_k" and vnni  # Q4_K on VNNI reads x in simd.Q4_K_WIDE_X order, its lanes in LANE_SWAP order
+    qx_in = qx.reshape(3, 2, 128)[:, :, list(simd.Q4_K_WIDE_X)].reshape(-1) if wide else qx
+    bs_in = bs.reshape(3, 16)[:, list(simd.LANE_SWAP)].reshape(-1) if wide else bs
     for raw in blocks:
         raw = np.ascontiguousarray(raw).reshape(-1)
-        out = [runner(b)(raw, qx, qxu, bs, dx, 3) for b in twins]
+        out = [runner(b)(raw, qx_in, qxu, bs_in, dx, 3) for b in twins]
+        if wide:  # the same integers and floats as the value-order kernel, in other lanes: bit for bit
+            value_order = [runner(simd._k_block(kind, native, vnni, wide=False))(raw, qx, qxu, bs, dx, 3)
+                           for native in ([False, True] if have else [False])]
+            for got, want in zip(out, value_order):
+                assert_bits_equal(got.reshape(3, 16)[:, list(simd.LANE_SWAP)], want.reshape(3, 16))
         for other in out[1:]:
             assert_bits_equal(other, out[0])
         w = dequantize(raw, qtype, (1, 256)).astype(np.float64)[0]

@@ -121,6 +121,7 @@ Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+LANE_SWAP = np.array(simd.LANE_SWAP, np.int64)  # a module constant: frozen into the compiled kernels
 _Q3_K = int(GGMLType.Q3_K)
 _Q4_1, _Q5_0, _Q5_1 = int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
@@ -666,6 +667,11 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     bs = _aligned_zeros(T * n_in // 32).view(np.int16)  # [T, n_in / 16] bsums
     dx = np.zeros(T * nb, np.float32)  # [T, n_in / 256] scales
     _quantize_q8_k(x, n_in, qx, dx, bs)
+    wide = kind == _Q4_K and simd.VNNI_LAYOUT  # Q4_K's codes 64 bytes at a time (simd.Q4_K_WIDE_X, LANE_SWAP)
+    if wide:  # x in the order the codes come in: per 128 values, [0:32] [64:96] [32:64] [96:128]
+        for c in range(0, T * n_in, 128):
+            for j in range(c + 32, c + 64):
+                qx[j], qx[j + 32] = qx[j + 32], qx[j]
     signed = kind == _Q6_K and simd.VNNI_LAYOUT  # Q6_K with signed codes, x' = qx + 128 (simd.q6_k_signed_block)
     unsigned_x = signed or kind == _IQ4_XS  # IQ4_XS's codes are signed levels (simd.iq4_xs_block)
     qxu = _aligned_zeros(T * n_in // 4 if unsigned_x else 16).view(np.uint8)
@@ -674,8 +680,9 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
             qxu[j] = np.uint8(np.int16(qx[j]) + 128)
     xb = _aligned_zeros(16 if unsigned_x else T * n_in // 16)  # [T, n_in / 16] -(dx * bsum) per group of 16:
     if not unsigned_x:                                          # the offsets' row side (the others have none)
-        for g in range(xb.size):
-            xb[g] = -(dx[g // 16] * np.float32(bs[g]))
+        for g in range(xb.size):  # (wide: a block's 16 groups in the order of its lanes)
+            h = g - g % 16 + LANE_SWAP[g % 16] if wide else g
+            xb[g] = -(dx[g // 16] * np.float32(bs[h]))
     block_bytes = row_bytes // nb
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
@@ -700,7 +707,7 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 else:
                     simd.q6_k_block(raw, o, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
             for t in range(T):
-                y[t, r] = simd.lane_sum16(acc, 16 * t)
+                y[t, r] = simd.lane_sum16_swapped(acc, 16 * t) if wide else simd.lane_sum16(acc, 16 * t)
 
 
 # The same kernel compiled without a parallel region, for small matrices: 2.6x faster than the parallel one

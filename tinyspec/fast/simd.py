@@ -172,6 +172,20 @@ def _lane_sum_n(width: int):
 lane_sum16, lane_sum256 = _lane_sum_n(16), _lane_sum_n(256)
 
 
+@intrinsic
+def lane_sum16_swapped(typingctx, a, i):
+    """lane_sum16 of a[i:i+16] read in the order LANE_SWAP (the wide Q4_K kernel's lanes): the same tree
+    over the same values as lane_sum16 gives them in value-layout order."""
+    if not _is_c_array(a, types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _tree_sum(builder, _shuffle(builder, _load(context, builder, sig.args[0], args[0], args[1], 16),
+                                           LANE_SWAP))
+
+    return types.float32(a, i), codegen
+
+
 def _dot_n(width: int):
     @intrinsic
     def dot(typingctx, a, i, b, j):
@@ -685,6 +699,39 @@ def _q4_k_codes(context, builder, tu, u, i):  # Q4_K: value 64c + l = low nibble
     return out
 
 
+# Q4_K on VNNI reads its codes 64 bytes at a time: the low nibbles of qs[64h:64h+64] are values
+# 128h + [0..31, 64..95], the high ones 128h + [32..63, 96..127] (one and, one shift per 64 codes, no
+# shuffle to put them in value order). The dot needs x in the same order, so the kernel lays each 128
+# values of a Q8_K row out as Q4_K_WIDE_X (once per call), and the 4-value groups land in other lanes of the
+# packed sums: the table follows them (VNNI_GROUPS_WIDE), and the 16 integer lanes come out as the value
+# layout's lanes in the order LANE_SWAP (an involution). So the offsets xb are laid out in that order, and
+# the row's final tree reads its lanes back through it (lane_sum16_swapped): the same integers meet the same
+# floats in the same order, the results are bit for bit those of the value-order kernel.
+Q4_K_WIDE_X = tuple(range(0, 32)) + tuple(range(64, 96)) + tuple(range(32, 64)) + tuple(range(96, 128))
+
+
+def _wide_group(v: int, lane: int) -> int:  # the 4-value group (value // 4) in lane `lane` of wide vector v
+    return 32 * (v // 2) + 8 * (v % 2) + (lane if lane < 8 else 16 + lane - 8)
+
+
+def _lane_groups(group) -> list[frozenset]:  # per i32 lane of the VNNI isum: the 4-value groups summed there
+    return [frozenset(group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16) for w in range(2) for m in (2 * p, 2 * p + 1))
+            for p in range(16)]
+
+
+VNNI_GROUPS_WIDE = tuple(_wide_group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16) for w in range(2) for m in range(32))
+LANE_SWAP = tuple(_lane_groups(lambda v, lane: 16 * v + lane).index(g) for g in _lane_groups(_wide_group))
+assert sorted(LANE_SWAP) == list(range(16)) and all(LANE_SWAP[LANE_SWAP[n]] == n for n in range(16))
+
+
+def _q4_k_codes_wide(context, builder, tu, u, i):  # Q4_K's codes as 4 x <64 x i8>, vector v = values of _wide_group
+    out = []
+    for h in range(2):
+        b = _load(context, builder, tu, u, _add(builder, i, 16 + 64 * h), 64)
+        out += [builder.and_(b, _const(I8, 64, 15)), builder.lshr(b, _const(I8, 64, 4))]
+    return out
+
+
 def _q5_k_codes(context, builder, tu, u, i):  # Q5_K: as Q4_K (qs at 48), plus bit 16 of value 32j + l from bit j of qh[l]
     h = _load(context, builder, tu, u, _add(builder, i, 16), 32)
     one, four = _const(I8, 32, 1), _const(I8, 32, 4)
@@ -735,16 +782,20 @@ def _q6_k_codes4(context, builder, tu, u, i):  # Q6_K: its codes q + 32 (0..63) 
             for n in range(2)]
 
 
-def _scale_tables(builder, sc16, vnni):  # <n x i16>, one scale per 256 / n values -> the table as <32 x i16> parts
-    n = sc16.type.count
-    order = [g * n // 64 for g in VNNI_GROUPS] if vnni else [p * n // 128 for p in range(128)]
+def _scale_tables(builder, sc16, vnni, groups=VNNI_GROUPS):  # <n x i16>, one scale per 256 / n values -> the table
+    n = sc16.type.count                                           # as <32 x i16> parts
+    order = [g * n // 64 for g in groups] if vnni else [p * n // 128 for p in range(128)]
     table = _shuffle(builder, sc16, order)
     return [_shuffle(builder, table, range(32 * c, 32 * c + 32)) for c in range(len(order) // 32)]
 
 
-def _k_block(kind: str, native: bool, vnni: bool):
-    codes_of = {"q2_k": _q2_k_codes, "q3_k": _q3_k_codes, "q4_k": _q4_k_codes, "q5_k": _q5_k_codes,
-                "q6_k": _q6_k_codes4}[kind]
+def _k_block(kind: str, native: bool, vnni: bool, wide: bool | None = None):
+    if wide is None:  # Q4_K on VNNI: codes 64 bytes at a time, x in Q4_K_WIDE_X order, lanes in LANE_SWAP order
+        wide = kind == "q4_k" and vnni
+    if wide and not (kind == "q4_k" and vnni):
+        raise ValueError("the wide layout is Q4_K's on VNNI")
+    codes_of = {"q2_k": _q2_k_codes, "q3_k": _q3_k_codes, "q4_k": _q4_k_codes_wide if wide else _q4_k_codes,
+                "q5_k": _q5_k_codes, "q6_k": _q6_k_codes4}[kind]
 
     @intrinsic
     def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
@@ -776,8 +827,9 @@ def _k_block(kind: str, native: bool, vnni: bool):
                 d, dmin = half(0), half(2)
                 sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
                 sc16 = builder.zext(sc, _vec(I16, 8))
-                mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in range(16)])
-            tables = _scale_tables(builder, sc16, vnni)
+                lanes = LANE_SWAP if wide else range(16)  # lane n holds group-of-16 lanes[n]
+                mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in lanes])
+            tables = _scale_tables(builder, sc16, vnni, VNNI_GROUPS_WIDE if wide else VNNI_GROUPS)
             mins = builder.fmul(_splat(builder, dmin, 16), builder.sitofp(mins16, _vec(F32, 16)))  # dmin m, exact
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
