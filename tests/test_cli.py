@@ -216,6 +216,7 @@ def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
         assert s["identical"] and s["tok_s"] > 0 and s["speedup"] > 0
     synth = r["spec"]["mtp_synth"]
     assert synth["synth_len"] == 2.95 and abs(synth["acceptance_setting"] - 0.7996) < 1e-3  # 1 + p + p^2 + p^3 = 2.95
+    assert abs(synth["expected_mean_accepted_length"] - 2.95) < 1e-9
     assert synth["phase_ms"]["draft"] > 0  # the MTP head really drafted
     assert r["spec"]["mtp_vocab"]["draft_vocab"] == 64 and r["spec"]["mtp_adaptive"]["chosen_k"]
 

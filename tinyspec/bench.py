@@ -130,7 +130,7 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
 
 
 def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8), repeats: int = 5,
-          max_new: int = 32, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
+          max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
           spec_repeats: int = 1, say: Callable[[str], None] = lambda msg: None) -> dict:
     """The whole report as a dict (the --json output of `python -m tinyspec bench`).
@@ -170,7 +170,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
         spec["synthetic"]["expected_mean_accepted_length"] = expected_mean_accepted_length(synth_acceptance, draft_n)
     for name in ("mtp_synth", "mtp_synth_vocab"):
         if name in spec:
-            spec[name] |= {"synth_len": synth_len, "acceptance_setting": synth_p}
+            spec[name] |= {"synth_len": synth_len, "acceptance_setting": synth_p,
+                           "expected_mean_accepted_length": expected_mean_accepted_length(synth_p, draft_n)}
     for name in ("mtp_vocab", "mtp_synth_vocab"):
         if name in spec:
             spec[name]["draft_vocab"] = len(draft_vocab)
