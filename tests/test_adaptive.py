@@ -204,3 +204,20 @@ def test_confidence_is_off_for_drafters_without_the_hook_or_when_disabled(target
         assert policy.by_confidence is expect
         assert ("kept_by_confidence" in spec.stats.adaptive) is expect
         assert getattr(drafter, "keep_going", None) is None  # the hook is the policy's only while it runs
+
+
+def test_tables_are_expected_tokens_and_step_cost():
+    """choose reads E(k) and T(k) for every k from tables() (one pass each): the same values as
+    expected_tokens and step_cost, on random estimates and any subset of measured step sizes."""
+    import random
+
+    rnd = random.Random(0)
+    for _ in range(500):
+        policy = AdaptiveDraftLength(rnd.randint(1, 9))
+        for k in rnd.sample(range(policy.k_max + 1), rnd.randint(0, policy.k_max + 1)):
+            policy.step_s[k] = rnd.random()
+        policy.accept = [rnd.random() for _ in policy.accept]
+        expected, costs = policy.tables()
+        for k in range(policy.k_max + 1):
+            assert expected[k] == pytest.approx(policy.expected_tokens(k), abs=1e-12)
+            assert costs[k] == policy.step_cost(k)

@@ -140,10 +140,28 @@ class AdaptiveDraftLength:
         m = above[0]
         return self.step_s[m] * (1 + (k + 1) / (m + 1)) / 2  # below: halfway between flat and proportional
 
+    def tables(self) -> tuple[list[float], list[float]]:
+        """[E(k)] and [T(k)] for k = 0..k_max in one pass each (what expected_tokens and step_cost give one by
+        one): choose runs once a step, and on a small model a step is ~1 ms, so the policy's own time counts."""
+        expected, run = [1.0], 1.0
+        for a in self.accept:
+            run *= a
+            expected.append(expected[-1] + run)
+        known = sorted(self.step_s)
+        costs, floor, i = [], 0.0, 0  # floor: the largest measured T(m), m < k
+        for k in range(self.k_max + 1):
+            while i < len(known) and known[i] < k:
+                floor = max(floor, self.step_s[known[i]])
+                i += 1
+            costs.append(max(self._estimate(k), floor) if known else self._estimate(k))
+        return expected, costs
+
     def choose(self, limit: int | None = None) -> int:
         """k for the next step, at most `limit` (the room left before max_new)."""
         top = min(self.k_max, self.k_max if limit is None else max(0, limit))
-        best = max(range(top + 1), key=lambda k: (self.expected_tokens(k) / self.step_cost(k), -k))
+        expected, costs = self.tables()
+        rates = [e / t for e, t in zip(expected, costs)]
+        best = max(range(top + 1), key=lambda k: (rates[k], -k))
         if best:
             self.gap = self.probe_every
         gap = self.gap or self.probe_every
@@ -155,10 +173,9 @@ class AdaptiveDraftLength:
         k = (0 if best else 1) if probe else best
         if k and self.by_confidence and not probe:  # how far to draft is keep_drafting's call, draft by draft
             k = top
-            rate = max(self.expected_tokens(m) / self.step_cost(m) for m in range(self.k_max + 1))
-            cost = [self.step_cost(m) for m in range(k + 1)]
             a_next = (sum(self.kept) + self.prior_weight * self.a0) / (sum(self.seen_bin) + self.prior_weight)
-            self._need = [rate * (cost[m + 1] - cost[m]) / max(a_next, 1e-6) for m in range(k)]
+            scale = max(rates) / max(a_next, 1e-6)
+            self._need = [scale * (costs[m + 1] - costs[m]) for m in range(k)]
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
