@@ -391,6 +391,61 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * 256), (got, want)
 
 
+PAIRED = [("q4_k", G.Q4_K), ("q5_k", G.Q5_K), ("q6_k_signed", G.Q6_K)]
+
+
+@pytest.mark.parametrize("kind, qtype", PAIRED, ids=[k for k, _ in PAIRED])
+def test_two_row_intrinsics_are_two_single_rows(kind, qtype, rng):
+    """The rows = 2 block intrinsics (two weight rows a call, each input row's codes loaded once for both,
+    what the kernel runs for T > 1) give each weight row the bits its one-row intrinsic gives, native and
+    plain IR, on random and extreme blocks; so T = 1 (one row a call) and T > 1 stay batch-invariant."""
+    from numba import njit
+
+    vnni = simd.VNNI_LAYOUT
+    if kind == "q6_k_signed" and not vnni:
+        pytest.skip("Q6_K takes the signed path on VNNI only")
+    natives = [False] + ([True] if (simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD) else [])
+    signed = kind == "q6_k_signed"
+
+    def make(native, rows):
+        if signed:
+            return simd._q6_k_signed_block(native, rows=rows)
+        return simd._k_block(kind, native, vnni, rows=rows)
+
+    def runner(one, two):
+        @njit
+        def run(raw, o2, qx, qxu, bs, dx, T):
+            acc1 = np.zeros(16 * T, np.float32)
+            acc2 = np.zeros(16 * T, np.float32)
+            pair = np.zeros(32 * T, np.float32)
+            if signed:
+                one(raw, 0, qxu, 0, 256, dx, 0, 1, acc1, T)
+                one(raw, o2, qxu, 0, 256, dx, 0, 1, acc2, T)
+                two(raw, 0, o2, qxu, 0, 256, dx, 0, 1, pair, T)
+            else:
+                one(raw, 0, qx, 0, 256, bs, dx, 0, 1, acc1, T)
+                one(raw, o2, qx, 0, 256, bs, dx, 0, 1, acc2, T)
+                two(raw, 0, o2, qx, 0, 256, bs, dx, 0, 1, pair, T)
+            return acc1, acc2, pair
+        return run
+
+    T = 3
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    x[2] = -np.abs(x[2]).max()
+    qx, dx = quantize_q8_k(x)
+    qx = qx.reshape(-1).astype(np.int8)
+    qxu = (qx.astype(np.int16) + 128).astype(np.uint8)
+    bs = -(np.repeat(dx.reshape(-1), 16) * bsums_q8_k(qx.reshape(T, 256)).reshape(-1)).astype(np.float32)
+    dx = dx.reshape(-1).astype(np.float32)
+    extreme = quantize(np.full((1, 256), -3.0, np.float32), qtype)
+    raw = np.concatenate([random_blocks(qtype, (1, 256), rng).reshape(-1), np.asarray(extreme).reshape(-1)])
+    for native in natives:
+        acc1, acc2, pair = runner(make(native, 1), make(native, 2))(raw, qtype.type_size, qx, qxu, bs, dx, T)
+        pair = pair.reshape(T, 2, 16)
+        assert_bits_equal(pair[:, 0], acc1.reshape(T, 16))
+        assert_bits_equal(pair[:, 1], acc2.reshape(T, 16))
+
+
 def test_q8_0_rounding_is_the_oracle_bit_for_bit(rng):
     """The kernel's Q8_0 rounding of x (numba_ops._quantize_q8_0: codes as x' = q + 128, fp16-rounded scales)
     is tinyspec/quants/legacy.py quantize_q8_0 (ggml quantize_row_q8_0_ref), byte for byte."""

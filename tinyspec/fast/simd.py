@@ -789,7 +789,7 @@ def _scale_tables(builder, sc16, vnni, groups=VNNI_GROUPS):  # <n x i16>, one sc
     return [_shuffle(builder, table, range(32 * c, 32 * c + 32)) for c in range(len(order) // 32)]
 
 
-def _k_block(kind: str, native: bool, vnni: bool, wide: bool | None = None):
+def _k_block(kind: str, native: bool, vnni: bool, wide: bool | None = None, rows: int = 1):
     if wide is None:  # Q4_K on VNNI: codes 64 bytes at a time, x in Q4_K_WIDE_X order, lanes in LANE_SWAP order
         wide = kind == "q4_k" and vnni
     if wide and not (kind == "q4_k" and vnni):
@@ -797,61 +797,82 @@ def _k_block(kind: str, native: bool, vnni: bool, wide: bool | None = None):
     codes_of = {"q2_k": _q2_k_codes, "q3_k": _q3_k_codes, "q4_k": _q4_k_codes_wide if wide else _q4_k_codes,
                 "q5_k": _q5_k_codes, "q6_k": _q6_k_codes4}[kind]
 
-    @intrinsic
-    def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
-        if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.float32)
-                and _is_c_array(dx, types.float32) and _is_c_array(acc, types.float32)):
-            return None
+    def unpack(context, builder, tu, u, o):  # the block at u8[o] -> codes, scale tables, dmin m lanes, d
+        half = lambda at: _half(context, builder, tu, u, _add(builder, o, at))  # noqa: E731
+        codes = codes_of(context, builder, tu, u, o)
+        if kind == "q6_k":  # 16 int8 scales; the codes' offset 32 is taken back as 32 d * (scales . bsums)
+            d = half(208)
+            dmin = builder.fmul(ir.Constant(F32, 32.0), d)  # exact
+            sc16 = builder.sext(_load(context, builder, tu, u, _add(builder, o, 192), 16), _vec(I16, 16))
+            mins16 = sc16
+        elif kind == "q3_k":  # 16 scales sc - 32; the codes' offset 4 is taken back as 4 d * (scales . bsums)
+            d = half(108)
+            dmin = builder.fmul(ir.Constant(F32, 4.0), d)  # exact
+            sc16 = _q3_k_scales(builder, _load(context, builder, tu, u, _add(builder, o, 96), 12))
+            mins16 = sc16
+        elif kind == "q2_k":  # 16 bytes: scale (low nibble) and min (high nibble) of each 16 values
+            d, dmin = half(80), half(82)
+            scales = _load(context, builder, tu, u, o, 16)
+            sc16 = builder.zext(builder.and_(scales, _const(I8, 16, 15)), _vec(I16, 16))
+            mins16 = builder.zext(builder.lshr(scales, _const(I8, 16, 4)), _vec(I16, 16))
+        else:  # Q4_K / Q5_K: eight 6-bit (sc, m) pairs, one per 32 values
+            d, dmin = half(0), half(2)
+            sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
+            sc16 = builder.zext(sc, _vec(I16, 8))
+            lanes = LANE_SWAP if wide else range(16)  # lane n holds group-of-16 lanes[n]
+            mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in lanes])
+        tables = _scale_tables(builder, sc16, vnni, VNNI_GROUPS_WIDE if wide else VNNI_GROUPS)
+        mins = builder.fmul(_splat(builder, dmin, 16), builder.sitofp(mins16, _vec(F32, 16)))  # dmin m, exact
+        return codes, tables, mins, d
 
-        def codegen(context, builder, sig, args):
-            tu, _, tq, _, _, tb, tx, _, _, ta, _ = sig.args
-            u, o, q, k, n_in, b, x, j, nb, a, T = args
-            half = lambda at: _half(context, builder, tu, u, _add(builder, o, at))  # noqa: E731
-            codes = codes_of(context, builder, tu, u, o)
-            if kind == "q6_k":  # 16 int8 scales; the codes' offset 32 is taken back as 32 d * (scales . bsums)
-                d = half(208)
-                dmin = builder.fmul(ir.Constant(F32, 32.0), d)  # exact
-                sc16 = builder.sext(_load(context, builder, tu, u, _add(builder, o, 192), 16), _vec(I16, 16))
-                mins16 = sc16
-            elif kind == "q3_k":  # 16 scales sc - 32; the codes' offset 4 is taken back as 4 d * (scales . bsums)
-                d = half(108)
-                dmin = builder.fmul(ir.Constant(F32, 4.0), d)  # exact
-                sc16 = _q3_k_scales(builder, _load(context, builder, tu, u, _add(builder, o, 96), 12))
-                mins16 = sc16
-            elif kind == "q2_k":  # 16 bytes: scale (low nibble) and min (high nibble) of each 16 values
-                d, dmin = half(80), half(82)
-                scales = _load(context, builder, tu, u, o, 16)
-                sc16 = builder.zext(builder.and_(scales, _const(I8, 16, 15)), _vec(I16, 16))
-                mins16 = builder.zext(builder.lshr(scales, _const(I8, 16, 4)), _vec(I16, 16))
-            else:  # Q4_K / Q5_K: eight 6-bit (sc, m) pairs, one per 32 values
-                d, dmin = half(0), half(2)
-                sc, m = _k_scale_codes(builder, _load(context, builder, tu, u, _add(builder, o, 4), 12))
-                sc16 = builder.zext(sc, _vec(I16, 8))
-                lanes = LANE_SWAP if wide else range(16)  # lane n holds group-of-16 lanes[n]
-                mins16 = _shuffle(builder, builder.zext(m, _vec(I16, 8)), [jj // 2 for jj in lanes])
-            tables = _scale_tables(builder, sc16, vnni, VNNI_GROUPS_WIDE if wide else VNNI_GROUPS)
-            mins = builder.fmul(_splat(builder, dmin, 16), builder.sitofp(mins16, _vec(F32, 16)))  # dmin m, exact
-            with cgutils.for_range(builder, T) as loop:
-                t = loop.index
-                kk = builder.add(k, builder.mul(t, n_in))
-                qxs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
+    def body(context, builder, sig, args, blocks):  # every input row t through the unpacked blocks
+        tu, tq, tb, tx, ta = sig.args[0], sig.args[rows + 1], sig.args[rows + 4], sig.args[rows + 5], sig.args[rows + 8]
+        u, q, k, n_in, b, x, j, nb, a, T = (args[0],) + tuple(args[rows + 1:])
+        with cgutils.for_range(builder, T) as loop:
+            t = loop.index
+            kk = builder.add(k, builder.mul(t, n_in))
+            qxs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
+            e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
+            xb = _load(context, builder, tb, b, builder.ashr(kk, ir.Constant(I64, 4)), 16)
+            for n, (codes, tables, mins, d) in enumerate(blocks):
                 isum = _k_isum(builder, codes, qxs, tables, vnni, native)
-                e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
-                i = builder.mul(t, ir.Constant(I64, 16))
+                i = _add(builder, builder.mul(t, ir.Constant(I64, 16 * rows)), 16 * n)
                 r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, builder.fmul(d, e), 16),
                          _load(context, builder, ta, a, i, 16))
-                r = _fma(builder, mins, _load(context, builder, tb, b, builder.ashr(kk, ir.Constant(I64, 4)), 16), r)
-                _store(context, builder, ta, a, i, r)
-            return _void(context)
+                _store(context, builder, ta, a, i, _fma(builder, mins, xb, r))
+        return _void(context)
 
-        return types.void(u8, o, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
+    if rows == 1:
+        @intrinsic
+        def k_block(typingctx, u8, o, qx, k, n_in, bs, dx, j, nb, acc, T):
+            if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.float32)
+                    and _is_c_array(dx, types.float32) and _is_c_array(acc, types.float32)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                return body(context, builder, sig, args, [unpack(context, builder, sig.args[0], args[0], args[1])])
+
+            return types.void(u8, o, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
+    else:
+        @intrinsic
+        def k_block(typingctx, u8, o, o2, qx, k, n_in, bs, dx, j, nb, acc, T):
+            if not (_is_c_array(u8, types.uint8) and _is_c_array(qx, types.int8) and _is_c_array(bs, types.float32)
+                    and _is_c_array(dx, types.float32) and _is_c_array(acc, types.float32)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                blocks = [unpack(context, builder, sig.args[0], args[0], at) for at in (args[1], args[2])]
+                return body(context, builder, sig, args, blocks)
+
+            return types.void(u8, o, o2, qx, k, n_in, bs, dx, j, nb, acc, T), codegen
 
     k_block.__doc__ = f"""The {kind.upper()} block at u8[o] times input rows t = 0 .. T-1 (Q8_K codes qx[k + t n_in:][:256],
     scale dx[j + t nb], the 16 group terms xb[(k + t n_in) / 16:][:16] = -(dx * bsum) of q8_k_offsets) into
     acc[16t:16t+16]:
         acc += (d dx) * isum + (dmin m) * xb         two fmas per lane: an exact integer sum, the offsets
     with the codes, scale tables and dmin m (exact: an fp16 times a 6-bit integer) unpacked once into
-    registers for every row (see the section comment)."""
+    registers for every row (see the section comment). rows = 2: also the block at u8[o2] (the same
+    columns of the next weight row) into acc[32t+16:32t+32], each input row's codes loaded once for both."""
     return k_block
 
 
@@ -902,35 +923,51 @@ def _q6_k_signed_lanes(context, builder, tq, q, k, codes, s0, s1, base, native):
     return _vnni_lanes(builder, d4, s0, s1, base, native)
 
 
-def _q6_k_signed_block(native: bool):
-    @intrinsic
-    def q6_k_signed_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
-        """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128 (qxu[k + t n_in:][:256]):
-        acc[16t:16t+16] += d * dx[j + t nb] * lanes, lanes = base + the scaled 4-value sums of x' * q. The
-        codes, scales and base stay in registers for every row (through memory, a store to acc may alias
-        them, so every row would reload them)."""
-        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
-                and _is_c_array(acc, types.float32)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
-            u, o, q, k, n_in, x, j, nb, a, T = args
-            codes, s0, s1, base = _q6_k_signed_tables(context, builder, tu, u, o, native)
-            d = _half(context, builder, tu, u, _add(builder, o, 208))
-            with cgutils.for_range(builder, T) as loop:
-                t = loop.index
-                isum = _q6_k_signed_lanes(context, builder, tq, q, builder.add(k, builder.mul(t, n_in)), codes, s0, s1,
-                                          base, native)
-                e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
-                i = builder.mul(t, ir.Constant(I64, 16))
+def _q6_k_signed_block(native: bool, rows: int = 1):
+    def body(context, builder, sig, args, offsets):
+        tu, tq, tx, ta = sig.args[0], sig.args[rows + 1], sig.args[rows + 4], sig.args[rows + 7]
+        u, q, k, n_in, x, j, nb, a, T = (args[0],) + tuple(args[rows + 1:])
+        blocks = [_q6_k_signed_tables(context, builder, tu, u, o, native) + (_half(context, builder, tu, u,
+                                                                                    _add(builder, o, 208)),)
+                  for o in offsets]
+        with cgutils.for_range(builder, T) as loop:
+            t = loop.index
+            kk = builder.add(k, builder.mul(t, n_in))
+            xs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
+            e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
+            for n, (codes, s0, s1, base, d) in enumerate(blocks):
+                isum = _vnni_lanes(builder, [_dot4_u8i8(builder, xs[v], codes[v], native) for v in range(4)], s0, s1,
+                                   base, native)
+                i = _add(builder, builder.mul(t, ir.Constant(I64, 16 * rows)), 16 * n)
                 r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), _splat(builder, builder.fmul(d, e), 16),
                          _load(context, builder, ta, a, i, 16))
                 _store(context, builder, ta, a, i, r)
-            return _void(context)
+        return _void(context)
 
-        return types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T), codegen
+    def ok(u8, qxu, dx, acc):
+        return (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
+                and _is_c_array(acc, types.float32))
 
+    if rows == 1:
+        @intrinsic
+        def q6_k_signed_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1]]))
+    else:
+        @intrinsic
+        def q6_k_signed_block(typingctx, u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
+
+    q6_k_signed_block.__doc__ = """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128 (qxu[k + t n_in:][:256]):
+        acc[16t:16t+16] += d * dx[j + t nb] * lanes, lanes = base + the scaled 4-value sums of x' * q. The
+        codes, scales and base stay in registers for every row (through memory, a store to acc may alias
+        them, so every row would reload them). rows = 2: also the block at u8[o2] into acc[32t+16:32t+32],
+        each input row's x' loaded once for both."""
     return q6_k_signed_block
 
 
@@ -1105,9 +1142,11 @@ iq4_xs_block = _iq4_xs_block(NATIVE_VNNI)
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
+q4_k_block2, q5_k_block2 = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT, rows=2), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)
 q2_k_block, q3_k_block = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT)
 q6_k_block = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT)  # where q6_k_signed_block is not (no VNNI)
 q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
+q6_k_signed_block2 = _q6_k_signed_block(NATIVE_VNNI, rows=2)
 
 
 
