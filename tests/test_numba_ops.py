@@ -391,7 +391,8 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(xq).max() * np.abs(w).max() * 256), (got, want)
 
 
-PAIRED = [("q4_k", G.Q4_K), ("q5_k", G.Q5_K), ("q6_k_signed", G.Q6_K)]
+PAIRED = [("q4_k", G.Q4_K), ("q5_k", G.Q5_K), ("q6_k_signed", G.Q6_K), ("q6_k", G.Q6_K), ("q2_k", G.Q2_K),
+          ("q3_k", G.Q3_K)]
 
 
 @pytest.mark.parametrize("kind, qtype", PAIRED, ids=[k for k, _ in PAIRED])
@@ -437,7 +438,8 @@ def test_two_row_intrinsics_are_two_single_rows(kind, qtype, rng):
     qxu = (qx.astype(np.int16) + 128).astype(np.uint8)
     bs = -(np.repeat(dx.reshape(-1), 16) * bsums_q8_k(qx.reshape(T, 256)).reshape(-1)).astype(np.float32)
     dx = dx.reshape(-1).astype(np.float32)
-    extreme = quantize(np.full((1, 256), -3.0, np.float32), qtype)
+    extreme = (quantize(np.full((1, 256), -3.0, np.float32), qtype) if qtype in QUANTIZABLE  # else every code
+               else with_finite_f16_fields(np.full((1, qtype.type_size), 255, np.uint8), F16_FIELDS[qtype]))  # at max
     raw = np.concatenate([random_blocks(qtype, (1, 256), rng).reshape(-1), np.asarray(extreme).reshape(-1)])
     for native in natives:
         acc1, acc2, pair = runner(make(native, 1), make(native, 2))(raw, qtype.type_size, qx, qxu, bs, dx, T)

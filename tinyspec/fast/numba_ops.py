@@ -122,7 +122,7 @@ _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
 LANE_SWAP = np.array(simd.LANE_SWAP, np.int64)  # a module constant: frozen into the compiled kernels
-PAIR_ROWS = True  # Q4_K, Q5_K and Q6_K (VNNI) with T > 1: two weight rows a block call (frozen at compile time too)
+PAIR_ROWS = True  # the K-quants with T > 1: two weight rows a block call (frozen at compile time too)
 _Q3_K = int(GGMLType.Q3_K)
 _Q4_1, _Q5_0, _Q5_1 = int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
@@ -661,7 +661,7 @@ def _quant_linear_q8_0_serial(x, raw, row_bytes, kind, n_in, y):  # the twin on 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block one simd.*_block call (unpack once,
-    then every t into its 16 float lanes); the fixed 16-lane tree. With T > 1, Q4_K, Q5_K and Q6_K (VNNI)
+    then every t into its 16 float lanes); the fixed 16-lane tree. With T > 1 the K-quants (not IQ4_XS)
     take two weight rows a call (simd.*_block2: each input row's codes loaded once for both, and two
     independent accumulator chains in flight; the same bits per row, tested): a 4-token verify pass at the
     0.8B shape 7% faster. At T = 1 one row a call: the decode reads DRAM, and two interleaved row streams
@@ -692,7 +692,7 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(32 * T)  # [T, 16] float lanes of the row being summed ([T, 2, 16]: of two rows)
         first, end = task * ROWS, min(n_out, (task + 1) * ROWS)
-        pairs = (end - first) // 2 if PAIR_ROWS and (kind == _Q4_K or kind == _Q5_K or signed) and T > 1 else 0
+        pairs = (end - first) // 2 if PAIR_ROWS and kind != _IQ4_XS and T > 1 else 0
         for r in range(first, first + 2 * pairs, 2):  # two weight rows a call, x's codes loaded once for both
             acc[:] = np.float32(0)
             for b in range(nb):
@@ -700,12 +700,19 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 for p in range(0, block_bytes, 64):
                     simd.prefetch(raw, o + AHEAD + p)
                     simd.prefetch(raw, o + row_bytes + AHEAD + p)
+                o2 = o + row_bytes
                 if kind == _Q4_K:
-                    simd.q4_k_block2(raw, o, o + row_bytes, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                    simd.q4_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q5_K:
-                    simd.q5_k_block2(raw, o, o + row_bytes, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                    simd.q5_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                elif kind == _Q3_K:
+                    simd.q3_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                elif kind == _Q2_K:
+                    simd.q2_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                elif signed:
+                    simd.q6_k_signed_block2(raw, o, o2, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 else:
-                    simd.q6_k_signed_block2(raw, o, o + row_bytes, qxu, 256 * b, n_in, dx, b, nb, acc, T)
+                    simd.q6_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
             for t in range(T):
                 for n in range(2):
                     if wide:

@@ -1143,6 +1143,8 @@ iq4_xs_block = _iq4_xs_block(NATIVE_VNNI)
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
 q4_k_block2, q5_k_block2 = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT, rows=2), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)
+q2_k_block2, q3_k_block2 = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT, rows=2), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)
+q6_k_block2 = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)  # where q6_k_signed_block2 is not (no VNNI)
 q2_k_block, q3_k_block = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT)
 q6_k_block = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT)  # where q6_k_signed_block is not (no VNNI)
 q6_k_signed_block = _q6_k_signed_block(NATIVE_VNNI)
