@@ -42,7 +42,11 @@ sums (vpdpbusd / vpackssdw / vpdpwssd with AVX512-VNNI, vpmaddubsw / vpmaddwd wi
 IR elsewhere) and adds `(d dx) * isum + (dmin m) * (-(dx bsum))` into 16 float lanes with two fmas (the
 offset term's weight side dmin m formed once per block, its row side -(dx bsum) once per x); the fixed
 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
-cheap (a per-row call reloaded it: LESSONS 24). Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
+cheap (a per-row call reloaded it: LESSONS 24). With T > 1 two weight rows go through one call
+(simd.*_block2: each t's codes loaded once for both, two accumulator chains in flight instead of one row's
+load -> fma -> fma -> store per block; per row the same bits, LESSONS 31). Q4_K on VNNI reads its codes
+64 bytes at a time, with x laid out in the order they come (Q4_K_WIDE_X) and the lanes read back through
+LANE_SWAP: the same bits as in value order. Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
 VNNI it takes simd.q6_k_block like the others (unsigned codes, the offset through the bsums). IQ4_XS
 (simd.iq4_xs_block) looks its codes up as signed levels (vpshufb), takes x' the same way and applies its
@@ -86,9 +90,8 @@ and copies the decoded spans out, so it is bit-exact with the oracle.
 
 Official implementation: ggml `ggml-cpu/ggml-cpu.c` ggml_compute_forward_mul_mat and the
 `ggml_vec_dot_q4_K_q8_K` family (`ggml-cpu/arch/x86/quants.c`). Does NOT include: the other GGML types
-(they raise ValueError and the caller falls back to the oracle), integer paths for Q8_0 / Q4_0 / Q2_K
-(ggml rounds x to Q8_0 / Q8_K for those too; tinyspec keeps them on the float path), repacked weight
-layouts, AMX.
+(they raise ValueError and the caller falls back to the oracle), integer paths for Q4_1 / Q5_1 (x in
+Q8_1 blocks in ggml) and the grid I-quants IQ1..IQ3 (the float path), repacked weight layouts, AMX.
 """
 
 from __future__ import annotations
@@ -121,8 +124,6 @@ Q8_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
 _F32, _F16, _BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 _Q4_0, _Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q8_0)
 _Q2_K, _Q4_K, _Q5_K, _Q6_K = int(GGMLType.Q2_K), int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
-LANE_SWAP = np.array(simd.LANE_SWAP, np.int64)  # a module constant: frozen into the compiled kernels
-PAIR_ROWS = True  # the K-quants with T > 1: two weight rows a block call (frozen at compile time too)
 _Q3_K = int(GGMLType.Q3_K)
 _Q4_1, _Q5_0, _Q5_1 = int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 _IQ2_XXS, _IQ3_XXS, _IQ4_NL, _IQ4_XS = (int(GGMLType.IQ2_XXS), int(GGMLType.IQ3_XXS), int(GGMLType.IQ4_NL),
@@ -142,6 +143,8 @@ _SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).asty
 # a sign byte (bit k set: value k negative, IQ2_S / IQ3_S) -> its 8 signs
 _KSIGN_ROWS = _SIGN_ROWS[KSIGNS]  # [128, 8]: a 7-bit KSIGNS index (IQ2_XXS / IQ2_XS / IQ3_XXS) -> its 8 signs
 assert tuple(KVALUES_IQ4NL) == simd.KVALUES_IQ4  # the levels simd.iq4_block32 selects from
+LANE_SWAP = np.array(simd.LANE_SWAP, np.int64)  # the wide Q4_K lane order (a module constant: frozen into the kernels)
+PAIR_ROWS = True  # the K-quants with T > 1: two weight rows a block call (frozen at compile time too)
 
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 

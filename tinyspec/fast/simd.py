@@ -715,11 +715,12 @@ def _wide_group(v: int, lane: int) -> int:  # the 4-value group (value // 4) in 
 
 
 def _lane_groups(group) -> list[frozenset]:  # per i32 lane of the VNNI isum: the 4-value groups summed there
-    return [frozenset(group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16) for w in range(2) for m in (2 * p, 2 * p + 1))
-            for p in range(16)]
+    return [frozenset(group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16)
+                      for w in range(2) for m in (2 * p, 2 * p + 1)) for p in range(16)]
 
 
-VNNI_GROUPS_WIDE = tuple(_wide_group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16) for w in range(2) for m in range(32))
+VNNI_GROUPS_WIDE = tuple(_wide_group(2 * w + PACK_ORDER[m] // 16, PACK_ORDER[m] % 16)
+                         for w in range(2) for m in range(32))
 LANE_SWAP = tuple(_lane_groups(lambda v, lane: 16 * v + lane).index(g) for g in _lane_groups(_wide_group))
 assert sorted(LANE_SWAP) == list(range(16)) and all(LANE_SWAP[LANE_SWAP[n]] == n for n in range(16))
 
@@ -963,7 +964,8 @@ def _q6_k_signed_block(native: bool, rows: int = 1):
             return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
                     lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
 
-    q6_k_signed_block.__doc__ = """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128 (qxu[k + t n_in:][:256]):
+    q6_k_signed_block.__doc__ = """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128
+        (qxu[k + t n_in:][:256]):
         acc[16t:16t+16] += d * dx[j + t nb] * lanes, lanes = base + the scaled 4-value sums of x' * q. The
         codes, scales and base stay in registers for every row (through memory, a store to acc may alias
         them, so every row would reload them). rows = 2: also the block at u8[o2] into acc[32t+16:32t+32],
@@ -1142,8 +1144,8 @@ iq4_xs_block = _iq4_xs_block(NATIVE_VNNI)
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
-q4_k_block2, q5_k_block2 = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT, rows=2), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)
-q2_k_block2, q3_k_block2 = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT, rows=2), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)
+q4_k_block2, q5_k_block2 = (_k_block(kind, NATIVE_MADD, VNNI_LAYOUT, rows=2) for kind in ("q4_k", "q5_k"))
+q2_k_block2, q3_k_block2 = (_k_block(kind, NATIVE_MADD, VNNI_LAYOUT, rows=2) for kind in ("q2_k", "q3_k"))
 q6_k_block2 = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT, rows=2)  # where q6_k_signed_block2 is not (no VNNI)
 q2_k_block, q3_k_block = _k_block("q2_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q3_k", NATIVE_MADD, VNNI_LAYOUT)
 q6_k_block = _k_block("q6_k", NATIVE_MADD, VNNI_LAYOUT)  # where q6_k_signed_block is not (no VNNI)
