@@ -392,25 +392,26 @@ def test_block_intrinsics_native_portable_and_exact(kind, qtype, vnni, rng):
 
 
 PAIRED = [("q4_k", G.Q4_K), ("q5_k", G.Q5_K), ("q6_k_signed", G.Q6_K), ("q6_k", G.Q6_K), ("q2_k", G.Q2_K),
-          ("q3_k", G.Q3_K)]
+          ("q3_k", G.Q3_K), ("iq4_xs", G.IQ4_XS)]
 
 
 @pytest.mark.parametrize("kind, qtype", PAIRED, ids=[k for k, _ in PAIRED])
 def test_two_row_intrinsics_are_two_single_rows(kind, qtype, rng):
     """The rows = 2 block intrinsics (two weight rows a call, each input row's codes loaded once for both,
-    what the kernel runs for T > 1) give each weight row the bits its one-row intrinsic gives, native and
-    plain IR, on random and extreme blocks; so T = 1 (one row a call) and T > 1 stay batch-invariant."""
+    what the kernel runs for T > 1; every K-quant and IQ4_XS) give each weight row the bits its one-row
+    intrinsic gives, native and plain IR, on random and extreme blocks; so T = 1 (one row a call) and T > 1
+    stay batch-invariant."""
     from numba import njit
 
     vnni = simd.VNNI_LAYOUT
     if kind == "q6_k_signed" and not vnni:
         pytest.skip("Q6_K takes the signed path on VNNI only")
-    natives = [False] + ([True] if (simd.NATIVE_VNNI if vnni else simd.NATIVE_MADD) else [])
-    signed = kind == "q6_k_signed"
+    signed = kind in ("q6_k_signed", "iq4_xs")  # x' = qx + 128, no offsets
+    natives = [False] + ([True] if (simd.NATIVE_VNNI if vnni or kind == "iq4_xs" else simd.NATIVE_MADD) else [])
 
     def make(native, rows):
         if signed:
-            return simd._q6_k_signed_block(native, rows=rows)
+            return (simd._q6_k_signed_block if kind == "q6_k_signed" else simd._iq4_xs_block)(native, rows=rows)
         return simd._k_block(kind, native, vnni, rows=rows)
 
     def runner(one, two):

@@ -144,7 +144,7 @@ _SIGN_ROWS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).asty
 _KSIGN_ROWS = _SIGN_ROWS[KSIGNS]  # [128, 8]: a 7-bit KSIGNS index (IQ2_XXS / IQ2_XS / IQ3_XXS) -> its 8 signs
 assert tuple(KVALUES_IQ4NL) == simd.KVALUES_IQ4  # the levels simd.iq4_block32 selects from
 LANE_SWAP = np.array(simd.LANE_SWAP, np.int64)  # the wide Q4_K lane order (a module constant: frozen into the kernels)
-PAIR_ROWS = True  # the K-quants with T > 1: two weight rows a block call (frozen at compile time too)
+PAIR_ROWS = True  # the K-quants and IQ4_XS with T > 1: two weight rows a block call (frozen at compile time too)
 
 _POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)  # fp16 exponent e -> 2^(e-25)
 
@@ -664,7 +664,7 @@ def _quant_linear_q8_0_serial(x, raw, row_bytes, kind, n_in, y):  # the twin on 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block one simd.*_block call (unpack once,
-    then every t into its 16 float lanes); the fixed 16-lane tree. With T > 1 the K-quants (not IQ4_XS)
+    then every t into its 16 float lanes); the fixed 16-lane tree. With T > 1 the K-quants and IQ4_XS
     take two weight rows a call (simd.*_block2: each input row's codes loaded once for both, and two
     independent accumulator chains in flight; the same bits per row, tested): a 4-token verify pass at the
     0.8B shape 7% faster. At T = 1 one row a call: the decode reads DRAM, and two interleaved row streams
@@ -695,7 +695,7 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(32 * T)  # [T, 16] float lanes of the row being summed ([T, 2, 16]: of two rows)
         first, end = task * ROWS, min(n_out, (task + 1) * ROWS)
-        pairs = (end - first) // 2 if PAIR_ROWS and kind != _IQ4_XS and T > 1 else 0
+        pairs = (end - first) // 2 if PAIR_ROWS and T > 1 else 0
         for r in range(first, first + 2 * pairs, 2):  # two weight rows a call, x's codes loaded once for both
             acc[:] = np.float32(0)
             for b in range(nb):
@@ -712,6 +712,8 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                     simd.q3_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
                 elif kind == _Q2_K:
                     simd.q2_k_block2(raw, o, o2, qx, 256 * b, n_in, xb, dx, b, nb, acc, T)
+                elif kind == _IQ4_XS:
+                    simd.iq4_xs_block2(raw, o, o2, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 elif signed:
                     simd.q6_k_signed_block2(raw, o, o2, qxu, 256 * b, n_in, dx, b, nb, acc, T)
                 else:

@@ -1087,63 +1087,80 @@ def _iq4_lookup(builder, c, native):  # <64 x i8> codes 0..15 -> KVALUES_IQ4[c]
     return level[0]
 
 
-def _iq4_xs_block(native: bool):
-    @intrinsic
-    def iq4_xs_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
-        """The IQ4_XS block at u8[o] (d, scales_h, scales_l[4], qs[128]) times input rows t = 0 .. T-1 of
-        x' = qx + 128 (qxu[k + t n_in:][:256]): acc[16t:16t+16] += dx[j + t nb] * sum_v s_v * lanes_v,
-        lanes_v = base_v + the 4-value sums of x' * w over values 64v .. 64v + 63 (section comment)."""
-        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
-                and _is_c_array(acc, types.float32)):
-            return None
+def _iq4_xs_block(native: bool, rows: int = 1):
+    def unpack(context, builder, tu, u, o):  # the block at u8[o] -> (codes, scales, bases), 4 vectors each
+        d = _half(context, builder, tu, u, o)
+        sh = builder.zext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, _add(builder, o, 2)),
+                                                       I16.as_pointer()), align=1), I32)
+        sl = _load(context, builder, tu, u, _add(builder, o, 4), 4)  # <4 x i8>
+        # sub-block g: ls = nibble g % 2 of scales_l[g // 2] | bits 2g, 2g + 1 of scales_h << 4
+        nibble = ir.Constant(_vec(I8, 8), [4 * (g % 2) for g in range(8)])
+        low = builder.and_(builder.lshr(_shuffle(builder, sl, [g // 2 for g in range(8)]), nibble), _const(I8, 8, 15))
+        pair = ir.Constant(_vec(I32, 8), [2 * g for g in range(8)])
+        high = builder.and_(builder.lshr(_splat(builder, sh, 8), pair), _const(I32, 8, 3))
+        ls = builder.or_(builder.zext(low, _vec(I32, 8)), builder.shl(high, _const(I32, 8, 4)))
+        centred = builder.sitofp(builder.sub(ls, _const(I32, 8, 32)), _vec(F32, 8))
+        scale = builder.fmul(_splat(builder, d, 8), centred)  # d (ls - 32), exact
+        codes, scales, bases = [], [], []
+        zero = ir.Constant(_vec(I32, 16), None)
+        for v in range(4):  # values 64v .. 64v + 63: sub-blocks 2v and 2v + 1
+            b = _load(context, builder, tu, u, _add(builder, o, 8 + 32 * v), 32)
+            lo, hi = _shuffle(builder, b, range(16)), _shuffle(builder, b, range(16, 32))
+            m15, four = _const(I8, 16, 15), _const(I8, 16, 4)
+            c = _cat(builder, _cat(builder, builder.and_(lo, m15), builder.lshr(lo, four)),
+                     _cat(builder, builder.and_(hi, m15), builder.lshr(hi, four)))
+            w = _iq4_lookup(builder, c, native)
+            codes.append(w)
+            bases.append(builder.sub(zero, _dot4_u8i8(builder, _const(I8, 64, 128), w, native)))
+            scales.append(_shuffle(builder, scale, [2 * v] * 8 + [2 * v + 1] * 8))
+        return codes, scales, bases
 
-        def codegen(context, builder, sig, args):
-            tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
-            u, o, q, k, n_in, x, j, nb, a, T = args
-            d = _half(context, builder, tu, u, o)
-            sh = builder.zext(builder.load(builder.bitcast(_ptr(context, builder, tu, u, _add(builder, o, 2)),
-                                                           I16.as_pointer()), align=1), I32)
-            sl = _load(context, builder, tu, u, _add(builder, o, 4), 4)  # <4 x i8>
-            # sub-block g: ls = nibble g % 2 of scales_l[g // 2] | bits 2g, 2g + 1 of scales_h << 4
-            nibble = ir.Constant(_vec(I8, 8), [4 * (g % 2) for g in range(8)])
-            low = builder.and_(builder.lshr(_shuffle(builder, sl, [g // 2 for g in range(8)]), nibble), _const(I8, 8, 15))
-            pair = ir.Constant(_vec(I32, 8), [2 * g for g in range(8)])
-            high = builder.and_(builder.lshr(_splat(builder, sh, 8), pair), _const(I32, 8, 3))
-            ls = builder.or_(builder.zext(low, _vec(I32, 8)), builder.shl(high, _const(I32, 8, 4)))
-            centred = builder.sitofp(builder.sub(ls, _const(I32, 8, 32)), _vec(F32, 8))
-            scale = builder.fmul(_splat(builder, d, 8), centred)  # d (ls - 32), exact
-            codes, scales, bases = [], [], []
-            zero = ir.Constant(_vec(I32, 16), None)
-            for v in range(4):  # values 64v .. 64v + 63: sub-blocks 2v and 2v + 1
-                b = _load(context, builder, tu, u, _add(builder, o, 8 + 32 * v), 32)
-                lo, hi = _shuffle(builder, b, range(16)), _shuffle(builder, b, range(16, 32))
-                m15, four = _const(I8, 16, 15), _const(I8, 16, 4)
-                c = _cat(builder, _cat(builder, builder.and_(lo, m15), builder.lshr(lo, four)),
-                         _cat(builder, builder.and_(hi, m15), builder.lshr(hi, four)))
-                w = _iq4_lookup(builder, c, native)
-                codes.append(w)
-                bases.append(builder.sub(zero, _dot4_u8i8(builder, _const(I8, 64, 128), w, native)))
-                scales.append(_shuffle(builder, scale, [2 * v] * 8 + [2 * v + 1] * 8))
-            with cgutils.for_range(builder, T) as loop:
-                t = loop.index
-                kk = builder.add(k, builder.mul(t, n_in))
+    def body(context, builder, sig, args, offsets):
+        tu, tq, tx, ta = sig.args[0], sig.args[rows + 1], sig.args[rows + 4], sig.args[rows + 7]
+        u, q, k, n_in, x, j, nb, a, T = (args[0],) + tuple(args[rows + 1:])
+        blocks = [unpack(context, builder, tu, u, o) for o in offsets]
+        with cgutils.for_range(builder, T) as loop:
+            t = loop.index
+            kk = builder.add(k, builder.mul(t, n_in))
+            xs = [_load(context, builder, tq, q, _add(builder, kk, 64 * v), 64) for v in range(4)]
+            e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
+            for n, (codes, scales, bases) in enumerate(blocks):
                 z = None
                 for v in range(4):
-                    xs = _load(context, builder, tq, q, _add(builder, kk, 64 * v), 64)
-                    lanes = builder.sitofp(_dot4_u8i8(builder, xs, codes[v], native, bases[v]), _vec(F32, 16))
+                    lanes = builder.sitofp(_dot4_u8i8(builder, xs[v], codes[v], native, bases[v]), _vec(F32, 16))
                     z = builder.fmul(lanes, scales[v]) if z is None else _fma(builder, lanes, scales[v], z)
-                e = builder.load(_ptr(context, builder, tx, x, builder.add(j, builder.mul(t, nb))))
-                i = builder.mul(t, ir.Constant(I64, 16))
+                i = _add(builder, builder.mul(t, ir.Constant(I64, 16 * rows)), 16 * n)
                 r = _fma(builder, z, _splat(builder, e, 16), _load(context, builder, ta, a, i, 16))
                 _store(context, builder, ta, a, i, r)
-            return _void(context)
+        return _void(context)
 
-        return types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T), codegen
+    def ok(u8, qxu, dx, acc):
+        return (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
+                and _is_c_array(acc, types.float32))
 
+    if rows == 1:
+        @intrinsic
+        def iq4_xs_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1]]))
+    else:
+        @intrinsic
+        def iq4_xs_block(typingctx, u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
+
+    iq4_xs_block.__doc__ = """The IQ4_XS block at u8[o] (d, scales_h, scales_l[4], qs[128]) times input rows t = 0 .. T-1 of
+        x' = qx + 128 (qxu[k + t n_in:][:256]): acc[16t:16t+16] += dx[j + t nb] * sum_v s_v * lanes_v,
+        lanes_v = base_v + the 4-value sums of x' * w over values 64v .. 64v + 63 (section comment).
+        rows = 2: also the block at u8[o2] into acc[32t+16:32t+32], each x' row loaded once for both."""
     return iq4_xs_block
 
 
-iq4_xs_block = _iq4_xs_block(NATIVE_VNNI)
+iq4_xs_block, iq4_xs_block2 = _iq4_xs_block(NATIVE_VNNI), _iq4_xs_block(NATIVE_VNNI, rows=2)
 
 
 q4_k_block, q5_k_block = _k_block("q4_k", NATIVE_MADD, VNNI_LAYOUT), _k_block("q5_k", NATIVE_MADD, VNNI_LAYOUT)
