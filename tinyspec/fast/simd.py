@@ -927,6 +927,30 @@ def _q6_k_signed_lanes(context, builder, tq, q, k, codes, s0, s1, base, native):
     return _vnni_lanes(builder, d4, s0, s1, base, native)
 
 
+def _unsigned_x_intrinsic(body, rows: int):
+    """The intrinsic of a block kind whose rows take x' = qx + 128 (Q6_K signed, IQ4_XS): (u8, o, [o2,] qxu, k,
+    n_in, dx, j, nb, acc, T), its codegen body(context, builder, sig, args, block offsets)."""
+    def ok(u8, qxu, dx, acc):
+        return (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
+                and _is_c_array(acc, types.float32))
+
+    if rows == 1:
+        @intrinsic
+        def block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1]]))
+    else:
+        @intrinsic
+        def block(typingctx, u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T):
+            if not ok(u8, qxu, dx, acc):
+                return None
+            return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
+                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
+    return block
+
+
 def _q6_k_signed_block(native: bool, rows: int = 1):
     def body(context, builder, sig, args, offsets):
         tu, tq, tx, ta = sig.args[0], sig.args[rows + 1], sig.args[rows + 4], sig.args[rows + 7]
@@ -948,25 +972,7 @@ def _q6_k_signed_block(native: bool, rows: int = 1):
                 _store(context, builder, ta, a, i, r)
         return _void(context)
 
-    def ok(u8, qxu, dx, acc):
-        return (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
-                and _is_c_array(acc, types.float32))
-
-    if rows == 1:
-        @intrinsic
-        def q6_k_signed_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
-            if not ok(u8, qxu, dx, acc):
-                return None
-            return (types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T),
-                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1]]))
-    else:
-        @intrinsic
-        def q6_k_signed_block(typingctx, u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T):
-            if not ok(u8, qxu, dx, acc):
-                return None
-            return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
-                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
-
+    q6_k_signed_block = _unsigned_x_intrinsic(body, rows)
     q6_k_signed_block.__doc__ = """The Q6_K block at u8[o] times input rows t = 0 .. T-1 of x' = qx + 128
         (qxu[k + t n_in:][:256]):
         acc[16t:16t+16] += d * dx[j + t nb] * lanes, lanes = base + the scaled 4-value sums of x' * q. The
@@ -1134,25 +1140,7 @@ def _iq4_xs_block(native: bool, rows: int = 1):
                 _store(context, builder, ta, a, i, r)
         return _void(context)
 
-    def ok(u8, qxu, dx, acc):
-        return (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dx, types.float32)
-                and _is_c_array(acc, types.float32))
-
-    if rows == 1:
-        @intrinsic
-        def iq4_xs_block(typingctx, u8, o, qxu, k, n_in, dx, j, nb, acc, T):
-            if not ok(u8, qxu, dx, acc):
-                return None
-            return (types.void(u8, o, qxu, k, n_in, dx, j, nb, acc, T),
-                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1]]))
-    else:
-        @intrinsic
-        def iq4_xs_block(typingctx, u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T):
-            if not ok(u8, qxu, dx, acc):
-                return None
-            return (types.void(u8, o, o2, qxu, k, n_in, dx, j, nb, acc, T),
-                    lambda context, builder, sig, args: body(context, builder, sig, args, [args[1], args[2]]))
-
+    iq4_xs_block = _unsigned_x_intrinsic(body, rows)
     iq4_xs_block.__doc__ = """The IQ4_XS block at u8[o] (d, scales_h, scales_l[4], qs[128]) times input rows t = 0 .. T-1 of
         x' = qx + 128 (qxu[k + t n_in:][:256]): acc[16t:16t+16] += dx[j + t nb] * sum_v s_v * lanes_v,
         lanes_v = base_v + the 4-value sums of x' * w over values 64v .. 64v + 63 (section comment).
