@@ -221,3 +221,37 @@ def test_tables_are_expected_tokens_and_step_cost():
         for k in range(policy.k_max + 1):
             assert expected[k] == pytest.approx(policy.expected_tokens(k), abs=1e-12)
             assert costs[k] == policy.step_cost(k)
+
+
+def test_replay_reproduces_fixed_k_runs_and_the_oracle_bounds_every_policy():
+    """tools/replay_adaptive.py: one recording of the MTP head's chains on the shipped model replays a fixed-k
+    run step for step (the same steps, drafts kept and tokens as speculative_generate), and no policy it
+    replays beats its best possible (dynamic programming knowing which drafts are kept)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import replay_adaptive as R
+
+    from tinyspec.backends import load_model
+    from tinyspec.mtp import MTPDrafter
+    from tinyspec.tokenizer import Tokenizer
+
+    model = load_model(R.ASSETS / "tiny-target.gguf", "numpy")
+    prompt = Tokenizer.from_gguf(model.metadata).encode("def merge(a, b):\n    out = []\n    i = j = 0\n")
+    max_new, depth = 40, 8
+    trace = R.record(model, prompt, max_new, depth)
+    assert sum(m > 0 for m in trace.kept) > max_new // 2  # the head is right here: the test has steps to compare
+    cost = R.Costs(1.0, 1.1, 0.3, {})
+    for k in (1, 3, 8):
+        spec = speculative_generate(model, MTPDrafter(model), prompt, max_new, k)
+        _, steps = R.replay(trace, R.fixed(trace, k), cost, max_new)
+        assert spec.tokens == trace.tokens[:max_new]
+        assert (len(steps), sum(n for _, n in steps)) == (spec.stats.steps, spec.stats.accepted)
+        assert sum(j for j, _ in steps) == spec.stats.drafted
+    bound = R.best_possible(trace, cost, max_new)
+    draft_kept = R.replay(trace, lambda t, room: trace.kept[t], cost, max_new)[0]  # the drafts that will be kept
+    others = [R.fixed(trace, k) for k in range(depth + 1)]
+    others += [R.threshold(trace, 0.4, depth), R.adaptive(trace, depth, cost)]
+    assert bound <= draft_kept and all(bound <= R.replay(trace, decide, cost, max_new)[0] for decide in others)
+    assert bound < min(R.replay(trace, R.fixed(trace, k), cost, max_new)[0] for k in range(depth + 1))
