@@ -36,11 +36,15 @@ def test_step_cost_estimates_between_and_beyond_measured_sizes():
     assert policy.choose() == 3  # argmax of E(k) / (1 + 0.3 k) at a0 = 0.8
     policy.update(8, 8, 99.0)  # a generation's first step pays its warm-up: outcomes kept, time not
     assert policy.step_s == {} and policy.seen[7] == 1
-    policy.update(2, 2, 3.0)
-    policy.update(6, 6, 7.0)
-    assert policy.step_cost(4) == pytest.approx(5.0)  # linear between 2 and 6
-    assert policy.step_cost(8) == pytest.approx(7.0 * (1 + 0.3 * 8) / (1 + 0.3 * 6))  # above: as the prior grows
+    policy.update(2, 2, 3.0)  # one size timed: the others from it
+    assert policy.step_cost(6) == pytest.approx(3.0 * (1 + 0.3 * 6) / (1 + 0.3 * 2))  # above: as the prior grows
     assert policy.step_cost(0) == pytest.approx(3.0 * (1 + 1 / 3) / 2)  # halfway between flat and proportional
+    assert policy.step_cost(1) == pytest.approx(3.0 * (1 + 2 / 3) / 2)
+    policy.update(6, 6, 7.0)  # two sizes: the line through them, for every k >= 1
+    assert [policy.step_cost(k) for k in (1, 4, 8)] == pytest.approx([2.0, 5.0, 9.0])
+    assert policy.step_cost(0) == pytest.approx(2.0)  # a plain step: still from the shortest timed step
+    policy.update(4, 4, 50.0)  # one step timed 10x its estimate (a busy machine) counts as 1.5x
+    assert policy.step_s[4] == pytest.approx(7.5) and policy.step_cost(4) < 6.0
 
 
 @pytest.mark.parametrize("accept_prob, cost, best", [
@@ -216,6 +220,10 @@ def test_tables_are_expected_tokens_and_step_cost():
         policy = AdaptiveDraftLength(rnd.randint(1, 9))
         for k in rnd.sample(range(policy.k_max + 1), rnd.randint(0, policy.k_max + 1)):
             policy.step_s[k] = rnd.random()
+        if rnd.random() < 0.5:  # timed drafting steps: the line through them (or none while k barely varies)
+            for _ in range(rnd.randint(1, 6)):
+                k, t = rnd.randint(1, 9), rnd.random()
+                policy.fit = [v + x for v, x in zip(policy.fit, (1.0, k, t, k * k, k * t))]
         policy.accept = [rnd.random() for _ in policy.accept]
         expected, costs = policy.tables()
         for k in range(policy.k_max + 1):

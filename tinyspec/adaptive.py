@@ -17,8 +17,18 @@ Estimates, updated after every step from what the step measured (online, per gen
            not observed at all, so one early rejection at position 2 must not sink a_2 to where a
            longer k is never tried again (position 1 decides whether to draft at all: it reacts fast)
     T(k)   before any step is timed, 1 + cost_prior * k plain steps (a verify pass of k + 1 tokens costs
-           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 22); then
-           a moving average of the measured seconds of steps with k drafts; a k never run is estimated
+           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 22). Once
+           drafting steps of at least two sizes are timed, T(k) = c0 + c1 k for k >= 1: a line fitted
+           by least squares to all of them, older steps weighing less ((1 - rate / 2) a step). A step of
+           k drafts does k times the same work (a head pass, a verify row) on top of a fixed part, so
+           two numbers describe every k, and they come from every step instead of k_max separate
+           averages, each fed by the few steps that happened to draft that k: keep_drafting's threshold
+           for draft j + 1 is R (T(j + 1) - T(j)) / a, and as differences of two noisy averages the
+           thresholds at different depths spread over 29% of the first one (median over steps, shipped
+           model); as the slope c1 they are one number (LESSONS 32). A plain step,
+           T(0), is its own moving average (no head pass, no drafter bookkeeping). A step timed beyond
+           `outlier` (1.5) times its estimate counts as 1.5 times it: a busy machine moves an estimate
+           a bounded step. Until the line exists, a moving average per k; a k never run is estimated
            from those that were: linear between the nearest two, above them grown from the longest
            measured k as the prior grows (flat was too optimistic: drafts failing at position 1 left
            a_2.. at the prior, so a k = 3 step looked as cheap as a measured k = 1 and was tried
@@ -26,7 +36,8 @@ Estimates, updated after every step from what the step measured (online, per gen
            proportional to k + 1 (with pure k + 1 scaling a good drafter left k_max just to measure a
            plain step, a fifth of a short generation; flat, a failing one waited for a probe). A longer step cannot
            cost less than a shorter one (it does the same work and more), so T(k) is raised to the
-           largest T(j), j < k: timing noise then cannot make k = 2 look cheaper than a plain step
+           largest T(j), j < k (with the line: to T(0)): timing noise then cannot make k = 2 look
+           cheaper than a plain step
 
 Exploration: a k that is not chosen is not measured again, so one slow measurement (a busy machine)
 could rule it out for good; and with k = 0 nothing is learnt about a_j. So every `probe_every`-th
@@ -79,6 +90,8 @@ class AdaptiveDraftLength:
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
+    fit: list[float] = field(init=False, default_factory=lambda: [0.0] * 5)  # T(k) line: sums of w, wk, ws, wk^2, wks
+    outlier: float = 1.5  # a step timed beyond this factor of its estimate counts as this factor (a busy machine)
     since_probe: int = field(init=False, default=0)  # steps since the last probe
     gap: int = field(init=False, default=0)  # steps between probes now (probe_every, doubled while drafts fail)
     probing: bool = field(init=False, default=False)  # the step just chosen is a probing draft
@@ -120,7 +133,21 @@ class AdaptiveDraftLength:
         return total
 
     def step_cost(self, k: int) -> float:  # T(k): never below the cost of a shorter step
+        line = self._line()
+        if line is not None and k >= 1:  # the line rises with k: only a plain step's time can floor it
+            return max(line[0] + line[1] * k, self._estimate(0))
         return max([self._estimate(k)] + [v for m, v in self.step_s.items() if m < k])
+
+    def _line(self) -> tuple[float, float] | None:
+        """(c0, c1) of T(k) = c0 + c1 k for k >= 1, least squares over the timed drafting steps (each weighted
+        (1 - rate / 2)^age); None until their k spread enough to fix a slope (variance >= 1/4)."""
+        w, wk, ws, wkk, wks = self.fit
+        det = w * wkk - wk * wk  # w^2 times the weighted variance of k
+        if w <= 0 or det < 0.25 * w * w:
+            return None
+        c1 = max((w * wks - wk * ws) / det, 0.0)
+        c0 = (ws - c1 * wk) / w
+        return (c0, c1) if c0 > 0 else None
 
     def _estimate(self, k: int) -> float:  # T(k) from the measurements, guessed where k was not measured
         known = sorted(self.step_s)
@@ -147,6 +174,9 @@ class AdaptiveDraftLength:
         for a in self.accept:
             run *= a
             expected.append(expected[-1] + run)
+        if (line := self._line()) is not None:
+            plain = self._estimate(0)
+            return expected, [plain] + [max(line[0] + line[1] * k, plain) for k in range(1, self.k_max + 1)]
         known = sorted(self.step_s)
         costs, floor, i = [], 0.0, 0  # floor: the largest measured T(m), m < k
         for k in range(self.k_max + 1):
@@ -223,8 +253,14 @@ class AdaptiveDraftLength:
             self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
         if self.updates == 1:  # a generation's first step also pays its warm-up (first passes of new shapes,
             return  # allocations): its time would make that k look dear for good; its outcomes count
-        old = self.step_s.get(k)
+        line, old = self._line(), self.step_s.get(k)
+        guess = line[0] + line[1] * k if line is not None and k >= 1 else old
+        if guess is not None:  # one slow step (another process took the core) moves an estimate a bounded step
+            step_s = min(max(step_s, guess / self.outlier), guess * self.outlier)
         self.step_s[k] = step_s if old is None else old + r * (step_s - old)
+        if k >= 1:
+            f = 1.0 - r / 2
+            self.fit = [f * v + x for v, x in zip(self.fit, (1.0, k, step_s, k * k, k * step_s))]
 
     def as_dict(self) -> dict:
         out = {"chosen_k": {str(k): v for k, v in sorted(self.chosen.items())},
