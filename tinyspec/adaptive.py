@@ -87,6 +87,7 @@ class AdaptiveDraftLength:
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
+    optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
@@ -192,6 +193,10 @@ class AdaptiveDraftLength:
         expected, costs = self.tables()
         rates = [e / t for e, t in zip(expected, costs)]
         best = max(range(top + 1), key=lambda k: (rates[k], -k))
+        if not best and top:  # whether to draft at all: a_1 at its upper confidence bound (hopeful_tokens);
+            hope = self.hopeful_tokens()  # how far: the estimates themselves (or the drafter's confidence)
+            if max(hope[k] / costs[k] for k in range(1, top + 1)) > rates[0]:
+                best = max(range(1, top + 1), key=lambda k: (rates[k], -k))
         if best:
             self.gap = self.probe_every
         gap = self.gap or self.probe_every
@@ -208,6 +213,18 @@ class AdaptiveDraftLength:
             self._need = [scale * (costs[m + 1] - costs[m]) for m in range(k)]
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
+
+    def hopeful_tokens(self) -> list[float]:
+        """[E(k)] for k = 0..k_max with a_1 at its upper confidence bound a_1 + optimism sqrt(a_1 (1 - a_1) / (n + 1)),
+        n the outcomes seen at position 1: what choose() decides with. Two early rejections take a_1 from the prior
+        0.8 to 0.27, and a plain step observes nothing, so the estimate would stay there until a probe; at n = 2
+        the bound is 0.53 and drafting goes on, while a drafter that keeps failing drives a_1 and its bound to 0."""
+        a = self.accept[0]
+        out, run = [1.0], min(1.0, a + self.optimism * (a * (1.0 - a) / (self.seen[0] + 1)) ** 0.5)
+        for j in range(self.k_max):
+            out.append(out[-1] + run)
+            run *= self.accept[j + 1] if j + 1 < self.k_max else 0.0
+        return out
 
     def _bin(self, p: float) -> int:  # the confidence bin of probability p: edges below or at it
         return sum(p >= e for e in self.edges)
