@@ -51,9 +51,16 @@ against 1.1-1.25x for fixed k). The other way round, a probing draft that is kep
 probe forward (2 steps): a prompt whose first drafts fail and later ones would be kept (the model's
 continuation of noise, LESSONS 21) resumes drafting in a few steps instead of a few probe gaps, while
 drafts that keep failing keep the full gap. With the priors a0 and cost_prior and nothing measured
-the policy starts at the k they favour (3 of 4 with the defaults), so a drafter that fails from the
-start costs one long step, then one short one; the first step's time is not recorded (it also pays
-the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
+the policy starts at the k they favour (3 of 4 with the defaults); the first step's time is not recorded
+(it also pays the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
+Whether to draft at all is decided optimistically (hopeful_tokens): with a_1 at its mean plus `optimism`
+(1) standard errors, sqrt(a_1 (1 - a_1) / (n + 1)) after n outcomes at position 1, and if that says
+drafting may pay, the step drafts the k the plain estimates favour (or up to k_max, by confidence). A
+plain step observes nothing, so an estimate that two unlucky rejections took from 0.8 to 0.27 stayed
+there until a probe: in a 40-token generation that was most of it (the demo's prompts, whose first two
+drafts fail and whose next thirty are kept: 1.30x plain against 1.44x for k = 3; now 1.64x, replayed,
+LESSONS 32). The bound shrinks as outcomes come in, so a drafter that fails from the start costs one long
+step and a few short ones (the bound after 1..4 rejections: 0.75, 0.53, 0.40, 0.32), then plain steps.
 
 Depth by confidence (use_confidence, on by default): a drafter that reports its probability p of each
 draft (MTPDrafter, DraftModelDrafter: the softmax of its greedy draft, q of a sampled one) gets keep_drafting

@@ -53,7 +53,8 @@ EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
 # `--backend cpu` runs it ~1.4x faster once Numba has compiled its kernels (~15 s, the first run only;
 # cached on disk): on a model this small per-call overhead, not weight bandwidth, sets the speed.
 DEFAULT_BACKEND = "numpy"
-METHODS = [("plain", 0), ("mtp", 3), ("lookup", 8), ("draft", 4)]
+# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to 8 (adaptive.py)
+METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", 8), ("lookup", 8), ("draft", 4)]
 
 
 def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_new: int, stop_ids) -> dict:
@@ -61,9 +62,10 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
     outputs, seconds = [], 0.0
     for prompt in prompts:
         drafter = {"plain": None, "mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=4),
-                   "draft": lambda: DraftModelDrafter(draft, target=target, max_draft=k)}[name]
+                   "draft": lambda: DraftModelDrafter(draft, target=target, max_draft=k)}[name.split()[0]]
         t0 = time.perf_counter()
-        res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter() if drafter else None, draft_n=k)
+        res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter() if drafter else None, draft_n=k,
+                       adaptive=name.endswith("auto"))
         seconds += time.perf_counter() - t0
         outputs.append(res)
         tokens += len(res.tokens)
@@ -108,7 +110,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
         r = results[name]
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         mean = f"{r['mean_len']:.2f}" if r["mean_len"] is not None else "1.00"
-        say(f"  {name:<8} {k if k else '-':>3} {r['tok_s']:8.1f} {r['tok_s'] / base:7.2f}x {acc:>11} {mean:>12}")
+        k_shown = f"<={k}" if name.endswith("auto") else k if k else "-"
+        say(f"  {name:<8} {k_shown:>3} {r['tok_s']:8.1f} {r['tok_s'] / base:7.2f}x {acc:>11} {mean:>12}")
     plain = [o.tokens for o in results["plain"]["outputs"]]
     same = all([o.tokens for o in results[name]["outputs"]] == plain for name, _ in METHODS)
     say()
