@@ -411,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranking", default=None, metavar="FILE.npy",
                    help="token ids by frequency for --draft-vocab (default: the file's training.token_ranking, "
                         "else id order)")
-    p.add_argument("--adaptive", action="store_true", help="also time MTP with k chosen per step (spec.mtp_adaptive)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="also time MTP with k chosen per step (spec.mtp_adaptive; with --draft-vocab also "
+                        "spec.mtp_adaptive_vocab, what generate --spec mtp runs on a large vocabulary)")
     p.add_argument("--rollback", choices=["snapshot", "replay"], default=None,
                    help="how verify passes keep what a rollback needs: snapshot (a GDN state per token, copied back) "
                         "or replay (the state before the pass, the kept tokens rerun); default: the backend's "

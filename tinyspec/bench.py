@@ -9,7 +9,8 @@
     spec[drafter]      tok_s (after the prefill), speedup over plain greedy, acceptance_rate,
                        mean_accepted_length, phase_ms
                        (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
-                       drafting at a synthetic acceptance, --synth-len; mtp_adaptive: k chosen per step)
+                       drafting at a synthetic acceptance, --synth-len; mtp_adaptive[_vocab]: k chosen per step, with
+                       --draft-vocab what `generate --spec mtp` runs on a large vocabulary)
 
 Speculation pays when verify_cost_ratio[k] stays well below the tokens a step emits (mean_accepted_length):
 decode is memory-bound, so a kernel that reads each weight once for all k rows makes the extra rows nearly free.
@@ -163,8 +164,11 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
                                                                      inner=MTPDrafter(model, draft_vocab))
     if mtp and adaptive:
         makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
+        if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
+            makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
     say(f"speculative runs: plain, {', '.join(makers) or 'none'} ({max_new} tokens, k = {draft_n})")
-    spec = spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive",)) if makers else {}
+    spec = (spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive", "mtp_adaptive_vocab"))
+            if makers else {})
     if "synthetic" in spec:
         spec["synthetic"]["acceptance_setting"] = synth_acceptance
         spec["synthetic"]["expected_mean_accepted_length"] = expected_mean_accepted_length(synth_acceptance, draft_n)
@@ -172,7 +176,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
         if name in spec:
             spec[name] |= {"synth_len": synth_len, "acceptance_setting": synth_p,
                            "expected_mean_accepted_length": expected_mean_accepted_length(synth_p, draft_n)}
-    for name in ("mtp_vocab", "mtp_synth_vocab"):
+    for name in ("mtp_vocab", "mtp_synth_vocab", "mtp_adaptive_vocab"):
         if name in spec:
             spec[name]["draft_vocab"] = len(draft_vocab)
     wb = weight_bytes(model)
