@@ -266,3 +266,20 @@ def test_replay_reproduces_fixed_k_runs_and_the_oracle_bounds_every_policy():
     others += [R.threshold(trace, 0.4, depth), R.adaptive(trace, depth, cost)]
     assert bound <= draft_kept and all(bound <= R.replay(trace, decide, cost, max_new)[0] for decide in others)
     assert bound < min(R.replay(trace, R.fixed(trace, k), cost, max_new)[0] for k in range(depth + 1))
+
+
+def test_hopeful_tokens_is_expected_tokens_at_a_1s_upper_bound():
+    """choose() decides whether to draft with a_1 at a_1 + optimism * sqrt(a_1 (1 - a_1) / (n + 1)): E(k) with
+    that a_1, every deeper estimate as it is; the bound falls back to a_1 as outcomes come in."""
+    policy = AdaptiveDraftLength(5)
+    for n_rejected, bound in [(1, 0.746), (2, 0.522), (3, 0.400), (4, 0.324)]:
+        policy.update(1, 0, 1.0)
+        assert policy.seen[0] == n_rejected
+        a = policy.accept[0]
+        assert a + (a * (1 - a) / (n_rejected + 1)) ** 0.5 == pytest.approx(bound, abs=1e-3)
+        hopeful = AdaptiveDraftLength(5)
+        hopeful.accept = [bound] + policy.accept[1:]
+        expected = [hopeful.expected_tokens(k) for k in range(6)]
+        assert policy.hopeful_tokens() == pytest.approx(expected, abs=2e-3)
+    policy.optimism = 0.0
+    assert policy.hopeful_tokens() == pytest.approx([policy.expected_tokens(k) for k in range(6)])
