@@ -42,6 +42,7 @@ def test_step_cost_estimates_between_and_beyond_measured_sizes():
     assert policy.step_cost(1) == pytest.approx(3.0 * (1 + 2 / 3) / 2)
     policy.update(6, 6, 7.0)  # two sizes: the line through them, for every k >= 1
     assert [policy.step_cost(k) for k in (1, 4, 8)] == pytest.approx([2.0, 5.0, 9.0])
+    assert policy.as_dict()["step_ms_line"] == pytest.approx([1000.0, 1000.0])  # c0, c1 in ms
     assert policy.step_cost(0) == pytest.approx(2.0)  # a plain step: still from the shortest timed step
     policy.update(4, 4, 50.0)  # one step timed 10x its estimate (a busy machine) counts as 1.5x
     assert policy.step_s[4] == pytest.approx(7.5) and policy.step_cost(4) < 6.0

@@ -290,6 +290,8 @@ class AdaptiveDraftLength:
         out = {"chosen_k": {str(k): v for k, v in sorted(self.chosen.items())},
                "accept_estimates": [round(a, 4) for a in self.accept],
                "step_ms": {str(k): round(1000 * v, 3) for k, v in sorted(self.step_s.items())}}
+        if (line := self._line()) is not None:  # T(k) = c0 + c1 k, k >= 1, what choose() uses
+            out["step_ms_line"] = [round(1000 * line[0], 3), round(1000 * line[1], 3)]
         if self.by_confidence:  # the calibrated rate of each probability bin, from its lower edge
             out["kept_by_confidence"] = {str(e): round(self.confidence(e), 3) for e in (0.0,) + self.edges}
         return out
