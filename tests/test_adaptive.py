@@ -284,3 +284,42 @@ def test_hopeful_tokens_is_expected_tokens_at_a_1s_upper_bound():
         assert policy.hopeful_tokens() == pytest.approx(expected, abs=2e-3)
     policy.optimism = 0.0
     assert policy.hopeful_tokens() == pytest.approx([policy.expected_tokens(k) for k in range(6)])
+
+
+@pytest.mark.parametrize("floor", [0.04, 1.0])
+def test_hopeless_drafts_are_withdrawn_and_count_as_rejections(target, floor):  # noqa: F811
+    """The random targets' heads give their drafts p = 0.02-0.08: with the policy's floor at 0.04 about half
+    the first drafts are withdrawn (the step becomes a plain pass), at 1.0 all of them. Greedy output is the
+    plain output either way; each withdrawn first draft is a rejection at position 1 for the policy, with no
+    step time recorded; the drafter gets its own floor back afterwards."""
+    from tinyspec.mtp import MTPDrafter
+
+    prompt = repetitive_prompt(np.random.default_rng(3), 12)
+    plain = generate(target, prompt, 40).tokens
+    drafter = MTPDrafter(target)
+    policy = AdaptiveDraftLength(4, floor=floor, optimism=5.0)  # optimism: keep trying to draft
+    updates = []
+    update = policy.update
+    policy.update = lambda k, n, s, probs=None, withdrawn=False: (updates.append((k, withdrawn)),
+                                                                 update(k, n, s, probs, withdrawn))
+    spec = speculative_generate(target, drafter, prompt, 40, 4, adaptive=policy)
+    assert spec.tokens == plain and drafter.p_floor == 0.0
+    withdrawn = sum(w and not k for k, w in updates)
+    assert withdrawn >= 3 and (spec.stats.drafted == 0) == (floor == 1.0), (updates, spec.stats.drafted)
+    assert policy.seen[0] == withdrawn + sum(1 for k, w in updates if k)  # every first draft is an outcome
+    if floor == 1.0:
+        assert set(policy.step_s) <= {0} and policy.fit[0] == 0  # no drafting time from a withdrawn draft
+
+
+def test_sampled_drafts_are_never_withdrawn(target):  # noqa: F811
+    """Choosing whether to propose a sampled draft from its own q would bias the law the rejection rule assumes,
+    so p_floor applies to greedy drafting only."""
+    from tinyspec.mtp import MTPDrafter
+    from tinyspec.sampling import SamplingParams
+
+    drafter = MTPDrafter(target, p_floor=1.0)
+    drafter.start([5, 6, 7], target.forward(np.array([5, 6, 7]), target.new_state())[1])
+    drafts, _ = drafter.propose(8, 3, SamplingParams(temperature=1.0), np.random.default_rng(0))
+    assert len(drafts) == 3 and not drafter.withdrawn
+    drafts, _ = drafter.propose(8, 3, SamplingParams(), None)
+    assert drafts == [] and drafter.withdrawn

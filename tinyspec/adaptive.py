@@ -71,6 +71,11 @@ calibrated rates confidence(p) (per bin of p, a prior updated online from the dr
 the next draft pay at the best rate the model promises (keep_drafting's docstring). The per-step
 information is what no fixed k has: on the shipped model 0.58 of the drafts at p < 0.3 are kept and 1.0
 at p >= 0.9 (LESSONS 26), so a step ends at an unsure draft and runs long through sure ones (LESSONS 29).
+A draft below `floor` (0.01; greedy only) is not even proposed (mtp.py p_floor): the head is guessing, and
+verifying it costs a verify row and a rollback for nothing. If it was the step's first draft, the step
+is a plain pass and update() counts a rejection at position 1 without recording its time. At the 0.8B
+shape with random weights (every draft p ~ 1e-3) a drafting step then costs one head pass more than a
+plain one instead of ~1.5 plain steps: drafts that always fail 0.92-0.95x -> 0.98-1.00x plain (LESSONS 32).
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
@@ -95,6 +100,7 @@ class AdaptiveDraftLength:
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
     optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
+    floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (mtp.py p_floor)
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
@@ -258,9 +264,13 @@ class AdaptiveDraftLength:
         self._chain = (1.0 if j == 1 else self._chain) * self.confidence(probs[-1])
         return self._chain >= self._need[j]
 
-    def update(self, k: int, n_accepted: int, step_s: float, probs: list[float] | None = None) -> None:
+    def update(self, k: int, n_accepted: int, step_s: float, probs: list[float] | None = None,
+               withdrawn: bool = False) -> None:
         """Fold in one step: k drafted, the first n_accepted kept, the step took step_s seconds; probs: the
-        drafter's probability of each draft (calibrates confidence: the accepted ones and the first rejection)."""
+        drafter's probability of each draft (calibrates confidence: the accepted ones and the first rejection).
+        withdrawn with k = 0: the step drafted and withdrew its first draft (its probability under `floor`):
+        a rejection at position 1 as far as a_1 goes (a draft the head gives under 1% is next to never kept),
+        and no time recorded (a plain pass plus a head pass is neither T(0) nor T(1))."""
         r = self.rate
         self.updates += 1
         for j, p in enumerate((probs or [])[: n_accepted + 1]):
@@ -271,12 +281,12 @@ class AdaptiveDraftLength:
             self.gap = self.probe_every if n_accepted else min(2 * (self.gap or self.probe_every), self.probe_max)
             self.probing = False
             self.probe_ok = n_accepted > 0
-        for j in range(min(k, n_accepted + 1)):  # observed positions: the accepted ones and the first rejection
+        for j in range(min(max(k, int(withdrawn)), n_accepted + 1)):  # the accepted ones and the first rejection
             self.seen[j] += 1
             w = max(r, 1.0 / (self.seen[j] + (1 if j == 0 else self.prior_deep)))
             self.accept[j] += w * ((1.0 if j < n_accepted else 0.0) - self.accept[j])
-        if self.updates == 1:  # a generation's first step also pays its warm-up (first passes of new shapes,
-            return  # allocations): its time would make that k look dear for good; its outcomes count
+        if self.updates == 1 or (withdrawn and not k):  # a generation's first step also pays its warm-up (first
+            return  # passes of new shapes, allocations): its time would make that k look dear for good
         line, old = self._line(), self.step_s.get(k)
         guess = line[0] + line[1] * k if line is not None and k >= 1 else old
         if guess is not None:  # one slow step (another process took the core) moves an estimate a bounded step

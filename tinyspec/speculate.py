@@ -124,6 +124,9 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     hooked = adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going")
     if hooked:
         own_hook, drafter.keep_going, adaptive.by_confidence = drafter.keep_going, adaptive.keep_drafting, True
+    floored = adaptive is not None and hasattr(drafter, "p_floor")  # hopeless drafts withdrawn (mtp.py p_floor)
+    if floored:
+        own_floor, drafter.p_floor = drafter.p_floor, max(drafter.p_floor, adaptive.floor)
     state = model.new_state()
     ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
@@ -133,6 +136,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     if max_new == 0:
         if hooked:
             drafter.keep_going = own_hook
+        if floored:
+            drafter.p_floor = own_floor
         return SpecResult(out, stats, state)
     pending = pick(logits[-1], params, rng)
     out.append(pending)
@@ -177,7 +182,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         pending = emitted[-1]
         stats.record(len(drafts), n_accepted)
         if adaptive is not None:
-            adaptive.update(len(drafts), n_accepted, clock() - t_step, getattr(drafter, "probs", None) if drafts else None)
+            adaptive.update(len(drafts), n_accepted, clock() - t_step, getattr(drafter, "probs", None) if drafts else None,
+                            withdrawn=bool(k and getattr(drafter, "withdrawn", False)))
         for phase, dt in zip(("draft", "verify", "sample", "rollback"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             stats.phase_s[phase] += dt
     stats.emitted = len(out)
@@ -185,4 +191,6 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats.adaptive = adaptive.as_dict() if adaptive is not None else None
     if hooked:  # the drafter as it came (it may run again without the policy)
         drafter.keep_going = own_hook
+    if floored:
+        drafter.p_floor = own_floor
     return SpecResult(out, stats, state, marks)
