@@ -90,6 +90,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def _expected(accept: list[float]) -> list[float]:
+    """[E(0), .., E(len(accept))] for the per-position rates accept: E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j."""
+    out, run = [1.0], 1.0
+    for a in accept:
+        run *= a
+        out.append(out[-1] + run)
+    return out
+
+
 @dataclass
 class AdaptiveDraftLength:
     k_max: int
@@ -140,11 +149,7 @@ class AdaptiveDraftLength:
     # ------------------------------------------------------------------ the model
 
     def expected_tokens(self, k: int) -> float:  # E(k)
-        total, run = 1.0, 1.0
-        for a in self.accept[:k]:
-            run *= a
-            total += run
-        return total
+        return _expected(self.accept[:k])[k]
 
     def step_cost(self, k: int) -> float:  # T(k): never below the cost of a shorter step
         line = self._line()
@@ -184,10 +189,7 @@ class AdaptiveDraftLength:
     def tables(self) -> tuple[list[float], list[float]]:
         """[E(k)] and [T(k)] for k = 0..k_max in one pass each (what expected_tokens and step_cost give one by
         one): choose runs once a step, and on a small model a step is ~1 ms, so the policy's own time counts."""
-        expected, run = [1.0], 1.0
-        for a in self.accept:
-            run *= a
-            expected.append(expected[-1] + run)
+        expected = _expected(self.accept)
         if (line := self._line()) is not None:
             plain = self._estimate(0)
             return expected, [plain] + [max(line[0] + line[1] * k, plain) for k in range(1, self.k_max + 1)]
@@ -233,11 +235,7 @@ class AdaptiveDraftLength:
         0.8 to 0.27, and a plain step observes nothing, so the estimate would stay there until a probe; at n = 2
         the bound is 0.53 and drafting goes on, while a drafter that keeps failing drives a_1 and its bound to 0."""
         a = self.accept[0]
-        out, run = [1.0], min(1.0, a + self.optimism * (a * (1.0 - a) / (self.seen[0] + 1)) ** 0.5)
-        for j in range(self.k_max):
-            out.append(out[-1] + run)
-            run *= self.accept[j + 1] if j + 1 < self.k_max else 0.0
-        return out
+        return _expected([min(1.0, a + self.optimism * (a * (1.0 - a) / (self.seen[0] + 1)) ** 0.5)] + self.accept[1:])
 
     def _bin(self, p: float) -> int:  # the confidence bin of probability p: edges below or at it
         return sum(p >= e for e in self.edges)

@@ -120,13 +120,17 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     clock = time.perf_counter
     t_start = clock()
 
-    # a drafter that reports how sure it is of each draft stops where the policy says (adaptive.py keep_drafting)
-    hooked = adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going")
-    if hooked:
-        own_hook, drafter.keep_going, adaptive.by_confidence = drafter.keep_going, adaptive.keep_drafting, True
-    floored = adaptive is not None and hasattr(drafter, "p_floor")  # hopeless drafts withdrawn (mtp.py p_floor)
-    if floored:
-        own_floor, drafter.p_floor = drafter.p_floor, max(drafter.p_floor, adaptive.floor)
+    # the policy lends the drafter its rules for this generation, given back at the end: a drafter that reports
+    # how sure it is stops where the policy says (adaptive.py keep_drafting), and one that can withdraw a guess
+    # does so under the policy's floor (mtp.py p_floor)
+    lent = {}
+    if adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going"):
+        lent["keep_going"], adaptive.by_confidence = adaptive.keep_drafting, True
+    if adaptive is not None and hasattr(drafter, "p_floor"):
+        lent["p_floor"] = max(drafter.p_floor, adaptive.floor)
+    own = {name: getattr(drafter, name) for name in lent}  # the drafter as it came (it may run again alone)
+    for name, value in lent.items():
+        setattr(drafter, name, value)
     state = model.new_state()
     ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
     logits, hidden = model.forward(np.array(prompt), state)
@@ -134,10 +138,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats.phase_s["prefill"] = clock() - t_start
     out: list[int] = []
     if max_new == 0:
-        if hooked:
-            drafter.keep_going = own_hook
-        if floored:
-            drafter.p_floor = own_floor
+        for name, value in own.items():
+            setattr(drafter, name, value)
         return SpecResult(out, stats, state)
     pending = pick(logits[-1], params, rng)
     out.append(pending)
@@ -189,8 +191,6 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats.emitted = len(out)
     stats.wall_s = clock() - t_start
     stats.adaptive = adaptive.as_dict() if adaptive is not None else None
-    if hooked:  # the drafter as it came (it may run again without the policy)
-        drafter.keep_going = own_hook
-    if floored:
-        drafter.p_floor = own_floor
+    for name, value in own.items():
+        setattr(drafter, name, value)
     return SpecResult(out, stats, state, marks)

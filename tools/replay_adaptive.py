@@ -22,8 +22,9 @@ machine and its "best fixed k" is the largest of 8 noisy medians. Here the only 
 (a line through timed steps; the tool prints it next to the measured means), so differences of 1% between
 policies are real differences on this text, and the replay also shows what a policy cannot see: its gap
 to the best possible. What the replay leaves out: the policy's own Python (choose, keep_drafting, the
-drafter's probability of each draft: ~1-2% of a step on the shipped model), and that a step after a plain
-one feeds the head the skipped tokens in one pass.
+drafter's probability of each draft: ~1-2% of a step on the shipped model), that a step after a plain
+one feeds the head the skipped tokens in one pass, and the withdrawal of drafts under the policy's floor
+(none of the shipped model's drafts is that low).
 """
 
 from __future__ import annotations
