@@ -805,24 +805,45 @@ __global__ void __launch_bounds__(256) gdn_scan_k(
 _OPTIONS = ("--fmad=false",)  # belt and braces: every float op that must not fuse is an _rn intrinsic anyway
 _modules: dict = {}  # module key -> cupy.RawModule, compiled on first use (CuPy caches the cubin on disk)
 _kernels: dict = {}  # (device, name expression) -> kernel; a loaded function belongs to one device
+_cc: dict = {}  # device -> compute capability as an int (90 for an H100)
+
+
+def quant_kernel_names(qtype: GGMLType, cc: int) -> list[str]:
+    """The template instances one weight type's module holds on a device of compute capability cc (90 for
+    sm_90): the float kernel at every row capacity, get_rows, and on sm_80+ the tensor-core kernel (its bf16
+    MMA and fma.rn.bf16x2 do not exist before Ampere: instantiated for a T4 they fail to compile).
+    tools/check_cuda_kernels.py compiles these for each architecture with NVRTC, no GPU needed."""
+    t = int(qtype)
+    names = [f"quant_linear_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW] + [f"get_rows_k<{t}>"]
+    if qtype in MMA_TYPES and cc >= 80:
+        names += [f"mma_linear_k<{t}, {rt}>" for rt in MMA_RTS]  # (mma_prep_x is extern "C": always built)
+    return names
+
+
+def gdn_kernel_names(K: int) -> list[str]:
+    return [f"gdn_scan_k<{K}>"]
+
+
+def _device_cc() -> int:
+    dev = cp.cuda.runtime.getDevice()
+    if dev not in _cc:
+        _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
+    return _cc[dev]
 
 
 def _kernel(module_key, names: list[str], name: str):
     key = (cp.cuda.runtime.getDevice(), name)
     fn = _kernels.get(key)
     if fn is None:
+        module_key = (*module_key, _device_cc())  # a module is compiled for one architecture
         if module_key not in _modules:
             _modules[module_key] = cp.RawModule(code=_SOURCE, options=_OPTIONS, name_expressions=names)
         fn = _kernels[key] = _modules[module_key].get_function(name)
     return fn
 
 
-def _quant_kernel(qtype: GGMLType, name: str):
-    t = int(qtype)  # one module per type: its five quant_linear variants and get_rows
-    names = [f"quant_linear_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW] + [f"get_rows_k<{t}>"]
-    if qtype in MMA_TYPES:
-        names += [f"mma_linear_k<{t}, {rt}>" for rt in MMA_RTS]
-    return _kernel(("quant", t), names, name)
+def _quant_kernel(qtype: GGMLType, name: str):  # one module per type and architecture
+    return _kernel(("quant", int(qtype)), quant_kernel_names(qtype, _device_cc()), name)
 
 
 def _split(n_out: int, n_chunks: int) -> int:
@@ -848,13 +869,9 @@ def _mma_ok(qtype: GGMLType, n_in: int) -> bool:
     """The tensor-core kernel takes this weight: a K-quant or Q8_0 of whole 256-value chunks, on sm_80+."""
     if not (use_mma and qtype in MMA_TYPES and n_in % CHUNK == 0):
         return False
-    dev = cp.cuda.runtime.getDevice()
-    if dev not in _cc:
-        _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
-    return _cc[dev] >= 80
+    return _device_cc() >= 80
 
 
-_cc: dict = {}  # device -> compute capability as an int (90 for an H100)
 _scratch_bufs: dict = {}  # device -> (uint32 array, float32 array): mma_prep_x's output, grown on demand
 
 
@@ -870,7 +887,7 @@ def _scratch(n_u32: int, n_f32: int):
     return bufs
 
 
-def _weight(raw, ggml_type, shape) -> tuple[GGMLType, "cp.ndarray", int, int, int, int]:
+def _weight(raw, ggml_type, shape) -> tuple[GGMLType, cp.ndarray, int, int, int, int]:
     """Validate; return (type, raw as flat contiguous uint8 on device, n_out, n_in, row_bytes, vec)."""
     try:
         qtype = GGMLType(ggml_type)
@@ -1035,7 +1052,7 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
         if final is not state:
             final[...] = state
         return o, final
-    kernel = _kernel(("gdn", K), [f"gdn_scan_k<{K}>"], f"gdn_scan_k<{K}>")
+    kernel = _kernel(("gdn", K), gdn_kernel_names(K), f"gdn_scan_k<{K}>")
     ring = states_out if states_out is not None else o  # never written when has_ring = 0
     kernel((HV,), (-(-V // 32) * 32,),
            (q, k, v, log_decay, beta, state, final, o, ring, np.int32(states_out is not None),

@@ -15,10 +15,12 @@ on its length, never on how many rows there are (tests/test_backends.py checks t
 
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
 
-_NORM = cp.RawKernel(r"""
+NORM_SOURCE = r"""
 extern "C" __global__ void norm_rows(const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ y, int n, float eps, int mean, int has_w) {
     __shared__ float part[128];
@@ -41,12 +43,20 @@ extern "C" __global__ void norm_rows(const float* __restrict__ x, const float* _
         yr[j] = has_w ? __fmul_rn(v, w[j]) : v;
     }
 }
-""", "norm_rows")
+"""
 
-_sigmoid = cp.ElementwiseKernel("float32 x", "float32 y", "y = 1.0f / (1.0f + expf(-x))", "tinyspec_sigmoid")
-_silu = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * (1.0f / (1.0f + expf(-x)))", "tinyspec_silu")
-_softplus = cp.ElementwiseKernel("float32 x", "float32 y", "y = fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)))",
-                                 "tinyspec_softplus")
+ELEMENTWISE = {  # name -> the float32 expression CuPy wraps in an elementwise kernel
+    "sigmoid": "y = 1.0f / (1.0f + expf(-x))",
+    "silu": "y = x * (1.0f / (1.0f + expf(-x)))",
+    "softplus": "y = fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)))",
+}
+
+
+@functools.cache
+def _kernel(name: str):  # built on first use (CuPy compiles at the first launch and caches the cubin)
+    if name == "norm_rows":
+        return cp.RawKernel(NORM_SOURCE, "norm_rows")
+    return cp.ElementwiseKernel("float32 x", "float32 y", ELEMENTWISE[name], f"tinyspec_{name}")
 
 
 def _norm(x, w, eps: float, mean: bool):
@@ -56,7 +66,8 @@ def _norm(x, w, eps: float, mean: bool):
     rows = x.size // n if n else 0
     if rows:
         wv = cp.ascontiguousarray(w, dtype=cp.float32) if w is not None else x
-        _NORM((rows,), (128,), (x, wv, y, np.int32(n), np.float32(eps), np.int32(mean), np.int32(w is not None)))
+        args = (x, wv, y, np.int32(n), np.float32(eps), np.int32(mean), np.int32(w is not None))
+        _kernel("norm_rows")((rows,), (128,), args)
     return y
 
 
@@ -71,12 +82,12 @@ def l2_norm(x, eps: float):  # [..., K] -> [..., K]
 
 
 def sigmoid(x):
-    return _sigmoid(cp.asarray(x, dtype=cp.float32))
+    return _kernel("sigmoid")(cp.asarray(x, dtype=cp.float32))
 
 
 def silu(x):
-    return _silu(cp.asarray(x, dtype=cp.float32))
+    return _kernel("silu")(cp.asarray(x, dtype=cp.float32))
 
 
 def softplus(x):
-    return _softplus(cp.asarray(x, dtype=cp.float32))
+    return _kernel("softplus")(cp.asarray(x, dtype=cp.float32))
