@@ -267,6 +267,8 @@ def test_replay_reproduces_fixed_k_runs_and_the_oracle_bounds_every_policy():
     others += [R.threshold(trace, 0.4, depth), R.adaptive(trace, depth, cost)]
     assert bound <= draft_kept and all(bound <= R.replay(trace, decide, cost, max_new)[0] for decide in others)
     assert bound < min(R.replay(trace, R.fixed(trace, k), cost, max_new)[0] for k in range(depth + 1))
+    timed = R.measure_costs(model, [prompt], 16, ks=(0, 1, 2), repeats=1)  # the clock side runs too
+    assert set(timed.measured) == {0, 1, 2} and timed.plain > 0 and all(v > 0 for v in timed.measured.values())
 
 
 def test_hopeful_tokens_is_expected_tokens_at_a_1s_upper_bound():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,16 @@ def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
 
 def test_sync_ignores_functions_without_a_cache():
     assert kernel_cache.sync(len) is False
+
+
+def test_the_digest_covers_the_tables_kernels_freeze():
+    """numba_ops compiles the I-quant grids and the FP4 table in as constants: an edit there must drop the
+    cached kernels as an edit to simd.py does."""
+    names = {p.relative_to(p.parent.parent).as_posix() for p in kernel_cache.source_files()}
+    assert {"fast/simd.py", "fast/numba_ops.py", "quants/iq_grids.py", "quants/fp4.py"} <= names
+    import tinyspec.fast.numba_ops as numba_ops  # every tinyspec module it imports is covered
+    imported = {Path(m.__file__).resolve() for name, m in sys.modules.items()
+                if name.startswith("tinyspec.") and getattr(m, "__file__", None)
+                and name.split(".")[1] in ("fast", "quants", "ops")}
+    assert numba_ops.__name__ in sys.modules
+    assert imported <= set(kernel_cache.source_files())

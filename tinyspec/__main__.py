@@ -2,10 +2,10 @@
 
     inspect FILE.gguf [--json]                      metadata and tensor table of a GGUF file
     logits --model FILE --prompt TEXT --out X.npz   logits / hidden / MTP logits of a prompt
-    generate --model FILE --prompt TEXT             plain decoding, greedy or sampled
+    generate --model FILE --prompt TEXT             greedy or sampled decoding, plain or speculative (--spec)
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
-    bench --model FILE [--backend cpu] [--json]     decode tok/s, verify cost for k = 1..8, bandwidth, spec speedups
+    bench --model FILE [--backend cpu] [--json]     decode tok/s, verify cost for k = 1/2/4/8, bandwidth, spec speedups
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 
@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("logits", help="run the model over a prompt and save logits/hidden (to compare engines)",
-                       description="Run the NumPy oracle over a prompt and write an .npz with tokens [T], logits [T,N], "
+                       description="Run the model (by default on the NumPy oracle) over a prompt and write an .npz with tokens [T], logits [T,N], "
                                    "hidden [T,D] (post final norm) and, if the model has an MTP block, mtp_logits [T,N] "
                                    "(row p from token p and hidden p-1, a zero hidden at p = 0).")
     add_prompt_args(p)

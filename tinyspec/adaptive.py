@@ -60,7 +60,7 @@ plain step observes nothing, so an estimate that two unlucky rejections took fro
 there until a probe: in a 40-token generation that was most of it (the demo's prompts, whose first two
 drafts fail and whose next thirty are kept: 1.30x plain against 1.44x for k = 3; now 1.64x, replayed,
 LESSONS 32). The bound shrinks as outcomes come in, so a drafter that fails from the start costs one long
-step and a few short ones (the bound after 1..4 rejections: 0.75, 0.53, 0.40, 0.32), then plain steps.
+step and a few short ones (the bound after 1..4 rejections: 0.75, 0.52, 0.40, 0.32), then plain steps.
 
 Depth by confidence (use_confidence, on by default): a drafter that reports its probability p of each
 draft (MTPDrafter, DraftModelDrafter: the softmax of its greedy draft, q of a sampled one) gets keep_drafting
@@ -233,7 +233,7 @@ class AdaptiveDraftLength:
         """[E(k)] for k = 0..k_max with a_1 at its upper confidence bound a_1 + optimism sqrt(a_1 (1 - a_1) / (n + 1)),
         n the outcomes seen at position 1: what choose() decides with. Two early rejections take a_1 from the prior
         0.8 to 0.27, and a plain step observes nothing, so the estimate would stay there until a probe; at n = 2
-        the bound is 0.53 and drafting goes on, while a drafter that keeps failing drives a_1 and its bound to 0."""
+        the bound is 0.52 and drafting goes on, while a drafter that keeps failing drives a_1 and its bound to 0."""
         a = self.accept[0]
         return _expected([min(1.0, a + self.optimism * (a * (1.0 - a) / (self.seen[0] + 1)) ** 0.5)] + self.accept[1:])
 

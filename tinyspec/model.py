@@ -9,7 +9,8 @@
 
 Every norm weight in a GGUF already carries HF's "+1" except ssm_norm (qwen35.md section 7), so the
 code multiplies by stored weights as llama.cpp does. The oracle dequantizes every tensor to float32
-once at load (each by its own ggml type); fast paths in later issues read quantized weights directly.
+once at load (each by its own ggml type); the fast backends (backends.py, fast/) read the quantized
+bytes directly.
 
 Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: llama.cpp
 `src/models/qwen35.cpp`; HF transformers `Qwen3_5ForCausalLM`.

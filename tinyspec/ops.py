@@ -7,7 +7,8 @@
     softmax(x)       exp(x - max) / sum                      over the last axis
     linear(x, W)     y[t] = W @ x[t]                          W: [out, in] (NumPy shape of a GGUF weight)
     quant_linear(x, raw, type, shape)   linear(x, dequantize(raw))   the contract every fast kernel meets
-    quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K, or Q8_0 for Q8_0)   the cpu backend's contract
+    quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K for K-quants and IQ4_XS, to Q8_0
+                                          for Q8_0, Q4_0, Q5_0, IQ4_NL)   the cpu backend's contract
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
 

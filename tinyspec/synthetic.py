@@ -3,8 +3,8 @@
 Speed work on a random-weight model at a real shape (tinyspec.synth) cannot use a real drafter: the
 model's drafts mean nothing, so its acceptance says nothing about the engine. This drafter replaces
 the draft model by a dial. It is given the target's true greedy continuation r_0 r_1 r_2 ... (a plain
-greedy run of the same prompt) and, at each draft position, proposes the true next token with
-probability a, independently per position, otherwise a token that is certainly wrong:
+greedy run of the same prompt) and, at each draft position, proposes the true next token at rate a
+(every joint frequency as for independent draws, see below), otherwise a token that is certainly wrong:
 
     pending = r_i (the engine's next token; i is tracked from commit, see below)
     draft j = r_{i+j}        if u_j(s) < a             j = 1..k, s = the step (the s-th propose)

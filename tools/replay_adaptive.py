@@ -102,12 +102,15 @@ class Costs:
 
 
 class _Timer(AdaptiveDraftLength):
-    """A 'policy' that always drafts k and only records each step's drafts and seconds (speculate.py's hook)."""
+    """A 'policy' that always drafts k and only records each step's drafts and seconds (speculate.py's hook).
+    floor = 0: no draft is withdrawn, so every step drafts what a fixed-k run drafts."""
+
+    floor = 0.0
 
     def choose(self, limit=None):
         return self.k_max if limit is None else min(self.k_max, limit)
 
-    def update(self, k, n_accepted, step_s, probs=None):
+    def update(self, k, n_accepted, step_s, probs=None, withdrawn=False):
         self.steps.append((k, step_s))
 
 

@@ -9,7 +9,7 @@ Same names, arguments and results as the NumPy oracles (tinyspec/ops.py, tinyspe
 
 W = dequantize(raw, ggml_type, shape) is never built: raw (uint8, [out, row bytes], uploaded once at load)
 is decoded block by block in registers. Types: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K (others raise
-ValueError; the caller falls back to the oracle).
+ValueError; the cuda backend uploads a weight of another type dequantized, as F32: backends.cuda_tensors).
 
 Byte layouts (names after ggml's block structs; bit-exact decoders and longer tables in tinyspec/quants):
 

@@ -3,10 +3,12 @@
 Numba's `cache=True` keys a cached kernel by its own source file's timestamp and size. Our kernels
 inline the LLVM intrinsics of `simd.py` and helpers from their sibling modules, so after an edit there
 (or a `git pull` that touches only `simd.py`) Numba would keep loading the old machine code, silently.
+The same holds for tables a kernel freezes as constants when it compiles (quants/iq_grids.py's grids).
 So the kernel modules call `sync(dispatcher)` once at import, before anything is compiled or loaded:
-it hashes every `.py` file of this package and compares the digest with the one stored in the cache
-directory; on a mismatch it deletes the cached kernels there (`*.nbi` index and `*.nbc` data files)
-and stores the new digest. The cost is one hash of ~100 KB of source per process.
+it hashes the sources kernels depend on (source_files: fast/, quants/, ops.py) and compares the digest
+with the one stored in the cache directory; on a mismatch it deletes the cached kernels there (`*.nbi`
+index and `*.nbc` data files) and stores the new digest. The cost is one hash of ~330 KB of source per
+process (under a millisecond).
 
 The cache directory is the one Numba uses for these modules (`__pycache__` beside them, or under
 NUMBA_CACHE_DIR); it holds only this package's kernels. If it cannot be written, nothing is deleted
@@ -22,12 +24,20 @@ from pathlib import Path
 DIGEST_FILE = "tinyspec-kernel-sources.sha1"
 
 
+def source_files() -> list[Path]:
+    """What compiled kernels depend on: this package's .py files, and the modules whose tables and constants
+    they freeze at compile time (quants/: the I-quant grids, fp4's E8M0 table; ops.py: X_Q8_0)."""
+    root = Path(__file__).resolve().parent.parent  # tinyspec/
+    return sorted([*root.joinpath("fast").glob("*.py"), *root.joinpath("quants").glob("*.py"), root / "ops.py"])
+
+
 def source_digest() -> str:
-    """sha1 over the names and bytes of this package's .py files, in name order, and TINYSPEC_SIMD (which
-    selects the instructions simd.py emits)."""
+    """sha1 over the names and bytes of source_files(), in order, and TINYSPEC_SIMD (which selects the
+    instructions simd.py emits)."""
     h = hashlib.sha1(os.environ.get("TINYSPEC_SIMD", "").encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    root = Path(__file__).resolve().parent.parent
+    for path in source_files():
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 

@@ -9,7 +9,7 @@ that value maps to exactly -127 and every q lies in [-127, 127]. A block of zero
 The bsums are the sums of each run of 16 consecutive q (they let a K-quant's per-group offset be
 applied once per group instead of once per value: sum_i m * q_i = m * bsum).
 
-The cpu backend multiplies K-quant weights by activations rounded this way, in integers (see
+The cpu backend multiplies K-quant and IQ4_XS weights by activations rounded this way, in integers (see
 tinyspec/fast/numba_ops.py quant_linear_q8); its oracle is tinyspec/ops.py quant_linear_q8, the float
 matmul on dequantize_q8_k(*quantize_q8_k(x)).
 
