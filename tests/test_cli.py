@@ -108,7 +108,13 @@ def test_generate_json(tiny_model, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "1,x"], "comma-separated integers"),
     (["--tokens", "1,9999"], "token id 9999 is outside the vocabulary"),
+    (["--tokens", "99999999999999999999999"], "ids must be in 0..2^31-1"),
     (["--prompt", ""], "prompt is empty"),
+    (["--tokens", "1", "--max-new", "5000"], "exceed the model's context length 4096"),
+    (["--tokens", "1", "--max-new", "-1"], "--max-new must be >= 0"),
+    (["--tokens", "1", "--seed", "-1"], "--seed must be >= 0"),
+    (["--tokens", "1", "--spec", "mtp", "--draft-max", "1000000000"], "--draft-max must be in 1..64"),
+    (["--tokens", "1", "--spec", "lookup", "--draft-n", "1000000000"], "--draft-n must be in 0..64"),
 ])
 def test_generate_bad_input_exit_2(tiny_model, capsys, args, message):
     assert main(["generate", "--model", str(tiny_model), *args]) == 2
@@ -236,3 +242,34 @@ def test_bench_bad_input_exit_2(tiny_model, capsys, args, message):
         pytest.skip("a GPU is present")
     assert main(["bench", "--model", str(tiny_model), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_checks_that_need_no_model_come_before_loading_it(tmp_path, capsys):
+    """A bad flag is reported at once, not after a long load: here the model file does not even exist."""
+    missing = str(tmp_path / "absent.gguf")
+    for args, message in ((["--tokens", "1", "--spec", "draft"], "--spec draft needs --draft-model"),
+                          (["--prompt", ""], "prompt is empty"), (["--tokens", "1", "--seed", "-2"], "--seed")):
+        assert main(["generate", "--model", missing, *args]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["bench", "--model", missing, "--prompt-len", "0"]) == 2
+    assert "--prompt-len must be >= 1" in capsys.readouterr().err
+
+
+def test_ignored_flags_are_named(tiny_model, capsys):
+    assert main(["generate", "--model", str(tiny_model), "--tokens", "1,2", "--max-new", "2", "--draft-n", "3"]) == 0
+    assert "--draft-n ignored with --spec none" in capsys.readouterr().err
+
+
+def test_logits_out_names_the_file_it_wrote_and_refuses_a_folder(tiny_model, tmp_path, capsys):
+    assert main(["logits", "--model", str(tiny_model), "--tokens", "5,6", "--out", str(tmp_path / "noext")]) == 0
+    assert f"wrote {tmp_path / 'noext.npz'}:" in capsys.readouterr().out
+    assert np.load(tmp_path / "noext.npz")["tokens"].tolist() == [5, 6]
+    assert main(["logits", "--model", str(tiny_model), "--tokens", "5", "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_version():
+    from tinyspec import __version__
+
+    out = subprocess.run([sys.executable, "-m", "tinyspec", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"tinyspec {__version__}"

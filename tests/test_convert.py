@@ -430,6 +430,20 @@ def test_cli_convert(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "nowhere"), "-o", str(tmp_path / "n.gguf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no config.json" in err
+    weights = next(hf_dir.glob("*.safetensors"))  # -o onto a file of the checkpoint: refused, input intact
+    before = weights.read_bytes()
+    assert main(["convert", str(hf_dir), "-o", str(weights)]) == 2
+    assert "would destroy the input" in capsys.readouterr().err and weights.read_bytes() == before
+
+
+def test_an_mtp_sidecar_is_named_as_such(tmp_path):
+    """convert --mtp only (llama.cpp --mtp) writes the MTP block alone: loading it as a model says so."""
+    from tinyspec.model import Model, ModelError
+
+    _, hf_dir, _ = make_checkpoint(tmp_path, CASES[0])
+    convert(hf_dir, tmp_path / "mtp.gguf", "f16", mtp="only")
+    with pytest.raises(ModelError, match="only the MTP block"):
+        Model.from_gguf(tmp_path / "mtp.gguf")
 
 
 # ---------------------------------------------------------------------------------------------- vs llama.cpp

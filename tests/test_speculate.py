@@ -191,8 +191,32 @@ def test_stats_fields(target):
 def test_bad_arguments(target):
     with pytest.raises(ValueError, match="prompt is empty"):
         speculative_generate(target, LookupDrafter(), [], 4)
-    with pytest.raises(ValueError, match="draft_n"):
+    with pytest.raises(ValueError, match="draft length must be in 0..64"):
         speculative_generate(target, LookupDrafter(), [1], 4, draft_n=-1)
+
+
+def test_limits_are_checked_before_anything_is_allocated(target):
+    """A draft length past MAX_DRAFT (the ring holds a state per draft) and a generation past the model's context
+    are refused up front, in speculative and plain generation alike, with the numbers in the message."""
+    from tinyspec.generate import generate
+    from tinyspec.speculate import MAX_DRAFT
+
+    n_ctx = target.cfg.n_ctx
+    with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):
+        speculative_generate(target, LookupDrafter(), [1], 4, draft_n=10**9)
+    with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):
+        generate(target, [1], 4, drafter=LookupDrafter(), draft_n=MAX_DRAFT + 1, adaptive=True)
+    with pytest.raises(ValueError, match=f"context length {n_ctx}.*at most {n_ctx - 3} new tokens"):
+        generate(target, [1, 2, 3], n_ctx)
+    with pytest.raises(ValueError, match="context length"):
+        speculative_generate(target, LookupDrafter(), [1, 2, 3], 10**12)
+    with pytest.raises(ValueError, match="shorter prompt"):
+        generate(target, [1] * (n_ctx + 1), 0)
+    with pytest.raises(ValueError, match="max_new"):
+        generate(target, [1], -1)
+    with pytest.raises(ValueError, match="max_draft must be in 1..64"):
+        DraftModelDrafter(target, max_draft=10**9)
+    assert len(generate(target, [1, 2, 3], 2).tokens) == 2  # within the limits nothing changes
 
 
 def test_draft_model_with_other_vocabulary_is_refused(target, tmp_path):

@@ -101,6 +101,8 @@ def parse_token_list(text: str) -> list[int]:
         raise ValueError(f"--tokens must be comma-separated integers, got {text!r}") from None
     if not tokens:
         raise ValueError("--tokens is empty: give at least one token id")
+    if bad := [t for t in tokens if not 0 <= t < 2**31]:
+        raise ValueError(f"--tokens: ids must be in 0..2^31-1 (and below the model's vocabulary size), got {bad[0]}")
     return tokens
 
 
@@ -125,9 +127,24 @@ def prompt_tokens(args, tokenizer) -> list[int]:
     return tokenizer.encode(args.prompt)
 
 
+def npz_path(out: str) -> str:
+    """np.savez appends .npz to a name without it: say so up front, and refuse a folder."""
+    from pathlib import Path
+
+    path = Path(out)
+    if path.is_dir() or out.endswith(("/", "\\")):
+        raise ValueError(f"--out {out}: is a folder; give a file name such as {path / 'logits.npz'}")
+    return str(path if path.suffix == ".npz" else path.with_name(path.name + ".npz"))
+
+
 def cmd_logits(args) -> int:
     from .mtp import MTPHead, shift_hidden
 
+    out_path = npz_path(args.out)
+    if args.tokens is not None:
+        parse_token_list(args.tokens)
+    elif not args.prompt:
+        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     logits, hidden = model.forward(np.array(tokens), model.new_state())
@@ -135,8 +152,8 @@ def cmd_logits(args) -> int:
     if model.cfg.n_nextn:
         head = MTPHead(model)
         out["mtp_logits"], _ = head.forward(np.array(tokens), shift_hidden(hidden), head.new_cache())
-    np.savez(args.out, **out)
-    print(f"wrote {args.out}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()))
+    np.savez(out_path, **out)
+    print(f"wrote {out_path}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()))
     return 0
 
 
@@ -184,16 +201,39 @@ def cmd_generate(args) -> int:
     from .generate import generate
     from .sampling import SamplingParams
 
+    from .speculate import MAX_DRAFT
+
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    if args.draft_n is not None and args.draft_n < 0:
-        raise ValueError(f"--draft-n must be >= 0, got {args.draft_n}")
-    if args.draft_max is not None and args.draft_max < 1:
-        raise ValueError(f"--draft-max must be >= 1, got {args.draft_max}")
+    if args.max_new < 0:
+        raise ValueError(f"--max-new must be >= 0, got {args.max_new}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.draft_n is not None and not 0 <= args.draft_n <= MAX_DRAFT:
+        raise ValueError(f"--draft-n must be in 0..{MAX_DRAFT}, got {args.draft_n}")
+    if args.draft_max is not None and not 1 <= args.draft_max <= MAX_DRAFT:
+        raise ValueError(f"--draft-max must be in 1..{MAX_DRAFT}, got {args.draft_max}")
     if args.draft_vocab is not None and args.draft_vocab < 0:
         raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
-    if not 0 <= args.draft_p_min <= 1 or (args.draft_p_min and args.spec != "mtp"):
-        raise ValueError(f"--draft-p-min must be in [0, 1] and needs --spec mtp, got {args.draft_p_min} "
-                         f"with --spec {args.spec}")
+    if not 0 <= args.draft_p_min <= 1:
+        raise ValueError(f"--draft-p-min must be in [0, 1], got {args.draft_p_min}")
+    if args.draft_p_min and args.spec != "mtp":
+        raise ValueError(f"--draft-p-min needs --spec mtp (got --spec {args.spec})")
+    if args.spec == "draft" and not args.draft_model:
+        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    if args.tokens is not None:
+        parse_token_list(args.tokens)
+    elif not args.prompt:
+        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+    ignored = [flag for flag, given, used in (
+        ("--draft-n", args.draft_n is not None, args.spec != "none"),
+        ("--draft-max", args.draft_max is not None, args.spec != "none" and args.draft_n is None),
+        ("--draft-model", args.draft_model, args.spec == "draft"),
+        ("--draft-vocab", args.draft_vocab is not None, args.spec in ("mtp", "draft")),
+        ("--ranking", args.ranking, args.spec in ("mtp", "draft")),
+        ("--show", args.show, args.spec != "none" and not args.json)) if given and not used]
+    if ignored:
+        print(f"tinyspec generate: note: {', '.join(ignored)} ignored with --spec {args.spec}"
+              f"{' and --json' if args.json and args.show else ''}", file=sys.stderr)
     adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
     draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
     model, tokenizer = load_model(args.model, args.backend)
@@ -238,11 +278,21 @@ def cmd_synth(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import bench
+    from .speculate import MAX_DRAFT
 
+    if not 1 <= args.draft_n <= MAX_DRAFT:
+        raise ValueError(f"--draft-n must be in 1..{MAX_DRAFT}, got {args.draft_n}")
+    if args.prompt_len < 1:
+        raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
+    if args.tokens is not None:
+        parse_token_list(args.tokens)
     model, tokenizer = load_model(args.model, args.backend)
     if args.tokens is not None or args.prompt:
         tokens = prompt_tokens(args, tokenizer)
     else:  # random ids: the timings do not depend on what the tokens say
+        if args.prompt_len + max(args.max_new, args.decode_n, 8) > model.cfg.n_ctx:
+            raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for the timed tokens in the model's "
+                             f"context length {model.cfg.n_ctx}")
         tokens = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, args.prompt_len)]
     drafters = tuple(d for d in args.drafters.split(",") if d)
     if bad := [d for d in drafters if d not in ("mtp", "lookup", "synthetic")]:
@@ -302,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tinyspec",
         description="tinyspec: speculative decoding on hybrid Gated-DeltaNet (qwen35) models, every piece readable.",
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"tinyspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("inspect", help="show a GGUF file's metadata and tensor table",
                        description="Show a GGUF file's metadata (long arrays summarised) and its tensors "
@@ -453,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: no traceback
+        print(f"tinyspec {args.command or 'demo'}: interrupted", file=sys.stderr)
+        return 130
     except (GGUFError, ValueError, OSError, BackendError) as e:
         print(f"tinyspec {args.command or 'demo'}: error: {e}", file=sys.stderr)
         return 2

@@ -103,6 +103,21 @@ def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int 
     return {k: statistics.median(t) for k, t in times.items()}
 
 
+def warm_up(model: Model, prompt: list[int], ks, draft_n: int, drafters: dict[str, Callable], n_new: int = 12) -> None:
+    """Run every shape that is timed once, untimed: the prompt pass, a one-token pass, each k-token pass with its
+    ring, and a short run of each drafter. On a cold Numba cache the first call of a kernel compiles it (seconds),
+    which a median of a few timings would not always hide."""
+    state = model.new_state()
+    model.forward(np.array(prompt), state)
+    model.forward(np.array(prompt[:1]), state.copy())
+    for k in ks:
+        model.forward(np.array((prompt * k)[:k]), state.copy(), ring=model.new_ring(k))
+    if drafters:
+        ref = generate(model, prompt, n_new).tokens
+        for make in drafters.values():
+            generate(model, prompt, n_new, drafter=make(ref), draft_n=draft_n)
+
+
 def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, drafters: dict[str, Callable],
               repeats: int = 1, adaptive: tuple[str, ...] = ()) -> dict:
     """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain.
@@ -139,12 +154,6 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
     synth_len L (needs the MTP head): also "mtp_synth", real MTP drafting whose drafts are right with the
     per-position rate p solving (1 - p^(k+1)) / (1 - p) = L (llama.cpp's --spec-synth-len); draft_vocab:
     also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step)."""
-    say("memory copy bandwidth")
-    copy = copy_bandwidth(xp=model.xp) if model.xp is np else copy_bandwidth(1024, xp=model.xp)
-    say(f"decode: {decode_n} one-token passes")
-    t1 = decode_time(model, prompt, decode_n)
-    say(f"verify passes for k = {', '.join(map(str, ks))}")
-    costs = verify_costs(model, prompt, ks, repeats)
     makers: dict[str, Callable] = {}
     for name in drafters:
         if name == "mtp" and model.cfg.n_nextn:
@@ -166,7 +175,16 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
         makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
         if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
             makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
-    say(f"speculative runs: plain, {', '.join(makers) or 'none'} ({max_new} tokens, k = {draft_n})")
+    say("warm-up (untimed: every pass shape and drafter once; compiles kernels on a cold cache)")
+    warm_up(model, prompt, ks, draft_n, makers)
+    say("memory copy bandwidth")
+    copy = copy_bandwidth(xp=model.xp) if model.xp is np else copy_bandwidth(1024, xp=model.xp)
+    say(f"decode: {decode_n} one-token passes")
+    t1 = decode_time(model, prompt, decode_n)
+    say(f"verify passes for k = {', '.join(map(str, ks))}")
+    costs = verify_costs(model, prompt, ks, repeats)
+    if makers:
+        say(f"speculative runs: plain, {', '.join(makers)} ({max_new} tokens, k = {draft_n})")
     spec = (spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive", "mtp_adaptive_vocab"))
             if makers else {})
     if "synthetic" in spec:

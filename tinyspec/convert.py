@@ -326,6 +326,10 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
     metadata: extra keys written after the converter's own (e.g. the `training.*` record of tools/train_tiny.py).
     Tensors are converted one at a time as the writer reaches them (the checkpoint is memory-mapped)."""
     hf_dir, say = Path(hf_dir), progress or (lambda msg: None)
+    dest = Path(out_path)
+    if dest.is_file() and dest.resolve().parent == hf_dir.resolve() and dest.suffix != ".gguf":
+        raise ValueError(f"{out_path} is a file of the checkpoint being converted: writing it would destroy the "
+                         "input; choose another output name (e.g. model.gguf)")
     if outtype not in OUTTYPES or mtp not in ("include", "exclude", "only"):
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)} and mtp include / exclude / only, "
                          f"got {outtype!r}, {mtp!r}")

@@ -23,6 +23,7 @@ from .draft_vocab import DraftVocab, draw, subset_rows
 from .model import Model
 from .ops import linear
 from .sampling import SamplingParams, draft_probability, draft_token
+from .speculate import MAX_DRAFT
 from .state import SnapshotRing
 
 
@@ -32,6 +33,8 @@ class DraftModelDrafter:
         if target is not None and draft_model.cfg.n_vocab != target.cfg.n_vocab:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
+        if not 1 <= max_draft <= MAX_DRAFT:
+            raise ValueError(f"max_draft must be in 1..{MAX_DRAFT}, got {max_draft}")
         self.model = draft_model
         self.ring = SnapshotRing(draft_model.cfg, max_draft, draft_model.xp)
         self._state = draft_model.new_state()

@@ -36,18 +36,16 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     draft.DraftModelDrafter) proposing up to draft_n tokens per verify pass (speculate.py).
     adaptive: choose each step's draft length in 0..draft_n for the most tokens per second (adaptive.py).
     """
+    from .speculate import check_lengths, speculative_generate
+
+    prompt = [int(t) for t in prompt_tokens]
+    check_lengths(model, len(prompt), max_new, draft_n if drafter is not None else 0)
     if drafter is not None:
         from .adaptive import AdaptiveDraftLength
-        from .speculate import speculative_generate
 
         policy = AdaptiveDraftLength(draft_n) if adaptive and draft_n > 0 else None
-        spec = speculative_generate(model, drafter, prompt_tokens, max_new, draft_n, params, rng, stop_ids, policy)
-        return Result([int(t) for t in prompt_tokens], spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
-    prompt = [int(t) for t in prompt_tokens]
-    if not prompt:
-        raise ValueError("the prompt is empty: give at least one token")
-    if max_new < 0:
-        raise ValueError(f"max_new must be >= 0, got {max_new}")
+        spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy)
+        return Result(prompt, spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
     if rng is None:
         rng = np.random.default_rng()
     state = model.new_state()

@@ -78,6 +78,10 @@ class Model:
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
             if name not in tensors:
+                if name.startswith("blk.") and any(t.startswith(f"blk.{cfg.n_trunk}.nextn.") for t in tensors) and \
+                        not any(t.startswith("blk.0.") for t in tensors):  # convert --mtp only / llama.cpp --mtp
+                    raise ModelError(f"missing tensor {name}: this file holds only the MTP block (an MTP sidecar), "
+                                     "not a model to run")
                 raise ModelError(f"missing tensor {name}")
             if shape is not None and tuple(tensors[name].shape) != shape:
                 raise ModelError(f"tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
