@@ -59,3 +59,13 @@ def test_the_digest_covers_the_tables_kernels_freeze():
                 and name.split(".")[1] in ("fast", "quants", "ops")}
     assert numba_ops.__name__ in sys.modules
     assert imported <= set(kernel_cache.source_files())
+
+
+def test_is_cold_until_a_kernel_is_cached(tmp_path):
+    from types import SimpleNamespace
+
+    hits, misses, path = run(tmp_path)  # compiles numba_gdn's conv and caches it under tmp_path
+    cached = SimpleNamespace(stats=SimpleNamespace(cache_path=path))
+    empty = SimpleNamespace(stats=SimpleNamespace(cache_path=str(tmp_path / "nothing-here")))
+    assert not kernel_cache.is_cold(cached) and kernel_cache.is_cold(empty)
+    assert kernel_cache.is_cold(len) is False  # not a caching dispatcher: nothing to say

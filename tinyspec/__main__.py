@@ -116,6 +116,12 @@ def load_model(path: str, backend: str | None = None):
             print(f"\rloading {path}: {done}/{total} tensors", end=end, file=sys.stderr, flush=True)
 
     model = load(path, backend, progress)
+    if getattr(model, "backend", None) == "cpu":
+        from .fast import kernel_cache, numba_ops
+
+        if kernel_cache.is_cold(numba_ops._quant_linear_q8_parallel):
+            print("note: first run of the cpu backend here: Numba compiles its kernels as they are first used "
+                  "(about half a minute, once; cached on disk after)", file=sys.stderr)
     return model, Tokenizer.from_gguf(model.metadata)
 
 

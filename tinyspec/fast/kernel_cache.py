@@ -64,3 +64,11 @@ def sync(dispatcher) -> bool:
     except OSError:  # a read-only install: leave the cache to Numba
         return False
     return bool(stale)
+
+
+def is_cold(dispatcher) -> bool:
+    """No kernel of `dispatcher`'s module is cached yet: its first calls will compile (seconds each)."""
+    try:
+        return not any(Path(dispatcher.stats.cache_path).glob("*.nbi"))
+    except (AttributeError, OSError):
+        return False
