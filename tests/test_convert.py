@@ -420,6 +420,16 @@ def test_errors_name_the_file_or_tensor(tmp_path):
         convert(d, tmp_path / "x.gguf")
     with pytest.raises(ValueError, match="outtype"):
         convert(d, tmp_path / "x.gguf", "q4_k")
+    st = d / "model.safetensors"
+    st.write_bytes(struct.pack("<Q", 2**60) + b"{}")  # a header length past the file: no giant read
+    with pytest.raises(ValueError, match="model.safetensors: not a safetensors file"):
+        convert(d, tmp_path / "x.gguf")
+    st.write_bytes(struct.pack("<Q", 8) + b'{"a": 1,')  # a cut header: the file is named
+    with pytest.raises(ValueError, match="model.safetensors: not valid JSON"):
+        convert(d, tmp_path / "x.gguf")
+    (d / "config.json").write_text("{\n 'single quotes': 1}")
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        convert(d, tmp_path / "x.gguf")
 
 
 def test_cli_convert(tmp_path, capsys):

@@ -257,8 +257,9 @@ def cmd_generate(args) -> int:
     s = result.stats
     if "steps" in s:  # speculative
         ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
-        print(f"[{s['emitted']} tokens in {s['steps']} verify steps, {s['tokens_per_s']:.1f} tok/s, acceptance "
-              f"{s['acceptance_rate']:.2f}, {s['mean_accepted_length']:.2f} tokens/step{ks}]", file=sys.stderr)
+        acceptance = f"acceptance {s['acceptance_rate']:.2f}" if s["drafted"] else "no drafts made"
+        print(f"[{s['emitted']} tokens in {s['steps']} verify steps, {s['tokens_per_s']:.1f} tok/s, {acceptance}, "
+              f"{s['mean_accepted_length']:.2f} tokens/step{ks}]", file=sys.stderr)
     else:
         print(f"[{s['generated']} tokens, prefill {s['prefill_s']:.2f} s, decode {s['decode_tok_s']:.1f} tok/s]",
               file=sys.stderr)
@@ -293,7 +294,7 @@ def cmd_bench(args) -> int:
     if args.tokens is not None:
         parse_token_list(args.tokens)
     model, tokenizer = load_model(args.model, args.backend)
-    if args.tokens is not None or args.prompt:
+    if args.tokens is not None or args.prompt is not None:
         tokens = prompt_tokens(args, tokenizer)
     else:  # random ids: the timings do not depend on what the tokens say
         if args.prompt_len + max(args.max_new, args.decode_n, 8) > model.cfg.n_ctx:
@@ -331,10 +332,11 @@ def cmd_bench(args) -> int:
           f"({100 * report['weight_bw_fraction']:.0f}%)")
     print("verify cost     " + "  ".join(f"k={k}: {r:.2f}x" for k, r in report["verify_cost_ratio"].items()))
     if report["spec"]:
-        print(f"plain           {report['plain_tok_s']:8.2f} tok/s")
+        w = max(15, *(len(name) for name in report["spec"]))
+        print(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
         for name, s in report["spec"].items():
             expected = f" (set {s['expected_mean_accepted_length']:.2f})" if "expected_mean_accepted_length" in s else ""
-            print(f"{name:<15} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
+            print(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
                   f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step{expected}   "
                   f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
     return 0

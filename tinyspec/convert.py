@@ -68,11 +68,25 @@ SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_to
 UNUSED, NORMAL, CONTROL, USER_DEFINED = 5, 1, 3, 4  # llama.cpp token types
 
 
+def read_json(path: Path, text: str | bytes | None = None):
+    """json.loads of a file (or of `text` read from it), a bad file named in the error."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8") if text is None else text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
 def read_safetensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     """name -> (dtype name, memory-mapped array in its stored dtype; BF16 as uint16 bits), sorted by name."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        head = f.read(8)
+        (n,) = struct.unpack("<Q", head) if len(head) == 8 else (size,)
+        if n > size - 8:
+            raise ValueError(f"{path}: not a safetensors file (header length {n} of a {size}-byte file)")
+        header = read_json(path, f.read(n))
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for k, v in header.items() if k != "__metadata__"):
+        raise ValueError(f"{path}: the safetensors header is not a table of tensors")
     data = np.memmap(path, np.uint8, "r")
     out = {}
     for name, info in sorted(header.items()):
@@ -98,7 +112,7 @@ def load_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint folder)")
-    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg = read_json(path)
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch.startswith(NOT_YET):
         raise ValueError(f"{path}: architecture {arch} is not supported yet (tinyspec converts dense Qwen3.5)")
@@ -119,7 +133,7 @@ def hf_tensors(hf_dir: Path) -> list[tuple[str, tuple[str, np.ndarray]]]:
     """Every tensor of the checkpoint in llama.cpp's order: files sorted, names sorted inside each file."""
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = read_json(index)["weight_map"]
         parts = sorted(set(weight_map.values()))
     else:
         weight_map, parts = {}, sorted(p.name for p in hf_dir.glob("model*.safetensors"))
@@ -226,9 +240,9 @@ def tokenizer_metadata(hf_dir: Path, cfg: dict) -> dict:
         warnings.warn(f"{hf_dir}: no tokenizer.json, so the GGUF gets no tokenizer.* keys "
                       "(tinyspec and llama.cpp need them to run it)", stacklevel=3)
         return {}
-    tok = json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tok = read_json(hf_dir / "tokenizer.json")
     tc_path = hf_dir / "tokenizer_config.json"
-    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.is_file() else {}
+    tc = read_json(tc_path) if tc_path.is_file() else {}
     if tok["model"].get("type") != "BPE":
         raise ValueError(f"{hf_dir / 'tokenizer.json'}: model type {tok['model'].get('type')}, expected BPE")
     added = {a["id"]: a for a in tok.get("added_tokens", [])}
@@ -269,7 +283,7 @@ def tokenizer_metadata(hf_dir: Path, cfg: dict) -> dict:
     if tc and template is None and (hf_dir / "chat_template.jinja").is_file():
         template = (hf_dir / "chat_template.jinja").read_text(encoding="utf-8")
     elif tc and template is None and (hf_dir / "chat_template.json").is_file():
-        template = json.loads((hf_dir / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+        template = read_json(hf_dir / "chat_template.json").get("chat_template")
     if isinstance(template, str):
         meta["tokenizer.chat_template"] = template
     return meta
