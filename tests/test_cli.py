@@ -273,3 +273,20 @@ def test_version():
 
     out = subprocess.run([sys.executable, "-m", "tinyspec", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"tinyspec {__version__}"
+
+
+def test_prompt_file(tiny_model, tmp_path, capsys):
+    """--prompt-file reads the prompt (a long one would not fit a command line): same tokens as --prompt."""
+    text = "the cat " * 200
+    (tmp_path / "p.txt").write_text(text, encoding="utf-8")
+    base = ["generate", "--model", str(tiny_model), "--max-new", "2", "--json"]
+    assert main(base + ["--prompt-file", str(tmp_path / "p.txt")]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert main(base + ["--prompt", text]) == 0
+    from_flag = json.loads(capsys.readouterr().out)
+    assert (from_file["prompt_tokens"], from_file["tokens"]) == (from_flag["prompt_tokens"], from_flag["tokens"])
+    assert len(from_file["prompt_tokens"]) > 400
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    assert main(base + ["--prompt-file", str(tmp_path / "bad.txt")]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+    assert main(base + ["--prompt-file", str(tmp_path / "absent.txt")]) == 2

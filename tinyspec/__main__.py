@@ -125,6 +125,18 @@ def load_model(path: str, backend: str | None = None):
     return model, Tokenizer.from_gguf(model.metadata)
 
 
+def read_prompt_file(args) -> None:
+    """--prompt-file FILE: its text becomes args.prompt (for prompts longer than a command line takes)."""
+    if getattr(args, "prompt_file", None) is None:
+        return
+    try:
+        args.prompt = sys.stdin.read() if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8").read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except IsADirectoryError:
+        raise ValueError(f"--prompt-file {args.prompt_file}: is a folder") from None
+
+
 def prompt_tokens(args, tokenizer) -> list[int]:
     if args.tokens is not None:
         return parse_token_list(args.tokens)
@@ -147,6 +159,7 @@ def cmd_logits(args) -> int:
     from .mtp import MTPHead, shift_hidden
 
     out_path = npz_path(args.out)
+    read_prompt_file(args)
     if args.tokens is not None:
         parse_token_list(args.tokens)
     elif not args.prompt:
@@ -226,6 +239,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--draft-p-min needs --spec mtp (got --spec {args.spec})")
     if args.spec == "draft" and not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    read_prompt_file(args)
     if args.tokens is not None:
         parse_token_list(args.tokens)
     elif not args.prompt:
@@ -291,6 +305,7 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--draft-n must be in 1..{MAX_DRAFT}, got {args.draft_n}")
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
+    read_prompt_file(args)
     if args.tokens is not None:
         parse_token_list(args.tokens)
     model, tokenizer = load_model(args.model, args.backend)
@@ -352,6 +367,7 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="qwen35 GGUF file")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (encoded with the file's own tokenizer)")
+    src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
     src.add_argument("--tokens", help="prompt as comma-separated token ids, e.g. 1,2,3")
 
 
@@ -451,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="qwen35 GGUF file")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (default: --prompt-len random token ids)")
+    src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
     src.add_argument("--tokens", help="prompt as comma-separated token ids")
     p.add_argument("--prompt-len", type=int, default=32, help="random prompt length when no prompt is given (32)")
     add_backend_arg(p)
