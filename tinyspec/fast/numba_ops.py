@@ -110,7 +110,7 @@ from . import kernel_cache, simd
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
-AHEAD = 4096  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch)
+AHEAD = 16384  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch; LESSONS 35)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
              GGMLType.Q8_0,
