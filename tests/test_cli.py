@@ -290,3 +290,29 @@ def test_prompt_file(tiny_model, tmp_path, capsys):
     assert main(base + ["--prompt-file", str(tmp_path / "bad.txt")]) == 2
     assert "not UTF-8" in capsys.readouterr().err
     assert main(base + ["--prompt-file", str(tmp_path / "absent.txt")]) == 2
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_streamed_output_equals_the_printed_text(tiny_model, capsys, spec):
+    """--stream writes tokens as generate decides them (a speculative step's run at once): the same text and,
+    with --show, the same marks as the printed result."""
+    base = ["generate", "--model", str(tiny_model), "--prompt", "the cat", "--max-new", "12", "--spec", spec]
+    base += ["--draft-n", "3"] if spec != "none" else []  # a fixed k: the adaptive one follows the clock, and the marks with it
+    for extra in ([], ["--show"]):
+        assert main(base + extra + ["--no-stream"]) == 0
+        printed = capsys.readouterr().out
+        assert main(base + extra + ["--stream"]) == 0
+        assert capsys.readouterr().out == printed
+
+
+def test_on_emit_sees_every_token_in_order(tiny_model):
+    from tinyspec.backends import load_model
+    from tinyspec.generate import generate
+    from tinyspec.lookup import LookupDrafter
+
+    model = load_model(tiny_model, "numpy")
+    for drafter in (None, LookupDrafter(n_min=1)):
+        seen, marks = [], []
+        res = generate(model, [10, 20, 30, 10, 20, 30, 10, 20], 16, drafter=drafter,
+                       on_emit=lambda t, m: (seen.extend(t), marks.extend(m)))
+        assert seen == res.tokens and (marks == res.marks if drafter else set(marks) == {"target"})

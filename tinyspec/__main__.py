@@ -216,6 +216,32 @@ def make_drafter(args, model, draft_n: int = 16, tokenizer=None):
                              vocab=draft_vocab(args, model, tokenizer))
 
 
+class StreamPrinter:
+    """on_emit for generate(): writes tokens to stdout as they are decided. Plain text goes through an
+    incremental UTF-8 decoder (a character may end in the next token), so the stream equals the final text;
+    marked text (--show) wraps each token as render_marked does."""
+
+    def __init__(self, tokenizer, marked: bool):
+        import codecs
+
+        from .generate import render_marked
+
+        self.tokenizer, self.marked, self.render = tokenizer, marked, render_marked
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, tokens: list[int], marks: list[str]) -> None:
+        if self.marked:
+            text = self.render(self.tokenizer, tokens, marks)
+        else:
+            text = self.utf8.decode(self.tokenizer.decode_bytes(tokens))
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        sys.stdout.write(("" if self.marked else self.utf8.decode(b"", final=True)) + "\n")
+        sys.stdout.flush()
+
+
 def cmd_generate(args) -> int:
     from .generate import generate
     from .sampling import SamplingParams
@@ -258,8 +284,11 @@ def cmd_generate(args) -> int:
     draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
+    stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
+    printer = StreamPrinter(tokenizer, marked=args.show and args.spec != "none") if stream else None
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
-                      drafter=make_drafter(args, model, draft_n, tokenizer), draft_n=draft_n, adaptive=adaptive)
+                      drafter=make_drafter(args, model, draft_n, tokenizer), draft_n=draft_n, adaptive=adaptive,
+                      on_emit=printer)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
@@ -267,7 +296,10 @@ def cmd_generate(args) -> int:
         return 0
     from .generate import render_marked
 
-    print(render_marked(tokenizer, result.tokens, result.marks) if args.show and result.marks else text)
+    if printer is not None:
+        printer.close()
+    else:
+        print(render_marked(tokenizer, result.tokens, result.marks) if args.show and result.marks else text)
     s = result.stats
     if "steps" in s:  # speculative
         ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
@@ -430,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "bonus tokens <in angle brackets>")
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="print tokens as they are decided: one at a time plain, a verify step's whole run at once "
+                        "speculative (default: when the output is a terminal)")
     add_backend_arg(p)
     p.set_defaults(func=cmd_generate)
 

@@ -29,12 +29,14 @@ class Result:
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
              rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
-             drafter=None, draft_n: int = 3, adaptive: bool = False) -> Result:
+             drafter=None, draft_n: int = 3, adaptive: bool = False, on_emit=None) -> Result:
     """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
 
     drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
     draft.DraftModelDrafter) proposing up to draft_n tokens per verify pass (speculate.py).
     adaptive: choose each step's draft length in 0..draft_n for the most tokens per second (adaptive.py).
+    on_emit(tokens, marks): called as tokens are decided (plain: one at a time, marked "target"; speculative:
+    a verify step's run at once), for streamed output.
     """
     from .speculate import check_lengths, speculative_generate
 
@@ -44,7 +46,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
         from .adaptive import AdaptiveDraftLength
 
         policy = AdaptiveDraftLength(draft_n) if adaptive and draft_n > 0 else None
-        spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy)
+        spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)
         return Result(prompt, spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
     if rng is None:
         rng = np.random.default_rng()
@@ -57,6 +59,8 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     while len(out) < max_new:
         token = pick(logits[-1], params, rng)
         out.append(token)
+        if on_emit is not None:
+            on_emit([token], ["target"])
         if token in stop_ids or len(out) == max_new:
             break
         logits, _ = model.forward(np.array([token]), state)

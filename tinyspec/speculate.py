@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -125,10 +125,12 @@ class SpecResult:
 
 def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], max_new: int, draft_n: int = 3,
                          params: SamplingParams = SamplingParams(), rng: np.random.Generator | None = None,
-                         stop_ids: Sequence[int] = (), adaptive: AdaptiveDraftLength | None = None) -> SpecResult:
+                         stop_ids: Sequence[int] = (), adaptive: AdaptiveDraftLength | None = None,
+                         on_emit: Callable[[list[int], list[str]], None] | None = None) -> SpecResult:
     """Generate up to max_new tokens after `prompt`, drafting up to draft_n tokens per verify pass.
 
-    adaptive: choose each step's k in 0..draft_n with this policy (adaptive.py) instead of always draft_n."""
+    adaptive: choose each step's k in 0..draft_n with this policy (adaptive.py) instead of always draft_n.
+    on_emit(tokens, marks): called with each step's emitted tokens as they are decided (streamed output)."""
     prompt = [int(t) for t in prompt]
     check_lengths(model, len(prompt), max_new, draft_n)
     rng = rng if rng is not None else np.random.default_rng()
@@ -161,6 +163,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     pending = pick(logits[-1], params, rng)
     out.append(pending)
     marks = ["target"]
+    if on_emit is not None:
+        on_emit([pending], ["target"])
 
     while pending not in stops and len(out) < max_new:
         # Step 1: draft, never more than the cap leaves room for (each step also emits one target token)
@@ -205,6 +209,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
                             withdrawn=bool(k and getattr(drafter, "withdrawn", False)))
         for phase, dt in zip(("draft", "verify", "sample", "rollback"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             stats.phase_s[phase] += dt
+        if on_emit is not None:
+            on_emit(emitted, marks[len(marks) - len(emitted):])
     stats.emitted = len(out)
     stats.wall_s = clock() - t_start
     stats.adaptive = adaptive.as_dict() if adaptive is not None else None
