@@ -297,7 +297,7 @@ def test_streamed_output_equals_the_printed_text(tiny_model, capsys, spec):
     """--stream writes tokens as generate decides them (a speculative step's run at once): the same text and,
     with --show, the same marks as the printed result."""
     base = ["generate", "--model", str(tiny_model), "--prompt", "the cat", "--max-new", "12", "--spec", spec]
-    base += ["--draft-n", "3"] if spec != "none" else []  # a fixed k: the adaptive one follows the clock, and the marks with it
+    base += ["--draft-n", "3"] if spec != "none" else []  # fixed k: the adaptive k (and the marks) follow the clock
     for extra in ([], ["--show"]):
         assert main(base + extra + ["--no-stream"]) == 0
         printed = capsys.readouterr().out

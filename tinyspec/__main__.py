@@ -422,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("logits", help="run the model over a prompt and save logits/hidden (to compare engines)",
-                       description="Run the model (by default on the NumPy oracle) over a prompt and write an .npz with tokens [T], logits [T,N], "
-                                   "hidden [T,D] (post final norm) and, if the model has an MTP block, mtp_logits [T,N] "
+                       description="Run the model (by default on the NumPy oracle) over a prompt and write an .npz "
+                                   "with tokens [T], logits [T,N], hidden [T,D] (post final norm) and, if the model has an MTP block, mtp_logits [T,N] "
                                    "(row p from token p and hidden p-1, a zero hidden at p = 0).")
     add_prompt_args(p)
     p.add_argument("--out", required=True, help="output .npz path")
