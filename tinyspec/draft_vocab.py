@@ -167,8 +167,9 @@ def text_ranking(tokenizer, metadata, progress: Callable[[str], None] | None = N
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
         save_ranking(tmp, ranking)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError as e:
+        if progress:
+            progress(f"could not cache the ranking in {path.parent} ({e.strerror}): it is counted again next time")
     return ranking
 
 
