@@ -137,6 +137,15 @@ def read_prompt_file(args) -> None:
         raise ValueError(f"--prompt-file {args.prompt_file}: is a folder") from None
 
 
+def check_prompt_args(args, required: bool = True) -> None:
+    """Before a model loads: read --prompt-file, check --tokens, and (if required) that a prompt was given."""
+    read_prompt_file(args)
+    if args.tokens is not None:
+        parse_token_list(args.tokens)
+    elif required and not args.prompt:
+        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+
+
 def prompt_tokens(args, tokenizer) -> list[int]:
     if args.tokens is not None:
         return parse_token_list(args.tokens)
@@ -159,11 +168,7 @@ def cmd_logits(args) -> int:
     from .mtp import MTPHead, shift_hidden
 
     out_path = npz_path(args.out)
-    read_prompt_file(args)
-    if args.tokens is not None:
-        parse_token_list(args.tokens)
-    elif not args.prompt:
-        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+    check_prompt_args(args)
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     logits, hidden = model.forward(np.array(tokens), model.new_state())
@@ -245,7 +250,6 @@ class StreamPrinter:
 def cmd_generate(args) -> int:
     from .generate import generate
     from .sampling import SamplingParams
-
     from .speculate import MAX_DRAFT
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
@@ -265,11 +269,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--draft-p-min needs --spec mtp (got --spec {args.spec})")
     if args.spec == "draft" and not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
-    read_prompt_file(args)
-    if args.tokens is not None:
-        parse_token_list(args.tokens)
-    elif not args.prompt:
-        raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+    check_prompt_args(args)
     ignored = [flag for flag, given, used in (
         ("--draft-n", args.draft_n is not None, args.spec != "none"),
         ("--draft-max", args.draft_max is not None, args.spec != "none" and args.draft_n is None),
@@ -337,9 +337,7 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--draft-n must be in 1..{MAX_DRAFT}, got {args.draft_n}")
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
-    read_prompt_file(args)
-    if args.tokens is not None:
-        parse_token_list(args.tokens)
+    check_prompt_args(args, required=False)  # no prompt: random ids
     model, tokenizer = load_model(args.model, args.backend)
     if args.tokens is not None or args.prompt is not None:
         tokens = prompt_tokens(args, tokenizer)

@@ -22,22 +22,21 @@ import os
 from pathlib import Path
 
 DIGEST_FILE = "tinyspec-kernel-sources.sha1"
+PACKAGE = Path(__file__).resolve().parent.parent  # tinyspec/
 
 
 def source_files() -> list[Path]:
     """What compiled kernels depend on: this package's .py files, and the modules whose tables and constants
     they freeze at compile time (quants/: the I-quant grids, fp4's E8M0 table; ops.py: X_Q8_0)."""
-    root = Path(__file__).resolve().parent.parent  # tinyspec/
-    return sorted([*root.joinpath("fast").glob("*.py"), *root.joinpath("quants").glob("*.py"), root / "ops.py"])
+    return sorted([*PACKAGE.joinpath("fast").glob("*.py"), *PACKAGE.joinpath("quants").glob("*.py"), PACKAGE / "ops.py"])
 
 
 def source_digest() -> str:
     """sha1 over the names and bytes of source_files(), in order, and TINYSPEC_SIMD (which selects the
     instructions simd.py emits)."""
     h = hashlib.sha1(os.environ.get("TINYSPEC_SIMD", "").encode())
-    root = Path(__file__).resolve().parent.parent
     for path in source_files():
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
