@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_speculate import N_VOCAB, RandomDrafter, draft_model, make_drafter, repetitive_prompt, target  # noqa: F401
 
-from tinyspec.adaptive import AdaptiveDraftLength
+from tinyspec.fast.adaptive import AdaptiveDraftLength
 from tinyspec.generate import generate
 from tinyspec.speculate import speculative_generate
-from tinyspec.synthetic import expected_mean_accepted_length
+from tinyspec.fast.synthetic import expected_mean_accepted_length
 
 
 def run(policy: AdaptiveDraftLength, steps: int, accept_prob: float, cost, rng) -> None:

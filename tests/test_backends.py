@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 from tinyspec import backends, ops
 from tinyspec.backends import BackendError, PackedWeight, load_model
-from tinyspec.bench import weight_bytes
+from tinyspec.fast.bench import weight_bytes
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.config import ModelConfig
 from tinyspec.gguf import RawTensor, read_gguf, write_gguf

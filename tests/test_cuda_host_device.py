@@ -22,7 +22,7 @@ from test_backends import write_quantized
 from tinyspec import backends, ops
 from tinyspec.backends import PackedWeight, load_model
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.draft_vocab import DraftVocab
+from tinyspec.fast.draft_vocab import DraftVocab
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
@@ -118,7 +118,7 @@ def test_draft_vocabulary_and_sampling_on_the_device(files, cuda):
 
 
 def test_bench_runs_on_the_device(files, cuda):
-    from tinyspec.bench import bench
+    from tinyspec.fast.bench import bench
 
     model = load_model(files / "target.gguf", "cuda")
     report = bench(model, [5, 6, 7, 8], decode_n=2, repeats=1, max_new=8, drafters=("mtp", "lookup", "synthetic"),

@@ -17,7 +17,7 @@ from tiny_models import write_tiny_qwen35
 
 from tinyspec.backends import PackedWeight
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.draft_vocab import DraftVocab, draw, rank_tokens, ranking_for, save_ranking, subset_rows
+from tinyspec.fast.draft_vocab import DraftVocab, draw, rank_tokens, ranking_for, save_ranking, subset_rows
 from tinyspec.generate import generate
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter
@@ -137,7 +137,7 @@ def test_rankings_from_text_metadata_and_files(target, tmp_path):
 def test_a_model_without_a_record_ranks_by_the_standard_library_once(target, tmp_path, monkeypatch):
     """ranking_for with the model's tokenizer and no record: the token counts of the Python standard
     library's sources, computed once per vocabulary and then read from the cache."""
-    from tinyspec import draft_vocab
+    from tinyspec.fast import draft_vocab
     from tinyspec.tokenizer import Tokenizer
 
     monkeypatch.setenv("TINYSPEC_CACHE", str(tmp_path))
@@ -159,7 +159,7 @@ def test_generate_drafts_over_32k_tokens_by_default_only_for_large_vocabularies(
     from types import SimpleNamespace
 
     from tinyspec.__main__ import draft_vocab
-    from tinyspec.draft_vocab import AUTO_ABOVE, AUTO_SIZE, RANKING_KEY
+    from tinyspec.fast.draft_vocab import AUTO_ABOVE, AUTO_SIZE, RANKING_KEY
 
     def model(n):
         return SimpleNamespace(cfg=SimpleNamespace(n_vocab=n), metadata={RANKING_KEY: np.arange(n)[::-1]})

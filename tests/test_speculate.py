@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tiny_models import write_tiny_qwen35
 
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.draft_vocab import DraftVocab
+from tinyspec.fast.draft_vocab import DraftVocab
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model

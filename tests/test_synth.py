@@ -1,4 +1,4 @@
-"""tinyspec.synth: random-weight qwen35 files at the published shapes, typed as llama-quantize types them.
+"""tinyspec.fast.synth: random-weight qwen35 files at the published shapes, typed as llama-quantize types them.
 
 Small files (a few layers, and a 512-token vocabulary where the real 248320 is not the point) are
 read back by tinyspec and gguf-py, loaded by Model.from_gguf and run; one file has the real vocabulary
@@ -23,7 +23,7 @@ from tinyspec.gguf import read_gguf
 from tinyspec.model import Model
 from tinyspec.mtp import MTPHead, shift_hidden
 from tinyspec.quants import GGMLType, dequantize
-from tinyspec.synth import QUANTS, SHAPES, plan, synth_model
+from tinyspec.fast.synth import QUANTS, SHAPES, plan, synth_model
 from tinyspec.tokenizer import Tokenizer
 
 Q4_K, Q6_K, Q8_0, F32 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F32

@@ -13,7 +13,7 @@ from tinyspec.generate import generate
 from tinyspec.model import Model
 from tinyspec.sampling import SamplingParams
 from tinyspec.speculate import speculative_generate
-from tinyspec.synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
+from tinyspec.fast.synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 PROMPT = [5, 80, 13, 200, 7]
 

@@ -190,7 +190,7 @@ def draft_vocab(args, model, tokenizer=None):
     """--draft-vocab N: the N most frequent tokens (draft_vocab.py), ranked by --ranking, the file's record or,
     given the tokenizer, the cached standard-library count. N = None (generate's default): AUTO_SIZE above
     AUTO_ABOVE tokens, else the whole vocabulary; 0: the whole vocabulary."""
-    from .draft_vocab import AUTO_ABOVE, AUTO_SIZE, DraftVocab, ranking_for
+    from .fast.draft_vocab import AUTO_ABOVE, AUTO_SIZE, DraftVocab, ranking_for
 
     n = args.draft_vocab
     if n is None and tokenizer is not None and model.cfg.n_vocab > AUTO_ABOVE:
@@ -321,7 +321,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from .synth import synth_model
+    from .fast.synth import synth_model
 
     size = synth_model(args.output, args.shape, args.quant, args.seed, args.layers,
                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -330,7 +330,7 @@ def cmd_synth(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench
+    from .fast.bench import bench
     from .speculate import MAX_DRAFT
 
     if not 1 <= args.draft_n <= MAX_DRAFT:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .draft_vocab import DraftVocab, draw, subset_rows
+from .fast.draft_vocab import DraftVocab, draw, subset_rows
 from .model import Model
 from .ops import linear
 from .sampling import SamplingParams, draft_probability, draft_token

@@ -43,7 +43,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     prompt = [int(t) for t in prompt_tokens]
     check_lengths(model, len(prompt), max_new, draft_n if drafter is not None else 0)
     if drafter is not None:
-        from .adaptive import AdaptiveDraftLength
+        from .fast.adaptive import AdaptiveDraftLength
 
         policy = AdaptiveDraftLength(draft_n) if adaptive and draft_n > 0 else None
         spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)

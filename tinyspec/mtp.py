@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_layer
-from .draft_vocab import DraftVocab, draw, subset_rows
+from .fast.draft_vocab import DraftVocab, draw, subset_rows
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
 from .ops import linear, rms_norm
 from .state import KVCache

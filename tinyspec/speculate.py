@@ -41,7 +41,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .adaptive import AdaptiveDraftLength
+from .fast.adaptive import AdaptiveDraftLength
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step

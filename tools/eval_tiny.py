@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.demo import EDITS  # noqa: E402
-from tinyspec.draft_vocab import RANKING_KEY  # noqa: E402
+from tinyspec.fast.draft_vocab import RANKING_KEY  # noqa: E402
 from tinyspec.draft import DraftModelDrafter  # noqa: E402
 from tinyspec.generate import generate  # noqa: E402
 from tinyspec.lookup import LookupDrafter  # noqa: E402

@@ -42,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
-from tinyspec.adaptive import AdaptiveDraftLength  # noqa: E402
+from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
 from tinyspec.sampling import SamplingParams  # noqa: E402

@@ -524,7 +524,7 @@ def main(argv=None) -> int:
     corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
     if args.corpus:
         corpus = f"{root.name} ({len(train_files)} files)"
-    from tinyspec.draft_vocab import rank_ids
+    from tinyspec.fast.draft_vocab import rank_ids
 
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,

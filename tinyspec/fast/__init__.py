@@ -1,6 +1,21 @@
-"""Fast leaves: Numba (`numba_*.py`) and CUDA (`cuda_*.py`) kernels with the same names, arguments and
-contracts as the NumPy oracle functions they speed up (e.g. `numba_ops.quant_linear` is
-`tinyspec.ops.quant_linear`). Oracle modules never import this package; only `tinyspec.backends`
-picks a leaf, lazily, so tinyspec imports and runs without numba or cupy installed. Every leaf is
-tested against its oracle (tests/test_numba_ops.py, ...).
+"""The performance wing: everything that makes tinyspec fast, or measures how fast it is.
+
+The teaching core (tinyspec/*.py) reads and runs without any of this; the wing plugs in through three
+explicit objects the core defines, never by patching it:
+
+    kernels     tinyspec.kernels.Kernels, built by tinyspec.backends: the Numba leaves (numba_ops: fused
+                dequant-matmul over the GGUF bytes; numba_attention; numba_gdn) and the CUDA leaves
+                (cuda_ops, cuda_rows), each with the name, arguments and contract of the NumPy oracle
+                function it replaces (numba_ops.quant_linear is tinyspec.ops.quant_linear), each tested
+                against it; simd.py (the instructions they inline) and kernel_cache.py (drops stale
+                compiled kernels)
+    policy      adaptive.AdaptiveDraftLength: a draft-length policy (speculate.DraftPolicy) that picks k
+                per step from measured acceptance and step costs
+    drafter     draft_vocab.DraftVocab: a frequency-ranked draft vocabulary a drafter scores instead of the
+                whole vocabulary (mtp.MTPDrafter, draft.DraftModelDrafter take it as `vocab`);
+                synthetic.SyntheticDrafter: a drafter with a dialled acceptance rate, for speed work
+
+and the measuring tools: synth.py (random-weight GGUFs at the published shapes) and bench.py (decode,
+verify cost, bandwidth, speculative speedups). Core modules never import this package; backends.py and
+the CLI import its modules lazily, so tinyspec imports and runs without numba or cupy installed.
 """

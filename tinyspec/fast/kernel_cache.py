@@ -5,7 +5,7 @@ inline the LLVM intrinsics of `simd.py` and helpers from their sibling modules, 
 (or a `git pull` that touches only `simd.py`) Numba would keep loading the old machine code, silently.
 The same holds for tables a kernel freezes as constants when it compiles (quants/iq_grids.py's grids).
 So the kernel modules call `sync(dispatcher)` once at import, before anything is compiled or loaded:
-it hashes the sources kernels depend on (source_files: fast/, quants/, ops.py) and compares the digest
+it hashes the sources kernels depend on (source_files: fast/'s kernel modules, quants/, ops.py) and compares the digest
 with the one stored in the cache directory; on a mismatch it deletes the cached kernels there (`*.nbi`
 index and `*.nbc` data files) and stores the new digest. The cost is one hash of ~330 KB of source per
 process (under a millisecond).
@@ -26,9 +26,12 @@ PACKAGE = Path(__file__).resolve().parent.parent  # tinyspec/
 
 
 def source_files() -> list[Path]:
-    """What compiled kernels depend on: this package's .py files, and the modules whose tables and constants
-    they freeze at compile time (quants/: the I-quant grids, fp4's E8M0 table; ops.py: X_Q8_0)."""
-    return sorted([*PACKAGE.joinpath("fast").glob("*.py"), *PACKAGE.joinpath("quants").glob("*.py"), PACKAGE / "ops.py"])
+    """What compiled kernels depend on: the Numba kernel modules and simd.py (the wing's other modules, adaptive.py,
+    bench.py..., compile nothing), and the modules whose tables and constants they freeze at compile time (quants/:
+    the I-quant grids, fp4's E8M0 table; ops.py: X_Q8_0)."""
+    fast = PACKAGE / "fast"
+    return sorted([*fast.glob("numba_*.py"), fast / "simd.py", fast / "kernel_cache.py", fast / "__init__.py",
+                   *PACKAGE.joinpath("quants").glob("*.py"), PACKAGE / "ops.py"])
 
 
 def source_digest() -> str:

@@ -61,7 +61,7 @@ def subset_rows(weight, ids: np.ndarray):
     ids = np.asarray(ids, dtype=np.int64)
     if isinstance(weight, np.ndarray):
         return np.ascontiguousarray(weight[ids])
-    from .ops import asarray_like
+    from ..ops import asarray_like
 
     rows, cols = weight.shape
     table = weight.raw.reshape(rows, weight.raw.size // rows)  # NumPy or CuPy bytes: the ids go where they are
@@ -95,7 +95,7 @@ class DraftVocab:
 def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
     """One draft from subset logits [n]: (token id, its proposal law over the whole vocabulary [V]), or at
     temperature 0 (the subset's argmax, None): a deterministic draft, q one-hot on it as verify_step reads None."""
-    from .sampling import draft_token
+    from ..sampling import draft_token
 
     token, q_sub = draft_token(logits_sub, params, rng)
     return int(vocab.ids[token]), None if q_sub is None else vocab.full_law(q_sub)

@@ -32,10 +32,10 @@ from typing import Callable
 import numpy as np
 
 from .draft_vocab import DraftVocab
-from .generate import generate
-from .lookup import LookupDrafter
-from .model import Model
-from .mtp import MTPDrafter
+from ..generate import generate
+from ..lookup import LookupDrafter
+from ..model import Model
+from ..mtp import MTPDrafter
 from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 

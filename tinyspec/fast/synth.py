@@ -49,7 +49,7 @@ The vocabulary is byte-level BPE with no merges: the 256 byte tokens, <|endoftex
 
 Glossary: D hidden, F ffn, N vocab, H / H_kv attention heads, d head dim, n_k / n_v GDN key / value
 heads, K / V their dims, C = 2 n_k K + n_v V conv channels, w conv taps.
-Does NOT include: trained weights (logits are noise: use tinyspec.synthetic for acceptance), imatrix
+Does NOT include: trained weights (logits are noise: use tinyspec.fast.synthetic for acceptance), imatrix
 types, MoE shapes, the 4B shape.
 """
 
@@ -63,10 +63,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .convert import model_metadata
-from .gguf import GGUFValue, GGUFValueType, RawTensor, write_gguf
-from .quants import GGMLType
-from .tokenizer import BYTE_TO_CHAR
+from ..convert import model_metadata
+from ..gguf import GGUFValue, GGUFValueType, RawTensor, write_gguf
+from ..quants import GGMLType
+from ..tokenizer import BYTE_TO_CHAR
 
 # The published text-model configs. Sources, cited per value:
 #   [LC]  llama.cpp src/models/qwen35.cpp:25-30 (24 layers -> 0.8B if n_embd 1024 else 2B; 32 -> 9B;

@@ -1,6 +1,6 @@
 """A synthetic-acceptance drafter: draft the target's own greedy continuation, right with probability a.
 
-Speed work on a random-weight model at a real shape (tinyspec.synth) cannot use a real drafter: the
+Speed work on a random-weight model at a real shape (tinyspec.fast.synth) cannot use a real drafter: the
 model's drafts mean nothing, so its acceptance says nothing about the engine. This drafter replaces
 the draft model by a dial. It is given the target's true greedy continuation r_0 r_1 r_2 ... (a plain
 greedy run of the same prompt) and, at each draft position, proposes the true next token at rate a
@@ -67,7 +67,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 
 
 def kronecker_steps(n: int) -> np.ndarray:
