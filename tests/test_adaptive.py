@@ -107,9 +107,9 @@ def test_bad_confidence_bins(kw):
 def test_greedy_output_is_identical_with_adaptive_k(target, draft_model, kind, seed, draft_n, max_new):  # noqa: F811
     prompt = repetitive_prompt(np.random.default_rng(seed), 8)
     plain = generate(target, prompt, max_new).tokens
-    policy = AdaptiveDraftLength(draft_n)
-    spec = speculative_generate(target, make_drafter(kind, target, draft_model, plain), prompt, max_new, draft_n,
-                                adaptive=policy)
+    drafter = make_drafter(kind, target, draft_model, plain)
+    policy = AdaptiveDraftLength.for_drafter(drafter, draft_n)
+    spec = speculative_generate(target, drafter, prompt, max_new, policy=policy)
     assert spec.tokens == plain
     assert sum(policy.chosen.values()) == spec.stats.steps == sum(spec.stats.adaptive["chosen_k"].values())
 
@@ -128,7 +128,7 @@ def test_adaptive_switches_off_against_an_adversarial_drafter(target, monkeypatc
 
     monkeypatch.setattr(target, "forward", slow_forward)
     policy = AdaptiveDraftLength(4)
-    spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, 4, adaptive=policy)
+    spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, policy=policy)
     assert policy.chosen.get(0, 0) >= 0.8 * spec.stats.steps, policy.as_dict()
     assert policy.accept[0] < 0.25  # estimated from the few drafts it made
 
@@ -138,7 +138,7 @@ def test_drafts_failing_from_the_start_cost_one_long_step_and_a_few_short_ones(s
     """The priors start at k = 3 (of 4); after it fails, one-draft steps while a_1's upper confidence bound
     says drafting may still pay (three here: the bound falls 0.75, 0.53, 0.40, 0.32 with each rejection), then
     plain steps with a probing draft every 16: a longer k is not tried again just because a_2.. were never
-    observed (LESSONS 22)."""
+    observed (LESSONS 4)."""
     policy = AdaptiveDraftLength(4)
     ks = []
     for _ in range(40):
@@ -165,7 +165,7 @@ def test_one_early_rejection_at_position_2_does_not_lock_a_short_k(prior_deep, c
 def run_confident(policy: AdaptiveDraftLength, steps: int, cost, rng) -> tuple[float, float]:
     """A drafter whose drafts are sure (p = 0.95, kept 0.98) or, one in five, unsure (p = 0.2, kept 0.4),
     drafting as far as keep_drafting lets it; returns (tokens, cost) over the steps."""
-    policy.by_confidence = True  # what speculative_generate sets for a drafter with a keep_going hook
+    assert policy.by_confidence  # a drafter that reports how sure it is: choose() caps, keep_drafting stops
     tokens = seconds = 0.0
     for _ in range(steps):
         k = policy.choose()
@@ -190,7 +190,7 @@ def test_confidence_ends_a_step_at_an_unsure_draft_and_beats_every_fixed_k():
     def cost(k):
         return 1.0 + 0.5 * k
 
-    policy = AdaptiveDraftLength(8)
+    policy = AdaptiveDraftLength(8, by_confidence=True)
     run_confident(policy, 300, cost, np.random.default_rng(1))  # learn costs and calibration
     tokens, seconds = run_confident(policy, 2000, cost, np.random.default_rng(2))
     a = 0.8 * 0.98 + 0.2 * 0.4
@@ -204,14 +204,20 @@ def test_confidence_ends_a_step_at_an_unsure_draft_and_beats_every_fixed_k():
     assert policy.choose() == 8 and policy.keep_drafting([0.95]) and not policy.keep_drafting([0.95, 0.2])
 
 
-def test_confidence_is_off_for_drafters_without_the_hook_or_when_disabled(target):  # noqa: F811
-    for drafter, use, expect in [(RandomDrafter(0), True, False), (make_drafter("mtp", target, None, []), False, False),
-                                 (make_drafter("mtp", target, None, []), True, True)]:
-        policy = AdaptiveDraftLength(4, use_confidence=use)
-        spec = speculative_generate(target, drafter, [40, 41, 42, 43], 12, 4, adaptive=policy)
+def test_confidence_is_used_only_for_drafters_that_report_it(target):  # noqa: F811
+    """for_drafter drafts by confidence exactly when the drafter says it stops by it; the plans then carry
+    keep_drafting as their stop rule, and a drafter is never changed by the policy that drives it."""
+    for drafter, options, expect in [(RandomDrafter(0), {}, False), (make_drafter("lookup", target, None, []), {}, False),
+                                     (make_drafter("mtp", target, None, []), {"by_confidence": False}, False),
+                                     (make_drafter("mtp", target, None, []), {}, True)]:
+        policy = AdaptiveDraftLength.for_drafter(drafter, 4) if not options else AdaptiveDraftLength(4, **options)
+        before = dict(vars(drafter))
+        spec = speculative_generate(target, drafter, [40, 41, 42, 43], 12, policy=policy)
         assert policy.by_confidence is expect
         assert ("kept_by_confidence" in spec.stats.adaptive) is expect
-        assert getattr(drafter, "keep_going", None) is None  # the hook is the policy's only while it runs
+        assert (policy.plan(4).stop.keep_going is not None) is expect and policy.plan(4).stop.floor == policy.floor
+        assert set(vars(drafter)) == set(before)  # nothing lent to the drafter
+        assert before.get("p_floor", 0.0) == vars(drafter).get("p_floor", 0.0) == 0.0  # the floor came with the plan
 
 
 def test_tables_are_expected_tokens_and_step_cost():
@@ -299,12 +305,15 @@ def test_hopeless_drafts_are_withdrawn_and_count_as_rejections(target, floor):  
     prompt = repetitive_prompt(np.random.default_rng(3), 12)
     plain = generate(target, prompt, 40).tokens
     drafter = MTPDrafter(target)
-    policy = AdaptiveDraftLength(4, floor=floor, optimism=5.0)  # optimism: keep trying to draft
     updates = []
-    update = policy.update
-    policy.update = lambda k, n, s, probs=None, withdrawn=False: (updates.append((k, withdrawn)),
-                                                                 update(k, n, s, probs, withdrawn))
-    spec = speculative_generate(target, drafter, prompt, 40, 4, adaptive=policy)
+
+    class Recording(AdaptiveDraftLength):  # the policy, recording what each step told it
+        def update(self, k, n, s, probs=None, withdrawn=False):
+            updates.append((k, withdrawn))
+            super().update(k, n, s, probs, withdrawn)
+
+    policy = Recording.for_drafter(drafter, 4, floor=floor, optimism=5.0)  # optimism: keep trying to draft
+    spec = speculative_generate(target, drafter, prompt, 40, policy=policy)
     assert spec.tokens == plain and drafter.p_floor == 0.0
     withdrawn = sum(w and not k for k, w in updates)
     assert withdrawn >= 3 and (spec.stats.drafted == 0) == (floor == 1.0), (updates, spec.stats.drafted)
@@ -320,8 +329,8 @@ def test_sampled_drafts_are_never_withdrawn(target):  # noqa: F811
     from tinyspec.sampling import SamplingParams
 
     drafter = MTPDrafter(target, p_floor=1.0)
-    drafter.start([5, 6, 7], target.forward(np.array([5, 6, 7]), target.new_state())[1])
-    drafts, _ = drafter.propose(8, 3, SamplingParams(temperature=1.0), np.random.default_rng(0))
-    assert len(drafts) == 3 and not drafter.withdrawn
-    drafts, _ = drafter.propose(8, 3, SamplingParams(), None)
-    assert drafts == [] and drafter.withdrawn
+    drafter.start([5, 6, 7], target.forward(np.array([5, 6, 7]), target.new_state())[1], 3)
+    draft = drafter.propose(8, 3, SamplingParams(temperature=1.0), np.random.default_rng(0))
+    assert len(draft.tokens) == 3 and not draft.withdrawn
+    draft = drafter.propose(8, 3, SamplingParams(), None)
+    assert draft.tokens == [] and draft.withdrawn

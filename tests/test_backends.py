@@ -16,10 +16,11 @@ The cuda tests skip without a GPU (they passed on an H100).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
-
-from types import SimpleNamespace
 
 from tinyspec import backends, ops
 from tinyspec.backends import BackendError, PackedWeight, load_model
@@ -81,7 +82,10 @@ def q8_oracle(path, calls: list | None = None) -> Model:
             calls.append((np.array(x), raw, kind, shape))
         return (ops.quant_linear_q8 if kind in numba_ops.Q8_TYPES else ops.quant_linear)(x, raw, kind, shape)
 
-    kernels = SimpleNamespace(SUPPORTED=numba_ops.SUPPORTED, quant_linear=quant_linear, get_rows=ops.get_rows)
+    def bind(raw, kind, shape, q8):  # PackedWeight's interface to its weight kernels
+        return lambda x: quant_linear(x, raw, kind, shape)
+
+    kernels = SimpleNamespace(SUPPORTED=numba_ops.SUPPORTED, bind=bind, get_rows=ops.get_rows)
     g = read_gguf(path)
     cfg = ModelConfig.from_gguf(g.metadata, n_vocab=g.tensors["token_embd.weight"].shape[0])
     return Model(cfg, backends.packed_tensors(g, kernels), g.metadata)
@@ -198,8 +202,8 @@ def test_k_token_pass_equals_one_token_passes_bitwise(files, backend):
 @pytest.mark.parametrize("rollback", ["snapshot", "replay"])
 def test_greedy_speculative_equals_plain(files, drafter, backend, rollback):
     """Both rings on every fast backend (cpu replays by default, cuda copies snapshots)."""
-    target = load_model(files / "target.gguf", backend)
-    target.rollback = rollback
+    loaded = load_model(files / "target.gguf", backend)
+    target = loaded.with_kernels(replace(loaded.kernels, rollback=rollback))
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
             "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", backend))}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]

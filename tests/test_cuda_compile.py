@@ -58,8 +58,9 @@ def test_tensor_core_kernel_only_where_the_hardware_has_it(report):
 
 
 def test_kernels_keep_their_working_set_in_registers(report):
-    """What ptxas says today on an H100 (LESSONS 33): the float kernels never spill; the tensor-core kernel,
-    capped at 128 registers by __launch_bounds__(256, 2) for 16 warps an SM, spills at most a few words.
+    """What ptxas says today on an H100 (LESSONS 20; ptxas detail in docs/performance-log.md old 33): the float
+    kernels never spill; the tensor-core kernel, capped at 128 registers by __launch_bounds__(256, 2) for 16
+    warps an SM, spills at most a few words.
     (On sm_75 ptxas gives Q8_0's 4-row float kernel 64 registers and 28 bytes of spill: slower, still right.)"""
     for (arch, module), row in report.items():
         for name, r in row["kernels"].items():

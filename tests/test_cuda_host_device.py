@@ -3,25 +3,27 @@
 tests/fake_cupy.py stands in for CuPy (as strict about host and device as CuPy: an implicit conversion or a
 host array in device math is a TypeError) and for the CUDA kernels (the NumPy oracles, taking device arrays
 only). With it, `load_model(path, "cuda")` builds exactly the model the real backend builds (weights uploaded,
-state, KV caches and rings allocated with model.xp, cuda_rows in ops.FUSED) and every engine path runs on it:
+state, KV caches and rings allocated with CuPy, cuda_rows in its kernels) and every engine path runs on it:
 plain and speculative generation with each drafter and ring, the adaptive policy (its confidences, withdrawn
 drafts, a draft vocabulary), sampling, chunked prefill, bench. The engine changed a great deal after the last
-run on a GPU (LESSONS 20, 33); these tests run in CI and catch a host/device leak before a GPU does. What they
+run on a GPU (LESSONS 10, 20); these tests run in CI and catch a host/device leak before a GPU does. What they
 cannot catch: a wrong result from a kernel (tests/test_cuda_ops.py, on a GPU).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import fake_cupy
 from test_backends import write_quantized
-from tinyspec import backends, ops
+from tinyspec import backends
 from tinyspec.backends import PackedWeight, load_model
 from tinyspec.draft import DraftModelDrafter
+from tinyspec.fast.adaptive import AdaptiveDraftLength
 from tinyspec.fast.draft_vocab import DraftVocab
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
@@ -48,7 +50,6 @@ def cuda(monkeypatch):
         monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
         monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
-    monkeypatch.setattr(ops, "FUSED", dict(ops.FUSED))  # the backend registers its row functions in a copy
 
 
 def on_device(x) -> bool:
@@ -93,14 +94,16 @@ def test_model_lives_on_the_device_and_matches_the_oracle(files, cuda):
 @pytest.mark.parametrize("rollback", ["snapshot", "replay"])
 @pytest.mark.parametrize("drafter", ["mtp", "lookup", "draft"])
 def test_greedy_speculation_on_the_device_equals_plain(files, cuda, drafter, rollback):
-    target = load_model(files / "target.gguf", "cuda")
-    target.rollback = rollback
+    loaded = load_model(files / "target.gguf", "cuda")
+    target = loaded.with_kernels(replace(loaded.kernels, rollback=rollback))
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
             "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", "cuda"), target=target)}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]
     plain = generate(target, prompt, 20)
     for adaptive in (False, True):  # a fixed k, and the policy (confidences, withdrawn drafts, probes)
-        spec = generate(target, prompt, 20, drafter=make(), draft_n=3, adaptive=adaptive)
+        drafter = make()
+        policy = AdaptiveDraftLength.for_drafter(drafter, 3) if adaptive else None
+        spec = generate(target, prompt, 20, drafter=drafter, draft_n=None if adaptive else 3, policy=policy)
         assert spec.tokens == plain.tokens and spec.stats["drafted"] > 0
 
 
@@ -109,7 +112,8 @@ def test_draft_vocabulary_and_sampling_on_the_device(files, cuda):
     vocab = DraftVocab(np.arange(300)[::-1].copy(), 64, 300)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     plain = generate(target, prompt, 16)
-    spec = generate(target, prompt, 16, drafter=MTPDrafter(target, vocab), draft_n=4, adaptive=True)
+    drafter = MTPDrafter(target, vocab)
+    spec = generate(target, prompt, 16, drafter=drafter, policy=AdaptiveDraftLength.for_drafter(drafter, 4))
     assert spec.tokens == plain.tokens
     params, rng = SamplingParams(temperature=0.9, top_p=0.95), np.random.default_rng(0)
     for drafter in (MTPDrafter(target), DraftModelDrafter(load_model(files / "draft.gguf", "cuda"), target=target)):

@@ -108,12 +108,14 @@ def test_drafts_come_from_the_subset_and_the_full_subset_changes_nothing(target)
     _, hidden = target.forward(np.array(prompt), target.new_state())
     params, rng = SamplingParams(), np.random.default_rng(0)
     for d in (full, everything, few):
-        d.start(prompt, hidden)
-    assert everything.propose(42, 4, params, rng)[0] == full.propose(42, 4, params, rng)[0]
-    drafts, q_rows = few.propose(42, 4, params, rng)
+        d.start(prompt, hidden, 4)
+    assert everything.propose(42, 4, params, rng).tokens == full.propose(42, 4, params, rng).tokens
+    draft = few.propose(42, 4, params, rng)
+    drafts, q_rows = draft.tokens, draft.q_rows
     assert set(drafts) <= set(few.vocab.ids.tolist()) and q_rows == [None] * 4  # greedy: deterministic drafts
-    few.start(prompt, hidden)
-    drafts, q_rows = few.propose(42, 4, SamplingParams(temperature=1.0), rng)
+    few.start(prompt, hidden, 4)
+    draft = few.propose(42, 4, SamplingParams(temperature=1.0), rng)
+    drafts, q_rows = draft.tokens, draft.q_rows
     assert set(drafts) <= set(few.vocab.ids.tolist()) and all(q[few.vocab.ids].sum() == 1.0 for q in q_rows)
 
 

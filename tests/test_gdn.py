@@ -212,7 +212,7 @@ def hf_gdn(cfg: ModelConfig, seed: int):
 
 
 def gguf_from_hf(module, cfg: ModelConfig) -> dict:
-    """HF parameters -> GGUF tensors, as llama.cpp's converter does it (qwen35.md section 2).
+    """HF parameters -> GGUF tensors, as llama.cpp's converter does it (docs/qwen35.md section 2).
 
     HF groups value heads by key head (HF head h = g*R + r uses key head g = h // R); GGUF tiles them
     (GGUF head j = r*n_k + g uses key head j % n_k). So GGUF head j is HF head (j % n_k)*R + j // n_k,

@@ -1,7 +1,7 @@
 """A GGUF file is untrusted input: every malformed file must raise GGUFError naming the problem,
 quickly, without allocating more than the file's size. Nothing else may escape the reader.
 
-The cases follow the loader bugs and CVEs peers shipped (../shared/reference/peers.md section 5):
+The cases follow the loader bugs and CVEs peers shipped (docs/peers.md section 5):
 overflowing counts, sizes and padding, strings longer than the file, unknown types, out-of-bounds
 tensor data, and llama.cpp's own tests/test-gguf.cpp handcrafted-file categories.
 """

@@ -17,7 +17,8 @@ The tiny random model's logits are nearly flat (scale ~2 over 248k entries), so 
 and a few argmax flips under Q8 activations are expected; those files are reported, loosely bounded.
 
 The cpu backend rounds activations to Q8_K (K-quant weights) and Q8_0 (Q8_0 weights) as ggml does and lands
-2-10x closer (test_cpu_backend_rounds_activations_like_llamacpp; LESSONS 30 has prompt seeds 0-4).
+2-10x closer (test_cpu_backend_rounds_activations_like_llamacpp; docs/performance-log.md old 30 has prompt
+seeds 0-4 (LESSONS 9)).
 
 F32 tolerance: 1e-4 x max(1, logit scale), ~30x the measured difference and still 1e-4 relative:
 with F32 weights and an F32 KV cache the only differences are summation order and libm vs NumPy
@@ -112,7 +113,7 @@ def test_cpu_backend_rounds_activations_like_llamacpp(harness, name):
     IQ4_NL 0.024-0.051 -> 2e-7..0.023.
     Two-valued: ~5e-7 (no activation crosses a rounding boundary: llama.cpp's function up to summation
     order) or ~1e-2 (one code moved, and every later row with it). Q8_0 and Q4_0 never reach 5e-7 here,
-    IQ4_NL (x in the same Q8_0 blocks) does on 3 of 5 prompts (LESSONS 30)."""
+    IQ4_NL (x in the same Q8_0 blocks) does on 3 of 5 prompts (docs/performance-log.md old 30)."""
     pytest.importorskip("numba")
     path = FOLDER / name
     if not path.is_file():

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from tinyspec.lookup import LookupDrafter, find_draft
 from tinyspec.sampling import SamplingParams
+from tinyspec.speculate import Draft
 
 
 # --------------------------------------------------------------------------------- hand-worked histories
@@ -64,22 +65,22 @@ def test_drafter_protocol_keeps_history_equal_to_prompt_plus_fed():
     hidden = lambda n: np.zeros((n, 8), dtype=np.float32)  # ignored by this drafter
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     drafter = LookupDrafter(n_max=3)
-    drafter.start(prompt, hidden(len(prompt)))
+    drafter.start(prompt, hidden(len(prompt)), 3)
     assert drafter.history == prompt
 
     # pending 1 after ... 2 6: suffix [6 1] unseen, [1] last at i=3 -> 5 9 2; the drafts are deterministic
-    drafts, q_rows = drafter.propose(1, 3, params, rng)
-    assert drafts == [5, 9, 2] and q_rows == [None, None, None]
+    draft = drafter.propose(1, 3, params, rng)
+    assert draft.tokens == [5, 9, 2] and draft.q_rows == [None, None, None]
     assert drafter.history == prompt  # propose does not commit the pending token
 
     drafter.commit([1, 5], hidden(2))  # pending + one accepted draft
     assert drafter.history == prompt + [1, 5]
     # pending 8: never seen -> a plain step
-    assert drafter.propose(8, 3, params, rng) == ([], [])
+    assert drafter.propose(8, 3, params, rng) == Draft([], [])
     drafter.commit([8], hidden(1))
     assert drafter.history == prompt + [1, 5, 8]
 
-    drafter.start([7, 7], hidden(2))  # a new generation starts from scratch
+    drafter.start([7, 7], hidden(2), 3)  # a new generation starts from scratch
     assert drafter.history == [7, 7]
 
 

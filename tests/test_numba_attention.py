@@ -57,4 +57,4 @@ def test_cpu_model_uses_it():
     from tinyspec.backends import load_model
     from tinyspec.demo import TARGET
 
-    assert load_model(TARGET, "cpu").attend is numba_attention.attend
+    assert load_model(TARGET, "cpu").kernels.attend is numba_attention.attend

@@ -20,3 +20,22 @@ def test_ci_runs_the_readme_test_command():
     _, tests = readme_commands()
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in [line.strip() for line in ci], ".ci/run must run exactly the README's test command"
+
+
+def test_every_cited_test_exists():
+    """README.md and LESSONS.md name the tests behind their claims (`test_x.py::test_name`, or `::test_name`
+    after a file already named): each must exist, so a renamed test cannot leave a claim pointing at nothing."""
+    import re
+
+    for doc in ("README.md", "LESSONS.md"):
+        text = (ROOT / doc).read_text()
+        current = None
+        missing = []
+        for file, name in re.findall(r"(?:(?:tests/)?(test_\w+\.py))?::(test_\w+)", text):
+            current = file or current
+            if current is None:
+                continue
+            source = (ROOT / "tests" / current).read_text()
+            if f"def {name}(" not in source:
+                missing.append(f"{current}::{name}")
+        assert not missing, f"{doc} cites tests that do not exist: {missing}"

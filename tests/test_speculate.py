@@ -7,6 +7,8 @@ Random tiny hybrid models (GDN + attention + MTP) are built here; drafters inclu
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,12 +16,13 @@ from hypothesis import strategies as st
 from tiny_models import write_tiny_qwen35
 
 from tinyspec.draft import DraftModelDrafter
+from tinyspec.fast.adaptive import AdaptiveDraftLength
 from tinyspec.fast.draft_vocab import DraftVocab
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
-from tinyspec.speculate import speculative_generate
+from tinyspec.speculate import Draft, FixedDraftLength, Plan, StopRule, speculative_generate
 
 N_VOCAB = 272
 
@@ -47,14 +50,16 @@ def draft_model(tmp_path_factory) -> Model:
 class RandomDrafter:
     """Adversarial: proposes random tokens, so nearly every draft is rejected."""
 
+    stops_by_confidence = False
+
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
 
-    def start(self, prompt, hidden):
+    def start(self, prompt, hidden, k_max):
         pass
 
-    def propose(self, pending, k, params, rng):
-        return [int(t) for t in self.rng.integers(0, N_VOCAB, k)], [None] * k
+    def propose(self, pending, k, params, rng, stop=None):
+        return Draft([int(t) for t in self.rng.integers(0, N_VOCAB, k)], [None] * k)
 
     def commit(self, fed, hidden):
         pass
@@ -63,16 +68,18 @@ class RandomDrafter:
 class OracleDrafter:
     """Proposes the true greedy continuation: every draft is accepted, k+1 tokens per step."""
 
+    stops_by_confidence = False
+
     def __init__(self, continuation: list[int]):
         self.continuation, self.i = continuation, 0  # i = index of the pending token in the output
 
-    def start(self, prompt, hidden):
+    def start(self, prompt, hidden, k_max):
         self.i = 0
 
-    def propose(self, pending, k, params, rng):
+    def propose(self, pending, k, params, rng, stop=None):
         assert pending == self.continuation[self.i]
         drafts = self.continuation[self.i + 1 : self.i + 1 + k]
-        return drafts, [None] * len(drafts)
+        return Draft(drafts, [None] * len(drafts))
 
     def commit(self, fed, hidden):
         self.i += len(fed)  # the kept tokens, then the new pending token
@@ -84,17 +91,23 @@ def make_drafter(kind: str, target: Model, draft_model: Model, plain: list[int])
             "draft": lambda: DraftModelDrafter(draft_model, target=target),
             "mtp-vocab": lambda: MTPDrafter(target, vocab),
             "mtp-pmin": lambda: MTPDrafter(target, vocab, p_min=0.3),  # stops after unsure drafts
-            "mtp-stop": lambda: stopping(MTPDrafter(target)),  # stops where a rule on the drafts' probabilities says
-            "draft-stop": lambda: stopping(DraftModelDrafter(draft_model, target=target)),
+            "mtp-stop": lambda: MTPDrafter(target),  # with STOPPING: stops where a rule on the probabilities says
+            "draft-stop": lambda: DraftModelDrafter(draft_model, target=target),
             "draft-vocab": lambda: DraftModelDrafter(draft_model, target=target, vocab=vocab),
             "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain)}[kind]()
 
 
-def stopping(drafter):
-    """A drafter cut by its keep_going hook (as adaptive.keep_drafting drives it): on after a draft it gives
-    probability >= 0.4 while the chain's product stays >= 0.2."""
-    drafter.keep_going = lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2
-    return drafter
+@dataclass
+class StoppingPolicy(FixedDraftLength):
+    """k drafts at most, each step cut by a stop rule on the drafts' probabilities (as the adaptive policy's
+    keep_drafting cuts it): on after a draft the drafter gives probability >= 0.4 while the product stays >= 0.2."""
+
+    def plan(self, room):
+        return Plan(min(self.k_max, room), StopRule(lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2))
+
+
+def policy_for(kind: str, draft_n: int):
+    return StoppingPolicy(draft_n) if kind.endswith("-stop") else FixedDraftLength(draft_n)
 
 
 def fresh_state(model: Model, tokens: list[int]):
@@ -110,20 +123,25 @@ def repetitive_prompt(rng, n: int) -> list[int]:
 
 
 @pytest.fixture(params=["snapshot", "replay"])
-def rollback(target, request, monkeypatch):
+def rollback(request) -> str:
     """Both rollback stores of state.py: SnapshotRing (copies) and ReplayRing (rescans); the same bits."""
-    monkeypatch.setattr(target, "rollback", request.param)
     return request.param
+
+
+def with_ring(model: Model, rollback: str) -> Model:
+    """The same weights with the kernels' ring set to `rollback` (Model.new_ring makes that one)."""
+    return model.with_kernels(replace(model.kernels, rollback=rollback))
 
 
 @pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "draft-stop", "random", "oracle"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12), max_new=st.integers(1, 24))
 def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, seed, draft_n, n_prompt, max_new):
+    target = with_ring(target, rollback)
     prompt = repetitive_prompt(np.random.default_rng(seed), n_prompt)
     plain = generate(target, prompt, max_new).tokens
     drafter = make_drafter(kind, target, draft_model, plain)
-    spec = speculative_generate(target, drafter, prompt, max_new, draft_n)
+    spec = speculative_generate(target, drafter, prompt, max_new, policy=policy_for(kind, draft_n))
     assert spec.tokens == plain
     # the target state holds exactly prompt + emitted[:-1], bit for bit
     assert spec.state.max_abs_diff(fresh_state(target, prompt + plain[:-1])) == 0.0
@@ -143,6 +161,7 @@ def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, se
 @pytest.mark.parametrize("kind", ["mtp", "lookup", "draft", "oracle"])
 def test_stop_at_every_position_of_a_window(target, draft_model, rollback, kind):
     """A stop token at output position j (inside an accepted run or not): output ends at j, state exact."""
+    target = with_ring(target, rollback)
     prompt = repetitive_prompt(np.random.default_rng(5), 9)
     plain = generate(target, prompt, 16).tokens
     for j in range(len(plain)):
@@ -167,6 +186,7 @@ def test_rollback_reruns_no_pass_and_allocates_no_ring(target, rollback, monkeyp
     """The target sees each verify pass once: tokens forwarded = prompt + k+1 per step (no re-run of the
     kept prefix through the model; a ReplayRing rescans only the GDN memory), and the ring is allocated
     once for the whole generation."""
+    target = with_ring(target, rollback)
     created = []
     real_new_ring = target.new_ring
     monkeypatch.setattr(target, "new_ring", lambda slots: created.append(1) or real_new_ring(slots))
@@ -205,7 +225,7 @@ def test_limits_are_checked_before_anything_is_allocated(target):
     with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):
         speculative_generate(target, LookupDrafter(), [1], 4, draft_n=10**9)
     with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):
-        generate(target, [1], 4, drafter=LookupDrafter(), draft_n=MAX_DRAFT + 1, adaptive=True)
+        generate(target, [1], 4, drafter=LookupDrafter(), policy=AdaptiveDraftLength(MAX_DRAFT + 1))
     with pytest.raises(ValueError, match=f"context length {n_ctx}.*at most {n_ctx - 3} new tokens"):
         generate(target, [1, 2, 3], n_ctx)
     with pytest.raises(ValueError, match="context length"):
@@ -214,8 +234,6 @@ def test_limits_are_checked_before_anything_is_allocated(target):
         generate(target, [1] * (n_ctx + 1), 0)
     with pytest.raises(ValueError, match="max_new"):
         generate(target, [1], -1)
-    with pytest.raises(ValueError, match="max_draft must be in 1..64"):
-        DraftModelDrafter(target, max_draft=10**9)
     assert len(generate(target, [1, 2, 3], 2).tokens) == 2  # within the limits nothing changes
 
 
@@ -302,7 +320,7 @@ def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
     from tinyspec.state import ReplayRing
 
     prompt, batch = [1, 2, 3, 4], [5, 6, 7, 8]
-    ring = ReplayRing(target.cfg, 4, target.causal_conv, target.gdn_scan)
+    ring = ReplayRing(target.cfg, 4, target.kernels.causal_conv, target.kernels.gdn_scan)
     with pytest.raises(ValueError, match="slot 0: the ring holds slots 0 .. -1"):
         ring.restore(fresh_state(target, prompt), 0)
     state = fresh_state(target, prompt)
@@ -337,8 +355,8 @@ def test_self_speculation_accepts_everything(target, temperature):
 
 
 def test_measure_step_overheads_times_both_rings(tmp_path, capsys):
-    """tools/measure_step_overheads.py (LESSONS 25's rollback costs) runs on a file's header and reports a
-    ReplayRing rollback per kept count next to the SnapshotRing figures."""
+    """tools/measure_step_overheads.py (LESSONS 14-15; costs in docs/performance-log.md old 25) runs on a
+    file's header and reports a ReplayRing rollback per kept count next to the SnapshotRing figures."""
     import json
     import sys
     from pathlib import Path

@@ -95,9 +95,9 @@ def test_inner_drafter_pays_the_real_cost_and_changes_nothing_else(target, refer
     class Counting(MTPDrafter):
         drafted = 0
 
-        def propose(self, pending, k, params, rng):
+        def propose(self, pending, k, params, rng, stop=None):
             Counting.drafted += k
-            return super().propose(pending, k, params, rng)
+            return super().propose(pending, k, params, rng, stop)
 
     inner = Counting(target)
     with_inner = SyntheticDrafter(reference, 0.7, seed=3, inner=inner)
@@ -112,22 +112,23 @@ def test_inner_drafter_pays_the_real_cost_and_changes_nothing_else(target, refer
 def test_wrong_drafts_are_certainly_wrong_and_seeded():
     reference = [0, 1, 0, 7, 0, 3, 9, 0, 2, 5]
     drafter = SyntheticDrafter(reference, 0.0, seed=3)
-    drafts, q = drafter.propose(reference[0], 9, SamplingParams(), np.random.default_rng(0))
+    draft = drafter.propose(reference[0], 9, SamplingParams(), np.random.default_rng(0))
+    drafts, q = draft.tokens, draft.q_rows
     assert len(drafts) == 9 and q == [None] * 9
     assert all(d != r and d >= 0 for d, r in zip(drafts, reference[1:]))
     a, b = SyntheticDrafter(reference, 0.5, seed=4), SyntheticDrafter(reference, 0.5, seed=4)
     assert a.propose(0, 9, SamplingParams(), None) == b.propose(0, 9, SamplingParams(), None)
-    assert SyntheticDrafter(reference, 1.0).propose(0, 20, SamplingParams(), None)[0] == reference[1:]  # cut at the end
+    assert SyntheticDrafter(reference, 1.0).propose(0, 20, SamplingParams(), None).tokens == reference[1:]  # cut at the end
 
 
 def test_position_follows_commit_after_partial_acceptance():
     reference = list(range(100, 130))
     drafter = SyntheticDrafter(reference, 1.0)
-    assert drafter.propose(100, 4, SamplingParams(), None)[0] == [101, 102, 103, 104]
+    assert drafter.propose(100, 4, SamplingParams(), None).tokens == [101, 102, 103, 104]
     drafter.commit([100, 101], None)  # the target kept one draft, then corrected to 102
-    assert drafter.propose(102, 3, SamplingParams(), None)[0] == [103, 104, 105]
+    assert drafter.propose(102, 3, SamplingParams(), None).tokens == [103, 104, 105]
     drafter.commit([102, 103, 104, 105], None)  # all kept, bonus 106 is the next pending token
-    assert drafter.propose(106, 2, SamplingParams(), None)[0] == [107, 108]
+    assert drafter.propose(106, 2, SamplingParams(), None).tokens == [107, 108]
     assert drafter.history == [(4, 1), (3, 3)] and drafter.diverged_at is None
 
 

@@ -177,7 +177,7 @@ def test_from_gguf_file(tmp_path):
 
 # ------------------------------------------------------------------------------------ real vocabulary
 
-N_VOCAB = 248320  # Qwen3.5/3.6 config vocab_size (reference/qwen35.md: qwen3.6-27b.schema n_vocab)
+N_VOCAB = 248320  # Qwen3.5/3.6 config vocab_size (docs/qwen35.md, Sources: the qwen3.6-27b.schema snapshot's n_vocab)
 NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
                "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
 

@@ -1,11 +1,11 @@
 """Command line: `python -m tinyspec <command>`.
 
     inspect FILE.gguf [--json]                      metadata and tensor table of a GGUF file
-    logits --model FILE --prompt TEXT --out X.npz   logits / hidden / MTP logits of a prompt
-    generate --model FILE --prompt TEXT             greedy or sampled decoding, plain or speculative (--spec)
+    logits [--model FILE] --prompt TEXT --out X.npz logits / hidden / MTP logits of a prompt (default: the shipped model)
+    generate [--model FILE] --prompt TEXT           greedy or sampled decoding, plain or speculative (--spec)
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
-    bench --model FILE [--backend cpu] [--json]     decode tok/s, verify cost for k = 1/2/4/8, bandwidth, spec speedups
+    bench --model FILE [--backend cpu] [--json]     decode tok/s, cost of 1/2/4/8-token verify passes, bandwidth, speedups
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 
@@ -107,7 +107,7 @@ def parse_token_list(text: str) -> list[int]:
 
 
 def load_model(path: str, backend: str | None = None):
-    from .backends import load_model as load
+    from .backends import first_run_compiles, load_model as load
     from .tokenizer import Tokenizer
 
     def progress(done: int, total: int) -> None:
@@ -116,12 +116,9 @@ def load_model(path: str, backend: str | None = None):
             print(f"\rloading {path}: {done}/{total} tensors", end=end, file=sys.stderr, flush=True)
 
     model = load(path, backend, progress)
-    if getattr(model, "backend", None) == "cpu":
-        from .fast import kernel_cache, numba_ops
-
-        if kernel_cache.is_cold(numba_ops._quant_linear_q8_parallel):
-            print("note: first run of the cpu backend here: Numba compiles its kernels as they are first used "
-                  "(about half a minute, once; cached on disk after)", file=sys.stderr)
+    if first_run_compiles(model.backend):
+        print("note: first run of the cpu backend here: Numba compiles its kernels as they are first used "
+              "(about half a minute, once; cached on disk after)", file=sys.stderr)
     return model, Tokenizer.from_gguf(model.metadata)
 
 
@@ -135,6 +132,17 @@ def read_prompt_file(args) -> None:
         raise ValueError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except IsADirectoryError:
         raise ValueError(f"--prompt-file {args.prompt_file}: is a folder") from None
+
+
+def shipped_model_default(args, draft: bool = False) -> None:
+    """generate / logits without --model run the model tinyspec ships (as the demo does), and with draft=True
+    (generate --spec draft) the shipped draft model unless --draft-model names one."""
+    if args.model is None:
+        from .demo import DRAFT, TARGET
+
+        args.model = str(TARGET)
+        if draft and not args.draft_model:
+            args.draft_model = str(DRAFT)
 
 
 def check_prompt_args(args, required: bool = True) -> None:
@@ -168,6 +176,7 @@ def cmd_logits(args) -> int:
     from .mtp import MTPHead, shift_hidden
 
     out_path = npz_path(args.out)
+    shipped_model_default(args)
     check_prompt_args(args)
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
@@ -183,7 +192,7 @@ def cmd_logits(args) -> int:
 
 DRAFT_MAX = {"mtp": 8, "lookup": 8, "draft": 4, "none": 0}  # adaptive draft length: the largest k tried (mtp, draft:
 # their confidence ends a step early, adaptive.keep_drafting, so a long cap costs little where drafts are unsure;
-# the shipped draft model measured 0.80x plain at 4, 0.76x at 8: LESSONS 29)
+# the shipped draft model measured 0.80x plain at 4, 0.76x at 8: docs/performance-log.md old 29)
 
 
 def draft_vocab(args, model, tokenizer=None):
@@ -201,7 +210,7 @@ def draft_vocab(args, model, tokenizer=None):
     return DraftVocab(ranking, min(n, model.cfg.n_vocab), model.cfg.n_vocab)
 
 
-def make_drafter(args, model, draft_n: int = 16, tokenizer=None):
+def make_drafter(args, model, tokenizer=None):
     if args.spec == "none":
         return None
     if args.spec == "mtp":
@@ -217,7 +226,7 @@ def make_drafter(args, model, draft_n: int = 16, tokenizer=None):
 
     if not args.draft_model:
         raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
-    return DraftModelDrafter(load(args.draft_model, model.backend), target=model, max_draft=max(1, draft_n),
+    return DraftModelDrafter(load(args.draft_model, model.backend), target=model,
                              vocab=draft_vocab(args, model, tokenizer))
 
 
@@ -250,17 +259,18 @@ class StreamPrinter:
 def cmd_generate(args) -> int:
     from .generate import generate
     from .sampling import SamplingParams
-    from .speculate import MAX_DRAFT
+    from .speculate import check_draft_length
 
+    shipped_model_default(args, draft=args.spec == "draft")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if args.max_new < 0:
         raise ValueError(f"--max-new must be >= 0, got {args.max_new}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    if args.draft_n is not None and not 0 <= args.draft_n <= MAX_DRAFT:
-        raise ValueError(f"--draft-n must be in 0..{MAX_DRAFT}, got {args.draft_n}")
-    if args.draft_max is not None and not 1 <= args.draft_max <= MAX_DRAFT:
-        raise ValueError(f"--draft-max must be in 1..{MAX_DRAFT}, got {args.draft_max}")
+    if args.draft_n is not None:
+        check_draft_length(args.draft_n, "--draft-n")
+    if args.draft_max is not None:
+        check_draft_length(args.draft_max, "--draft-max", low=1)
     if args.draft_vocab is not None and args.draft_vocab < 0:
         raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
     if not 0 <= args.draft_p_min <= 1:
@@ -286,9 +296,14 @@ def cmd_generate(args) -> int:
     tokens = prompt_tokens(args, tokenizer)
     stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
     printer = StreamPrinter(tokenizer, marked=args.show and args.spec != "none") if stream else None
+    drafter = make_drafter(args, model, tokenizer)
+    policy = None
+    if adaptive and drafter is not None:
+        from .fast.adaptive import AdaptiveDraftLength
+
+        policy = AdaptiveDraftLength.for_drafter(drafter, draft_n)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
-                      drafter=make_drafter(args, model, draft_n, tokenizer), draft_n=draft_n, adaptive=adaptive,
-                      on_emit=printer)
+                      drafter=drafter, draft_n=None if adaptive else draft_n, policy=policy, on_emit=printer)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
@@ -331,10 +346,9 @@ def cmd_synth(args) -> int:
 
 def cmd_bench(args) -> int:
     from .fast.bench import bench
-    from .speculate import MAX_DRAFT
+    from .speculate import check_draft_length
 
-    if not 1 <= args.draft_n <= MAX_DRAFT:
-        raise ValueError(f"--draft-n must be in 1..{MAX_DRAFT}, got {args.draft_n}")
+    check_draft_length(args.draft_n, "--draft-n", low=1)
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
     check_prompt_args(args, required=False)  # no prompt: random ids
@@ -362,8 +376,10 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     if args.synth_len is not None or args.adaptive or args.draft_vocab:
         drafters = tuple(dict.fromkeys(drafters + ("mtp",)))
-    if args.rollback is not None:
-        model.rollback = args.rollback
+    if args.rollback is not None:  # the same weights with the other ring
+        from dataclasses import replace
+
+        model = model.with_kernels(replace(model.kernels, rollback=args.rollback))
     report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
@@ -375,7 +391,8 @@ def cmd_bench(args) -> int:
     print(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token)")
     print(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
           f"({100 * report['weight_bw_fraction']:.0f}%)")
-    print("verify cost     " + "  ".join(f"k={k}: {r:.2f}x" for k, r in report["verify_cost_ratio"].items()))
+    print("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
+                                         for T, r in report["verify_cost_ratio"].items()) + " a one-token pass")
     if report["spec"]:
         w = max(15, *(len(name) for name in report["spec"]))
         print(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
@@ -394,7 +411,7 @@ def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> N
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="qwen35 GGUF file")
+    p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (encoded with the file's own tokenizer)")
     src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
@@ -454,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
                    help="mtp: stop drafting after a draft the head gives probability < P (llama.cpp's --draft-p-min; "
                         "0, the default: draft every position the draft length allows)")
-    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model)")
+    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
+                                         "with the shipped model: the shipped draft model)")
     p.add_argument("--show", action="store_true",
                    help="print the output with accepted drafts [in brackets], corrections {in braces} and "
                         "bonus tokens <in angle brackets>")

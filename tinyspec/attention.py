@@ -21,13 +21,16 @@ Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF 
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from .config import ModelConfig
-from .ops import linear, rms_norm, rope_neox, sigmoid, softmax
+from .ops import rope_neox, softmax
 from .state import KVCache
+
+if TYPE_CHECKING:
+    from .kernels import Kernels
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
@@ -49,23 +52,26 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, sca
 
 
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
-                    attend=attend) -> np.ndarray:
+                    kern: Kernels | None = None) -> np.ndarray:
     """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n.
-    attend: the function above or one with its contract (a backend's, e.g. fast/numba_attention.py)."""
+    kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
+    function above or one with its contract, e.g. fast/numba_attention.py's); None: the oracle's."""
+    if kern is None:
+        from .kernels import NUMPY as kern  # imported here: kernels.py imports this module for its defaults
     T = x.shape[0]
     H, H_kv, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     G = H // H_kv  # query heads per kv head
     positions = np.arange(cache.n, cache.n + T)
 
-    qg = linear(x, w["attn_q.weight"]).reshape(T, H, 2 * d)  # [T, H, 2d]
+    qg = kern.linear(x, w["attn_q.weight"]).reshape(T, H, 2 * d)  # [T, H, 2d]
     q, gate = qg[..., :d], qg[..., d:].reshape(T, H * d)  # [T, H, d], [T, H*d]
-    k = linear(x, w["attn_k.weight"]).reshape(T, H_kv, d)  # [T, H_kv, d]
-    v = linear(x, w["attn_v.weight"]).reshape(T, H_kv, d)
-    q = rope_neox(rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
-    k = rope_neox(rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
+    k = kern.linear(x, w["attn_k.weight"]).reshape(T, H_kv, d)  # [T, H_kv, d]
+    v = kern.linear(x, w["attn_v.weight"]).reshape(T, H_kv, d)
+    q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
+    k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     n_past = cache.n
     cache.append(k, v)
 
-    o = attend(q.reshape(T, H_kv, G, d), cache.k, cache.v, n_past, np.float32(cfg.attn_scale))  # [T, H_kv, G, d]
-    attn = o.reshape(T, H * d) * sigmoid(gate)  # [T, H*d]
-    return linear(attn, w["attn_output.weight"])
+    o = kern.attend(q.reshape(T, H_kv, G, d), cache.k, cache.v, n_past, np.float32(cfg.attn_scale))  # [T, H_kv, G, d]
+    attn = o.reshape(T, H * d) * kern.sigmoid(gate)  # [T, H*d]
+    return kern.linear(attn, w["attn_output.weight"])

@@ -14,14 +14,19 @@
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
             device. The model code is the oracle's own: its NumPy calls dispatch to CuPy on CuPy arrays
-            (NEP 18), model.xp allocates the state, and only the token embeddings go up and the logits and
-            hidden rows come down per forward (the engine samples on the host). The delta-rule scan is
-            cuda_ops.gdn_scan (writes the ring from registers); rollback is a device-to-device copy. The row
-            functions (norms, gates) take one launch each (fast/cuda_rows.py via ops.FUSED) and every weight
-            is bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time.
+            (NEP 18), the kernels' xp (CuPy) allocates the state, and only the token embeddings go up and
+            the logits and hidden rows come down per forward (the engine samples on the host). The
+            delta-rule scan is cuda_ops.gdn_scan (writes the ring from registers); rollback is a
+            device-to-device copy. The row functions (norms, gates) take one launch each
+            (fast/cuda_rows.py) and every weight is bound once (cuda_ops.bind): at decode sizes a launch
+            costs Python time, not GPU time.
 
-The model code does not know which one it runs: a matmul weight is either a float32 array (oracle) or a
-`PackedWeight`, which has `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows).
+A backend is two things, both built here and handed to the Model at construction (nothing is patched
+into a model or a module afterwards):
+    the weights   a matmul weight is either a float32 array (oracle) or a `PackedWeight`, which has
+                  `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows);
+    the kernels   a tinyspec.kernels.Kernels naming the functions the model computes with (cpu_kernels,
+                  cuda_kernels below; the oracle's is kernels.NUMPY).
 Every backend keeps the engine's guarantee: the rows of a k-token pass are bitwise those of k one-token
 passes (each kernel is batch-invariant on its own backend, tests/test_backends.py checks the whole model).
 
@@ -33,13 +38,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from . import ops
 from .config import ModelConfig
 from .gguf import GGUFFile, read_gguf
+from .kernels import Kernels
 from .model import Model, load_tensors
 from .quants import GGMLType, dequantize
 
@@ -78,6 +84,17 @@ def default_backend() -> str:
     return "cuda" if cuda_available() else "cpu" if numba_available() else "numpy"
 
 
+def first_run_compiles(backend: str) -> bool:
+    """True when `backend` will compile its kernels on first use here (the cpu backend on a cold Numba cache:
+    once, then cached on disk; docs/performance-log.md old 34 timed the pause), so a caller can say so before
+    the wait."""
+    if check(backend) != "cpu":
+        return False
+    from .fast import kernel_cache, numba_ops
+
+    return kernel_cache.is_cold(numba_ops._quant_linear_q8_parallel)
+
+
 def check(name: str) -> str:
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -89,22 +106,21 @@ def check(name: str) -> str:
 
 
 class PackedWeight:
-    """An [out, in] weight kept as its GGUF bytes; a backend's kernels multiply it without expanding it."""
+    """An [out, in] weight kept as its GGUF bytes; a backend's weight kernels multiply it without expanding it.
+
+    kernels: the weight kernels (numba_ops, CudaWeightKernels), anything with SUPPORTED (the ggml types it
+    reads), bind(raw, type, shape, q8) -> linear(x) [T, in] -> [T, out] (the weight checked and planned
+    once) and get_rows(raw, type, shape, ids) -> [n, in] float32 on the host.
+    """
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
         self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
         self.nbytes = raw.nbytes
-        # kernels that can check a weight once give a per-weight linear(x) (numba_ops.bind)
-        # (with q8=True: K-quant weights multiply x rounded to Q8_K in integers, as llama.cpp's CPU does)
-        self._linear = kernels.bind(raw, ggml_type, shape, q8=True) if hasattr(kernels, "bind") else None
+        # q8=True: K-quant weights multiply x rounded to Q8_K in integers, as llama.cpp's CPU does (cpu only)
+        self._linear = kernels.bind(raw, ggml_type, shape, q8=True)
 
     def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
-        if self._linear is not None:
-            return self._linear(x)
-        if not isinstance(x, np.ndarray):  # a device array: the kernels take it as it is
-            return self.kernels.quant_linear(x, self.raw, self.ggml_type, self.shape)
-        return self.kernels.quant_linear(np.ascontiguousarray(x, dtype=np.float32), self.raw, self.ggml_type,
-                                         self.shape)
+        return self._linear(x)
 
     def __getitem__(self, ids) -> np.ndarray:  # embedding lookup: [n] -> [n, in]
         return self.kernels.get_rows(self.raw, self.ggml_type, self.shape, np.asarray(ids, dtype=np.int64))
@@ -138,11 +154,11 @@ def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None)
     return packed_tensors(g, numba_ops, progress=progress)
 
 
-class CudaKernels:
-    """quant_linear / get_rows of tinyspec/fast/cuda_ops.py; the weights live on the GPU (uploaded once).
-    quant_linear answers where it was asked: a CuPy x stays on the device, a NumPy x (the draft-vocabulary
-    scoring of a hidden row the engine holds) goes up and its result comes back. get_rows returns host
-    rows (embeddings: the model uploads them)."""
+class CudaWeightKernels:
+    """bind / get_rows of tinyspec/fast/cuda_ops.py for PackedWeight; the weights live on the GPU (uploaded
+    once). A bound linear answers where it was asked: a CuPy x stays on the device, a NumPy x (the
+    draft-vocabulary scoring of a hidden row the engine holds) goes up and its result comes back. get_rows
+    returns host rows (embeddings: the model uploads them)."""
 
     def __init__(self):
         import cupy
@@ -150,11 +166,6 @@ class CudaKernels:
         from .fast import cuda_ops
 
         self.cp, self.ops, self.SUPPORTED = cupy, cuda_ops, cuda_ops.SUPPORTED
-
-    def quant_linear(self, x, raw, ggml_type, shape):
-        if isinstance(x, self.cp.ndarray):
-            return self.ops.quant_linear(x, raw, ggml_type, shape)
-        return self.cp.asnumpy(self.ops.quant_linear(self.cp.asarray(x), raw, ggml_type, shape))
 
     def bind(self, raw, ggml_type, shape, q8: bool = False):
         """quant_linear for one weight, validated and planned once (q8 is the cpu backend's; CUDA keeps float x)."""
@@ -175,7 +186,7 @@ def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
     """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels), a matmul
     weight of a type the kernels do not read as an F32 packed weight (so ops.linear still finds .linear),
     every other tensor as a float32 device array."""
-    kernels = CudaKernels()
+    kernels = CudaWeightKernels()
     cp = kernels.cp
     out = packed_tensors(g, kernels, cp.asarray, progress)
     for name, t in out.items():
@@ -197,38 +208,66 @@ def cuda_gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     return cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=states_out, out_state=out)
 
 
+def cpu_kernels() -> Kernels:
+    """The oracle's functions with Numba's attention, scan and conv, and the replay ring."""
+    from .fast import numba_attention, numba_gdn
+
+    return Kernels(
+        name="cpu",
+        attend=numba_attention.attend,  # batch-invariant like the oracle's, to float32 rounding of it
+        gdn_scan=numba_gdn.gdn_scan,  # bitwise the oracle's scan, without its temporaries
+        causal_conv=numba_gdn.causal_conv,  # bitwise the oracle's conv
+        rollback="replay",  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 15)
+    )
+
+
+def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
+    """oracle's contract, computed by `fused` (a fast/cuda_rows.py function) on a device array. A fused function
+    may decline (return None: a broadcast its kernel does not do), and a host array never reaches it: the
+    oracle computes both (it is the same function; NumPy runs it where the array lives)."""
+
+    def row(x, *args):
+        if isinstance(x, device_array) and (y := fused(x, *args)) is not None:
+            return y
+        return oracle(x, *args)
+
+    row.__name__ = row.__qualname__ = oracle.__name__
+    return row
+
+
+def cuda_kernels() -> Kernels:
+    """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
+    one launch per norm or gate instead of four to six) and the snapshot ring."""
+    import cupy
+
+    from .fast import cuda_rows
+
+    dev = cupy.ndarray
+    return Kernels(
+        name="cuda", gdn_scan=cuda_gdn_scan, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
+        rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
+        l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
+        sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
+        silu=device_rows(cuda_rows.silu, ops.silu, dev),
+        softplus=device_rows(cuda_rows.softplus, ops.softplus, dev),
+    )
+
+
 def load_model(path: str | os.PathLike, backend: str | None = None,
                progress: Callable[[int, int], None] | None = None) -> Model:
     """A Model whose weights live where `backend` (default: default_backend()) computes with them."""
     backend = check(backend) if backend else default_backend()
     if backend == "numpy":
-        model = Model.from_gguf(path, progress)
-    else:
-        g = read_gguf(path)  # stays open: the packed weights are views of its memory map
-        embd = g.tensors.get("token_embd.weight")
-        cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
-        tensors = cpu_tensors(g, progress) if backend == "cpu" else cuda_tensors(g, progress)
-        model = Model(cfg, tensors, g.metadata)
-        model.source = g
-        if backend == "cpu":
-            from .fast import numba_attention, numba_gdn
-
-            model.attend = numba_attention.attend  # batch-invariant like the oracle's, to float32 rounding of it
-            model.gdn_scan = numba_gdn.gdn_scan  # bitwise the oracle's scan, without its temporaries
-            model.causal_conv = numba_gdn.causal_conv  # bitwise the oracle's conv
-            model.rollback = "replay"  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 25)
-        else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
-            import cupy
-
-            from . import ops
-            from .fast import cuda_rows
-
-            model.xp, model.to_device, model.to_host = cupy, cupy.asarray, cupy.asnumpy
-            model.gdn_scan = cuda_gdn_scan
-            ops.FUSED[cupy.ndarray] = cuda_rows  # one launch per norm / gate instead of four to six
-    model.backend = backend
-    model.path = Path(path)
-    return model
+        return Model.from_gguf(path, progress)  # the oracle's kernels
+    g = read_gguf(path)  # stays open: the packed weights are views of its memory map
+    embd = g.tensors.get("token_embd.weight")
+    cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
+    if backend == "cpu":
+        tensors, kernels = cpu_tensors(g, progress), cpu_kernels()
+    else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
+        tensors, kernels = cuda_tensors(g, progress), cuda_kernels()
+    return Model(cfg, tensors, g.metadata, kernels, source=g, path=path)
 
 
-__all__ = ["BACKENDS", "BackendError", "PackedWeight", "default_backend", "load_model", "load_tensors"]
+__all__ = ["BACKENDS", "BackendError", "PackedWeight", "cpu_kernels", "cuda_kernels", "default_backend", "load_model",
+           "load_tensors"]

@@ -1,6 +1,6 @@
 """ModelConfig: every qwen35 hyperparameter, read from GGUF metadata and validated.
 
-Keys and derivations follow llama.cpp (../shared/reference/qwen35.md section 1):
+Keys and derivations follow llama.cpp (docs/qwen35.md section 1):
 
     n_layer_all = qwen35.block_count             trunk layers + MTP layers
     n_nextn     = qwen35.nextn_predict_layers     MTP blocks (0 or 1), absent = 0

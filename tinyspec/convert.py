@@ -3,7 +3,7 @@
     convert(hf_dir, out_path, outtype="f32" | "f16" | "q8_0", progress=None, mtp="include" | "exclude" | "only")
 
 What llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint, and so what this does
-(../shared/reference/qwen35.md sections 1-2):
+(docs/qwen35.md sections 1-2):
     names     HF module names -> GGUF names (LAYER_NAMES); `language_model.` dropped; vision tensors
               dropped; mtp.layers.K.* -> blk.{n_trunk+K}.*; mtp.fc / pre_fc_norm_embedding /
               pre_fc_norm_hidden / norm -> blk.{n_trunk}.nextn.eh_proj / enorm / hnorm / shared_head_norm
@@ -180,7 +180,7 @@ def tile_v_heads(x: np.ndarray, axis: int, cfg: dict, head_dim: int, skip: int =
 
 
 def transform(name: str, x: np.ndarray, cfg: dict) -> np.ndarray:
-    """The value edits of qwen.py's modify_tensors on one tensor, by its GGUF name (qwen35.md section 2)."""
+    """The value edits of qwen.py's modify_tensors on one tensor, by its GGUF name (docs/qwen35.md section 2)."""
     kind = name.split(".")[2] if name.startswith("blk.") else name  # attn_qkv, ssm_a, ...
     if cfg["linear_num_key_heads"] != cfg["linear_num_value_heads"]:
         dv, qk = cfg["linear_value_head_dim"], 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]

@@ -6,7 +6,14 @@ on the Python standard library: Gated DeltaNet layers with full attention every 
 For each method, every prompt is decoded greedily; the table gives tokens/s over all prompts, the speedup over
 plain decoding, the acceptance rate (kept drafts / drafted) and the mean accepted length (tokens emitted per
 verify pass: accepted drafts + the target's own token). Greedy speculative output must equal the plain output
-token for token; the demo checks it and says so. Then one generation is shown with its drafts marked.
+token for token; the demo checks it and says so. Then one generation is shown with its drafts marked: an
+"edit this code" answer, where the output repeats its input and speculation has most to gain.
+
+Backend: the fastest one this machine has (tinyspec.backends.default_backend: cpu with Numba, cuda with a
+GPU), because what speculation buys shows only where a verify pass of k + 1 tokens costs about as much as a
+one-token pass. On the NumPy oracle (`--backend numpy`) every row is its own matrix-vector product in Python,
+so a pass of 4 tokens costs several one-token passes and speculation roughly breaks even on this small model.
+The first cpu run compiles the Numba kernels (cached on disk after); the demo says so before it waits.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from .backends import default_backend, load_model
+from .backends import default_backend, first_run_compiles, load_model
 from .draft import DraftModelDrafter
+from .fast.adaptive import AdaptiveDraftLength  # the wing's draft-length policy: what `generate --spec mtp` runs
 from .generate import generate, render_marked
 from .lookup import LookupDrafter
 from .mtp import MTPDrafter
@@ -49,10 +57,7 @@ EDITS = [
      "def copy_file(src, dst, length=16384):\n    with open(src, 'rb') as fsrc:\n"),
 ]
 EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
-# The NumPy oracle needs no compilation, so the demo starts at once (None: tinyspec's default backend).
-# `--backend cpu` runs it ~1.4x faster once Numba has compiled its kernels (~15 s, the first run only;
-# cached on disk): on a model this small per-call overhead, not weight bandwidth, sets the speed.
-DEFAULT_BACKEND = "numpy"
+SHOWN = EDITS[2][0] + "\n\n" + EDITS[2][1]  # the generation the demo prints with its drafts marked
 # "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to 8 (adaptive.py)
 METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", 8), ("lookup", 8), ("draft", 4)]
 
@@ -61,15 +66,17 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
     tokens = steps = drafted = accepted = 0
     outputs, seconds = [], 0.0
     for prompt in prompts:
-        drafter = {"plain": None, "mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=4),
-                   "draft": lambda: DraftModelDrafter(draft, target=target, max_draft=k)}[name.split()[0]]
+        make = {"plain": None, "mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=4),
+                "draft": lambda: DraftModelDrafter(draft, target=target)}[name.split()[0]]
         t0 = time.perf_counter()
-        res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter() if drafter else None, draft_n=k,
-                       adaptive=name.endswith("auto"))
+        drafter = make() if make else None
+        policy = AdaptiveDraftLength.for_drafter(drafter, k) if name.endswith("auto") else None
+        res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter, draft_n=None if policy else k,
+                       policy=policy)
         seconds += time.perf_counter() - t0
         outputs.append(res)
         tokens += len(res.tokens)
-        if drafter:
+        if drafter is not None:
             steps += res.stats["steps"]
             drafted += res.stats["drafted"]
             accepted += res.stats["accepted"]
@@ -85,7 +92,10 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     if not TARGET.is_file() or not DRAFT.is_file():
         raise OSError(f"the shipped models are missing from {ASSETS} (tiny-target.gguf, tiny-draft.gguf); "
                       "reinstall tinyspec or run tools/train_tiny.py all --assets tinyspec/assets")
-    backend = backend or DEFAULT_BACKEND or default_backend()
+    backend = backend or default_backend()
+    if first_run_compiles(backend):
+        say(f"(first run of the {backend} backend on this machine: compiling its kernels, about half a minute; "
+            "cached on disk after)")
     t0 = time.perf_counter()
     target, draft = load_model(TARGET, backend), load_model(DRAFT, backend)
     tok = Tokenizer.from_gguf(target.metadata)
@@ -118,13 +128,14 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     say(f"  greedy outputs identical to plain decoding for every method and prompt: {'yes' if same else 'NO'}")
     lookup_edit = generate(target, prompts[-1], max_new, stop_ids=stop_ids, drafter=LookupDrafter(n_max=4), draft_n=8)
     say(f"  lookup on the edit-this-code prompt alone: {lookup_edit.stats['mean_accepted_length']:.2f} tokens/step")
-    say("  (tokens/step is what a verify pass buys. On a model this small a pass costs Python overhead more than")
-    say("  weight bandwidth, so drafting eats much of the gain; `--backend cpu` (Numba, ~15 s to compile once)")
-    say("  verifies 4 tokens for the price of one here, and `python -m tinyspec bench` on a `synth` model at a")
-    say("  real shape shows the memory-bound case.)")
+    say("  (tokens/step is what a verify pass buys; speedup is what is left after paying for drafts and passes.")
+    say("  `--backend numpy` runs the same on the oracle, where a pass of k + 1 tokens costs several one-token")
+    say("  passes; `python -m tinyspec bench` on a `synth` model times the memory-bound case at real shapes.)")
     say()
-    shown = results["mtp"]["outputs"][1]
-    say("One generation with --spec mtp ([accepted draft] {correction} <bonus>; plain text = prompt):")
+    drafter = MTPDrafter(target)
+    shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
+                     policy=AdaptiveDraftLength.for_drafter(drafter, 8))
+    say("One generation with --spec mtp, an edit of the function above it ([accepted draft] {correction} <bonus>):")
     say()
-    say(PROMPTS[1] + render_marked(tok, shown.tokens, shown.marks))
+    say(EDITS[2][1] + render_marked(tok, shown.tokens, shown.marks))
     return 0 if same else 1

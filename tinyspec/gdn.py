@@ -32,19 +32,22 @@ src/models/delta-net-base.cpp; HF transformers Qwen3_5GatedDeltaNet, torch_recur
 and torch_chunk_gated_delta_rule (models/qwen3_5/modeling_qwen3_5.py); fla ops/gated_delta_rule/naive.py.
 Papers: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025);
 Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence Length" (NeurIPS 2024),
-for the WY / UT chunk form. Math reference: ../shared/reference/qwen35.md section 3.1.
+for the WY / UT chunk form. Math reference: docs/qwen35.md section 3.1.
 Does NOT include: batching of several sequences, qwen3next's fused qkvz / ba layouts, backward pass.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from .config import ModelConfig
-from .ops import asarray_like, l2_norm, linear, rms_norm, sigmoid, silu, softplus
-from .state import GDNState, ReplayLog
+from .ops import asarray_like
+from .state import GDNState, ReplayLog, SnapshotSlots
+
+if TYPE_CHECKING:
+    from .kernels import Kernels
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
@@ -120,9 +123,14 @@ def gdn_chunked(
     log_decay: np.ndarray,
     beta: np.ndarray,
     state: np.ndarray,
+    states_out: None = None,
+    out: np.ndarray | None = None,
     chunk: int = 64,
 ) -> tuple[np.ndarray, np.ndarray]:  # same shapes as gdn_scan
     """The same recurrence, a chunk of L tokens at a time with matrix products (the WY / UT form).
+
+    gdn_scan's signature, so gdn_layer calls either the same way: out as there; no per-token states
+    (states_out must be None: inside a chunk the states are never formed).
 
     Inside a chunk, number the tokens r = 1..L, let S0 be the state before the chunk and
     G_r = g_1 + ... + g_r the cumulative log decay, so the decay from token i to token r is
@@ -151,6 +159,8 @@ def gdn_chunked(
     llama.cpp zero-pad T to a multiple of the chunk; here the last chunk is simply shorter, which is
     the same thing (a padded token has k = 0, beta = 0, g = 0 and changes nothing).
     """
+    if states_out is not None:
+        raise ValueError("gdn_chunked computes no per-token states: use gdn_scan for states_out")
     T, HV, K = q.shape
     o = np.empty_like(v, shape=(T, HV, v.shape[2]))  # float32, on v's device
     S = state  # [HV, K, V]
@@ -175,65 +185,65 @@ def gdn_chunked(
         # 3. state after the chunk
         decay_out = np.exp(G[:, -1:] - G)[:, :, None]  # [HV, L, 1]  exp(G_L - G_i)
         S = np.exp(G[:, -1])[:, None, None] * S + (Kc * decay_out).transpose(0, 2, 1) @ U  # [HV, K, V]
-    return o, S.astype(np.float32)
+    S = S.astype(np.float32)
+    if out is not None:
+        np.copyto(out, S)
+        S = out
+    return o, S
 
 
 def gdn_layer(
-    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, chunked: bool = False,
-    snapshots: tuple[np.ndarray, np.ndarray] | None = None, scan=gdn_scan, conv=causal_conv,
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels | None = None,
+    chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
-    """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm in place.
+    """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm.
 
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
-    chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant).
-    snapshots = (conv [>= T, C, w-1], ssm [>= T, HV, K, V]) preallocated buffers that receive the
-    state after every token (scan only): slot t is what a rollback to "t + 1 tokens kept" restores;
-    or (None, ReplayLog): no per-token copies; the memory is swapped with the log's spare buffer, which
-    keeps the pre-pass memory, and the log keeps the old conv window and the inputs (state.ReplayRing).
-    scan: gdn_scan or a function with its contract and bits (a backend's, e.g. fast/numba_gdn.py);
-    conv: causal_conv or one with its contract and bits (the same).
+    kern: the functions to compute with (kernels.py: matmul, row functions, causal_conv and gdn_scan,
+    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's); None: the oracle's.
+    chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant; no ring).
+    ring: this layer's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says where
+    the conv and the scan write the state after each token (a SnapshotRing's slots: slot t is what a
+    rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
+    (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
+    if kern is None:
+        from .kernels import NUMPY as kern  # imported here: kernels.py imports this module for its defaults
     T, D = x.shape
-    replay = snapshots is not None and isinstance(snapshots[1], ReplayLog)
-    if snapshots is not None and (chunked or (not replay and snapshots[0].shape[0] < T)):
-        have = "a replay log" if replay else f"{snapshots[0].shape[0]} slots"
-        raise ValueError(f"snapshots need the scan and >= {T} slots (have {have}, chunked={chunked})")
+    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
+        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
     n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
 
     # 1. projections (z, b, a bypass the conv)
-    mixed = linear(x, w["attn_qkv.weight"])  # [T, C]
-    z = linear(x, w["attn_gate.weight"]).reshape(T, HV, V)  # [T, HV, V]
-    beta = sigmoid(linear(x, w["ssm_beta.weight"]))  # [T, HV]
-    alpha = linear(x, w["ssm_alpha.weight"])  # [T, HV]
-    log_decay = w["ssm_a"] * softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
+    mixed = kern.linear(x, w["attn_qkv.weight"])  # [T, C]
+    z = kern.linear(x, w["attn_gate.weight"]).reshape(T, HV, V)  # [T, HV, V]
+    beta = kern.sigmoid(kern.linear(x, w["ssm_beta.weight"]))  # [T, HV]
+    alpha = kern.linear(x, w["ssm_alpha.weight"])  # [T, HV]
+    log_decay = w["ssm_a"] * kern.softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
 
     # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
-    conv_before = state.conv  # the conv returns a new window: a ReplayLog keeps this one
-    c, state.conv = conv(mixed, state.conv, w["ssm_conv1d.weight"], None if snapshots is None else snapshots[0])
-    c = silu(c)  # [T, C]
+    conv_states = None if ring is None else ring.conv_states  # [>= T, C, w-1] or None
+    c, conv_after = kern.causal_conv(mixed, state.conv, w["ssm_conv1d.weight"], conv_states)  # [T, C], [C, w-1]
+    c = kern.silu(c)  # [T, C]
 
     # 3. split [q | k | v], normalise q and k per head, give each value head its key head
     q, k, v = np.split(c, [n_k * K, 2 * n_k * K], axis=1)
-    q = l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
-    k = l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
+    q = kern.l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
+    k = kern.l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
     v = v.reshape(T, HV, V)  # [T, HV, V]
     # GGUF tiles value heads: value head j uses key head j % n_k (HF groups them, j // (HV / n_k))
     q = np.tile(q, (1, HV // n_k, 1)) * np.float32(1.0 / np.sqrt(K))  # [T, HV, K], scaled after the norm
     k = np.tile(k, (1, HV // n_k, 1))  # [T, HV, K]
 
-    # 4. the delta-rule memory
-    core = gdn_chunked if chunked else scan
-    if chunked:
-        o, state.ssm = core(q, k, v, log_decay, beta, state.ssm)  # [T, HV, V]
-    elif replay:  # rollback by replay (state.ReplayRing):
-        log = snapshots[1]  # the new memory goes to the log's spare buffer, the old one stays as the replay's base
-        o, new = scan(q, k, v, log_decay, beta, state.ssm, out=log.spare)
-        log.record(state.ssm, conv_before, (mixed, w["ssm_conv1d.weight"]), (q, k, v, log_decay, beta))
-        state.ssm = new
-    else:  # the new memory overwrites the old in place (snapshots, if any, are copies in the ring)
-        o, state.ssm = scan(q, k, v, log_decay, beta, state.ssm, states_out=None if snapshots is None else snapshots[1],
-                            out=state.ssm)
+    # 4. the delta-rule memory, one scan (its chunked form for a long prefill). Without a ring the new memory
+    #    overwrites the old in place; with one, the ring says where the per-token states and the new memory go
+    scan = gdn_chunked if chunked else kern.gdn_scan
+    states_out, memory_out = (None, state.ssm) if ring is None else (ring.ssm_states, ring.memory_out(state))
+    o, ssm_after = scan(q, k, v, log_decay, beta, state.ssm, states_out=states_out, out=memory_out)  # [T, HV, V]
+    if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
+        ring.record(state, (mixed, w["ssm_conv1d.weight"]), (q, k, v, log_decay, beta))
+    state.conv, state.ssm = conv_after, ssm_after
 
     # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
-    y = rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * silu(z)  # [T, HV, V]
-    return linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]
+    y = kern.rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * kern.silu(z)  # [T, HV, V]
+    return kern.linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]

@@ -29,25 +29,22 @@ class Result:
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
              rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
-             drafter=None, draft_n: int = 3, adaptive: bool = False, on_emit=None) -> Result:
+             drafter=None, draft_n: int | None = None, policy=None, on_emit=None) -> Result:
     """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
 
     drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
-    draft.DraftModelDrafter) proposing up to draft_n tokens per verify pass (speculate.py).
-    adaptive: choose each step's draft length in 0..draft_n for the most tokens per second (adaptive.py).
+    draft.DraftModelDrafter) proposing draft_n tokens per verify pass (default 3), or as many as `policy`
+    plans each step (speculate.DraftPolicy, e.g. tinyspec.fast.adaptive.AdaptiveDraftLength) (speculate.py).
     on_emit(tokens, marks): called as tokens are decided (plain: one at a time, marked "target"; speculative:
     a verify step's run at once), for streamed output.
     """
     from .speculate import check_lengths, speculative_generate
 
     prompt = [int(t) for t in prompt_tokens]
-    check_lengths(model, len(prompt), max_new, draft_n if drafter is not None else 0)
     if drafter is not None:
-        from .fast.adaptive import AdaptiveDraftLength
-
-        policy = AdaptiveDraftLength(draft_n) if adaptive and draft_n > 0 else None
         spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)
         return Result(prompt, spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
+    check_lengths(model, len(prompt), max_new)
     if rng is None:
         rng = np.random.default_rng()
     state = model.new_state()

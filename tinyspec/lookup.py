@@ -25,7 +25,7 @@ Example: h = [5 6 7 9 5 6 7 8 5 6], k = 3, n_max = 3
 Cost: O(L * n) per step for the linear scan, fine for a reference that runs a NumPy model per token.
 
 Official implementation: llama.cpp common/ngram-map.cpp `ngram-simple` (one fixed n, backwards scan),
-see ../shared/reference/qwen35.md section 5.6. The idea: "prompt lookup decoding", Saxena 2023
+see docs/qwen35.md section 5.6. The idea: "prompt lookup decoding", Saxena 2023
 (github.com/apoorvumang/prompt-lookup-decoding; HF transformers `prompt_lookup_num_tokens`).
 
 Does NOT include:
@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from .sampling import SamplingParams
+from .speculate import Draft, StopRule
 
 
 def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
@@ -68,8 +69,10 @@ class LookupDrafter:
     """The drafter protocol (see speculate.py) around find_draft; its state is the token history.
 
     history = prompt + every token the target has fed since; propose looks up history + [pending].
-    The target's hidden rows are ignored: this drafter needs no model.
+    The target's hidden rows are ignored: this drafter needs no model, and has no confidence to report.
     """
+
+    stops_by_confidence = False
 
     def __init__(self, n_max: int = 4, n_min: int = 1):
         if not 1 <= n_min <= n_max:
@@ -77,14 +80,14 @@ class LookupDrafter:
         self.n_max, self.n_min = n_max, n_min
         self.history: list[int] = []
 
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0) -> None:
         self.history = [int(t) for t in prompt]
 
-    def propose(self, pending: int, k: int, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                stop: StopRule | None = None) -> Draft:
         # pending is chosen but not yet fed: it is the last token of the suffix we look up
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
-        return drafts, [None] * len(drafts)  # deterministic drafts: q_draft is one-hot (None)
+        return Draft(drafts, [None] * len(drafts))  # deterministic drafts: q_draft is one-hot (None)
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.history.extend(int(t) for t in fed)

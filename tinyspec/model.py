@@ -7,10 +7,11 @@
     hidden = rms_norm(x, output_norm)                               [T, D]  (what the MTP head consumes)
     logits = output @ hidden   (token_embd @ hidden when output.weight is absent: tied)   [T, N]
 
-Every norm weight in a GGUF already carries HF's "+1" except ssm_norm (qwen35.md section 7), so the
+Every norm weight in a GGUF already carries HF's "+1" except ssm_norm (docs/qwen35.md section 7, item 1), so the
 code multiplies by stored weights as llama.cpp does. The oracle dequantizes every tensor to float32
 once at load (each by its own ggml type); the fast backends (backends.py, fast/) read the quantized
-bytes directly.
+bytes directly. Every function the model computes with comes from the Kernels it is built with
+(kernels.py: the oracle's, NUMPY, by default; a backend hands in its own), and only from there.
 
 Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: llama.cpp
 `src/models/qwen35.cpp`; HF transformers `Qwen3_5ForCausalLM`.
@@ -19,15 +20,16 @@ Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: ll
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
-from .attention import attend, attention_layer
+from .attention import attention_layer
 from .config import ModelConfig
-from .gdn import causal_conv, gdn_layer, gdn_scan
+from .gdn import gdn_layer
 from .gguf import GGUFFile, read_gguf
-from .ops import linear, rms_norm, silu
+from .kernels import NUMPY, Kernels
 from .quants import dequantize
 from .state import ModelState, ReplayRing, SnapshotRing
 
@@ -38,16 +40,13 @@ ATTN_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.
 FFN_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
 
-def _same(a):
-    return a
-
-
 class ModelError(ValueError):
     """The file's tensors do not form a qwen35 model (missing tensor, wrong shape)."""
 
 
-def ffn(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:  # [T, D] -> [T, D]
-    return linear(silu(linear(x, w["ffn_gate.weight"])) * linear(x, w["ffn_up.weight"]), w["ffn_down.weight"])
+def ffn(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels = NUMPY) -> np.ndarray:  # [T, D] -> [T, D]
+    gate, up = kern.linear(x, w["ffn_gate.weight"]), kern.linear(x, w["ffn_up.weight"])  # [T, F] each
+    return kern.linear(kern.silu(gate) * up, w["ffn_down.weight"])
 
 
 def load_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
@@ -62,18 +61,18 @@ def load_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
 
 
 class Model:
-    """A qwen35 trunk (and its weights for the MTP head, see mtp.py). Stateless: state is passed in."""
+    """A qwen35 trunk (and its weights for the MTP head, see mtp.py). Stateless: state is passed in.
 
-    def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None):
-        self.cfg, self.metadata = cfg, dict(metadata or {})
+    kernels: every function it computes with, the array module its state lives in and the host/device
+    copies (kernels.py; a backend builds its own, backends.load_model). source: the GGUFFile the weights
+    are views of, kept open (None when they were copied out); path: the file it was loaded from.
+    """
+
+    def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None,
+                 kernels: Kernels = NUMPY, source: GGUFFile | None = None, path: str | os.PathLike | None = None):
+        self.cfg, self.metadata, self.kernels = cfg, dict(metadata or {}), kernels
+        self.source, self.path = source, None if path is None else Path(path)
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
-        self.gdn_scan = gdn_scan  # the delta-rule scan; a backend may put in its own (same bits, tested)
-        self.causal_conv = causal_conv  # likewise the GDN layers' short convolution
-        self.attend = attend  # and the attention layers' softmax(q K^T) V over the cache
-        self.rollback = "snapshot"  # or "replay": which ring new_ring makes (state.py; the cpu backend replays)
-        # where activations and state live: NumPy on the host here; the cuda backend sets CuPy and the
-        # two copies (tokens' embeddings in, logits and hidden rows out: the engine works on the host)
-        self.xp, self.to_device, self.to_host = np, _same, _same
         self.tensors = tensors
 
         def need(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -104,19 +103,31 @@ class Model:
         try:
             embd = g.tensors.get("token_embd.weight")
             cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
-            return cls(cfg, load_tensors(g, progress), g.metadata)
+            return cls(cfg, load_tensors(g, progress), g.metadata, path=g.path)
         finally:
             if not isinstance(path, GGUFFile):
                 g.close()
+
+    def with_kernels(self, kernels: Kernels) -> "Model":
+        """The same weights computed with other kernels: a new Model (this one is unchanged). E.g. the other
+        ring: model.with_kernels(dataclasses.replace(model.kernels, rollback="replay"))."""
+        return Model(self.cfg, self.tensors, self.metadata, kernels, self.source, self.path)
+
+    # read-only views of the kernels, for the code that allocates state or copies rows (drafters, bench)
+    xp = property(lambda self: self.kernels.xp)  # the array module of state, caches and rings
+    to_device = property(lambda self: self.kernels.to_device)  # host rows -> where the model computes
+    to_host = property(lambda self: self.kernels.to_host)  # model rows -> NumPy
+    backend = property(lambda self: self.kernels.name)  # "numpy" | "cpu" | "cuda"
 
     def new_state(self) -> ModelState:
         return ModelState(self.cfg, self.xp)
 
     def new_ring(self, slots: int) -> SnapshotRing | ReplayRing:
         """Where a verify pass of up to `slots` tokens leaves what a rollback needs (allocated once per sequence)."""
-        if self.rollback == "replay":
-            return ReplayRing(self.cfg, slots, self.causal_conv, self.gdn_scan, self.xp)
-        return SnapshotRing(self.cfg, slots, self.xp)
+        kern = self.kernels
+        if kern.rollback == "replay":  # the replay reruns the conv and the scan the passes run
+            return ReplayRing(self.cfg, slots, kern.causal_conv, kern.gdn_scan, kern.xp)
+        return SnapshotRing(self.cfg, slots, kern.xp)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -139,20 +150,19 @@ class Model:
         logits=False skips the output projection (None instead of logits): for callers that score
         only some rows of it (draft_vocab.py) or need only the state.
         """
-        cfg = self.cfg
-        x = self.to_device(self.embed(tokens))  # [T, D]
+        cfg, kern = self.cfg, self.kernels
+        x = kern.to_device(self.embed(tokens))  # [T, D]
         self.n_forward_tokens += x.shape[0]
         if ring is not None:
             ring.mark_pass(state.pos, x.shape[0])
         for i, (w, layer_state, recurrent) in enumerate(zip(self.layers, state.layers, cfg.recurrent)):
-            u = rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
+            u = kern.rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
             if recurrent:
-                snapshots = ring.layer(i) if ring is not None else None
-                x = x + gdn_layer(u, w, layer_state, cfg, chunked=chunked, snapshots=snapshots, scan=self.gdn_scan,
-                                  conv=self.causal_conv)
+                x = x + gdn_layer(u, w, layer_state, cfg, kern, chunked=chunked,
+                                  ring=ring.layer(i) if ring is not None else None)
             else:
-                x = x + attention_layer(u, w, layer_state, cfg, self.attend)
-            x = x + ffn(rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w)
+                x = x + attention_layer(u, w, layer_state, cfg, kern)
+            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
         state.pos += x.shape[0]
-        hidden = rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
-        return (self.to_host(linear(hidden, self.output)) if logits else None), self.to_host(hidden)
+        hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
+        return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden)

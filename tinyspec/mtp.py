@@ -13,7 +13,7 @@ predicted x_p; a zero row at p = 0) and predicts x_{p+1}:
 h_mtp is what a chained draft step feeds back in place of h. The head's KV cache must see every
 position of the sequence (not only the drafted ones), so it is fed alongside the target.
 
-Official implementation: llama.cpp `src/models/qwen35.cpp` graph_mtp (qwen35.md section 4). HF
+Official implementation: llama.cpp `src/models/qwen35.cpp` graph_mtp (docs/qwen35.md section 4). HF
 transformers drops mtp.* weights on load, so tests build a reference from its decoder layer.
 """
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_layer
-from .fast.draft_vocab import DraftVocab, draw, subset_rows
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
 from .ops import linear, rms_norm
+from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
+from .speculate import Draft, StopRule
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -42,7 +43,7 @@ class MTPHead:
         if missing:
             raise ModelError(f"MTP block is missing tensors: {', '.join(missing)}")
         self.w = {n[len(prefix):]: t for n, t in model.tensors.items() if n.startswith(prefix)}
-        self.model = model  # its array module and host/device copies (model.xp, to_device, to_host)
+        self.model = model  # its kernels: the functions, array module and host/device copies the head uses
         self.embed_tokens = self.w.get("nextn.embed_tokens.weight", model.token_embd)
         self.head_norm = self.w.get("nextn.shared_head_norm.weight", model.output_norm)
         self.head = self.w.get("nextn.shared_head_head.weight", model.output)
@@ -60,15 +61,14 @@ class MTPHead:
         tokens = np.asarray(tokens, dtype=np.int64)
         if hidden_prev.shape != (tokens.size, cfg.n_embd):
             raise ValueError(f"hidden_prev has shape {hidden_prev.shape}, expected {(tokens.size, cfg.n_embd)}")
-        dev = self.model.to_device
-        e = rms_norm(dev(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
-        h = rms_norm(dev(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)  # [T, D]
-        y = linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
-        y = y + attention_layer(rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg, self.model.attend)
-        y = y + ffn(rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w)
-        h_mtp = rms_norm(y, self.head_norm, cfg.rms_eps)
-        host = self.model.to_host
-        return (host(linear(h_mtp, self.head)) if logits else None), host(h_mtp)
+        kern = self.model.kernels
+        e = kern.rms_norm(kern.to_device(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
+        h = kern.rms_norm(kern.to_device(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)
+        y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
+        y = y + attention_layer(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg, kern)
+        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
+        h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [T, D]
+        return (kern.to_host(kern.linear(h_mtp, self.head)) if logits else None), kern.to_host(h_mtp)
 
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
@@ -87,45 +87,43 @@ class MTPDrafter:
 
     The re-feed is lazy: commit() queues the kept tokens with their hidden rows and the next propose()
     feeds the whole queue in the same head pass as its first draft (the queue's rows, then the pending
-    token's; only the last row is projected to the vocabulary). A run of plain steps (k = 0, adaptive.py)
-    then costs no head pass at all until drafting resumes, and cache and drafts are the same bit for bit
-    as feeding first (the head's rows are batch-invariant like the trunk's). Reading `cache` feeds the
-    queue. If more than `max_queue`
-    tokens queue up (a long run of plain steps), the head restarts from a fresh cache holding only the
-    last max_queue of them: drafting then attends to a window of the recent past (rope depends only on
-    relative positions, so the window is consistent), which costs draft quality, never correctness
+    token's; only the last row is projected to the vocabulary). A run of plain steps (k = 0) then costs no
+    head pass at all until drafting resumes, and cache and drafts are the same bit for bit as feeding first
+    (the head's rows are batch-invariant like the trunk's). Reading `cache` feeds the queue. If more than
+    `max_queue` tokens queue up (a long run of plain steps), the head restarts from a fresh cache holding
+    only the last max_queue of them: drafting then attends to a window of the recent past (rope depends
+    only on relative positions, so the window is consistent), which costs draft quality, never correctness
     (drafts are only proposals), and bounds what a suspended drafter pays to catch up.
-    vocab: score only these token ids when drafting (draft_vocab.py); verification is unchanged.
+
+    Options (constructor arguments; a policy's StopRule adds to them per step):
+    vocab: score only these token ids when drafting (sampling.DraftVocabulary, e.g. the wing's
+    draft_vocab.DraftVocab); verification is unchanged.
     p_min: stop drafting after a draft whose probability under the head's law is below p_min (greedy: the
     softmax of its logits; sampled: q of the drawn token), as llama.cpp's --draft-p-min: the uncertain draft
     is still proposed (its head pass is paid), the next ones are not. A confident head is usually right
-    (the shipped model, held-out text: 0.99-1.0 of drafts at p >= 0.7 are kept, 0.62 at p < 0.3), so the
-    cost of drafting and verifying past an unsure draft is skipped where it would mostly be thrown away.
-    0 (the default) drafts all k.
-    p_floor (greedy only): a draft whose probability is below p_floor is not proposed at all, and drafting
-    stops (`withdrawn` says so). A head that gives its own best token under 1% is guessing (a random-weight
-    head at the 0.8B shape: 2e-4 over 248k tokens, 1e-3 over a 32k draft vocabulary; of the shipped model's
-    drafts none fell below 0.014 in 33,000), and verifying such a draft costs a verify row and a
-    rollback for nothing. Only greedy: choosing whether to propose a sampled draft from its own q would bias
-    the law the rejection rule assumes. 0 (the default) proposes every draft made; the adaptive policy sets
-    it (adaptive.py `floor`).
+    (LESSONS 5: the drafter's confidence), so the cost of drafting and verifying past an unsure draft is skipped
+    where it would mostly be thrown away. 0 (the default) drafts all k.
+    p_floor (greedy only): a draft whose probability is below p_floor (or the stop rule's floor) is not
+    proposed at all, and drafting stops (Draft.withdrawn says so). A head that gives its own best token
+    under 1% is guessing, and verifying such a draft costs a verify row and a rollback for nothing. Only
+    greedy: choosing whether to propose a sampled draft from its own q would bias the law the rejection
+    rule assumes. 0 (the default) proposes every draft made.
     """
 
-    def __init__(self, model: Model, vocab: DraftVocab | None = None, max_queue: int = 32, p_min: float = 0.0,
-                 p_floor: float = 0.0):
+    stops_by_confidence = True  # propose reports each draft's probability and honours stop.keep_going
+
+    def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
+                 p_min: float = 0.0, p_floor: float = 0.0):
         if not 0.0 <= p_min <= 1.0 or not 0.0 <= p_floor <= 1.0:
             raise ValueError(f"p_min and p_floor must be in [0, 1], got {p_min}, {p_floor}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
-        self.withdrawn = False  # the last propose made a draft under p_floor and did not propose it
-        self.keep_going = None  # keep_going(probs) -> draft another? (adaptive.py keep_drafting; set by the engine)
-        self.probs: list[float] = []  # the last propose's probability of each draft (with p_min or keep_going)
         self.head = MTPHead(model)
         self._cache = self.head.new_cache()
         self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
         self.max_queue = max_queue
         self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
-        self.vocab = vocab  # draft over these ids only (draft_vocab.py); None: the whole vocabulary
-        self.head_sub = subset_rows(self.head.head, vocab.ids) if vocab is not None else None  # [n, D]
+        self.vocab = vocab  # draft over these ids only; None: the whole vocabulary
+        self.scores = self.head.head if vocab is None else vocab.rows(self.head.head)  # [N, D] or [n, D]
 
     @property
     def cache(self) -> KVCache:  # the head's KV cache, every kept token fed
@@ -139,45 +137,44 @@ class MTPDrafter:
             self.queue = []
             self.head.forward(tokens, rows, self._cache, logits=False)
 
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0) -> None:
         self._cache, self.queue = self.head.new_cache(), []
         self.head.forward(prompt, shift_hidden(hidden), self._cache, logits=False)
         self.h_last = hidden[-1]
 
-    def propose(self, pending: int, k: int, params, rng) -> tuple[list[int], list[np.ndarray]]:
-        from .sampling import draft_probability, draft_token
-
-        cache = self._cache
+    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                stop: StopRule | None = None) -> Draft:
+        stop = stop or StopRule()
+        floor = max(self.p_floor, stop.floor)
+        wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
+        cache, model = self._cache, self.head.model
         # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
         # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
         fed = [t for f, _ in self.queue for t in f]
         rows = [h for _, h in self.queue]
         self.queue = []
         n_kept = cache.n + len(fed)
-        drafts, q_rows, self.probs, self.withdrawn = [], [], [], False
+        drafts, q_rows, probs, withdrawn = [], [], [], False
         tokens, hs = fed + [pending], np.concatenate(rows + [self.h_last[None, :]])
         for _ in range(k):
             _, h_mtp = self.head.forward(tokens, hs, cache, logits=False)
             h = h_mtp[-1:]  # [1, D]: the row that predicts the next draft
-            dev, host = self.head.model.to_device, self.head.model.to_host
-            logits = host(linear(dev(h), self.head.head if self.vocab is None else self.head_sub))[0]
-            if self.vocab is None:
-                token, q_draft = draft_token(logits, params, rng)
-            else:
-                token, q_draft = draw(self.vocab, logits, params, rng)
-            p = draft_probability(logits, token, q_draft) if self.p_min or self.p_floor or self.keep_going else None
-            if p is not None and p < self.p_floor and params.greedy:  # the head is guessing: not worth a verify row
-                self.withdrawn = True
+            logits = model.to_host(linear(model.to_device(h), self.scores))[0]  # [N] or [n]
+            token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
+                self.vocab.draw(logits, params, rng)
+            p = draft_probability(logits, token, q_draft) if wants_p else None
+            if p is not None and p < floor and params.greedy:  # the head is guessing: not worth a verify row
+                withdrawn = True
                 break
             drafts.append(token)
             q_rows.append(q_draft)
             if p is not None:
-                self.probs.append(p)
-                if p < self.p_min or (self.keep_going is not None and not self.keep_going(self.probs)):
+                probs.append(p)
+                if p < self.p_min or (stop.keep_going is not None and not stop.keep_going(probs)):
                     break
             tokens, hs = [token], h
         cache.truncate(n_kept)
-        return drafts, q_rows
+        return Draft(drafts, q_rows, probs, withdrawn)
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))

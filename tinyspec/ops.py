@@ -14,14 +14,15 @@
 
 Batch invariance: linear() computes every row with its own matrix-vector product, so row t of a
 T-row call is bitwise identical to a 1-row call on x[t]. A float32 BLAS gemm (`X @ W.T`) splits the
-reduction differently for different T (measured 7e-5 max difference here), which would break
-"greedy speculative == greedy plain". Everything else here is elementwise or reduces along the last
-axis of one row, which NumPy does the same way whatever the number of rows.
+reduction differently for different T, so its rows move by float32 rounding with T (LESSONS 6 measures
+how far), which would break "greedy speculative == greedy plain". Everything else here is elementwise or
+reduces along the last axis of one row, which NumPy does the same way whatever the number of rows.
 
 Other array libraries: the functions run unchanged on CuPy arrays (the cuda backend keeps activations on
-the GPU), because NumPy hands its calls to the array's own library (NEP 18). Two helpers cover the rest:
-asarray_like(a, x) puts a host-made array where x lives (rope's cos/sin), and FUSED lets a backend give
-one-launch versions of the row functions for its array type (fast/cuda_rows.py). NumPy arrays never use either.
+the GPU), because NumPy hands its calls to the array's own library (NEP 18). asarray_like(a, x) covers the
+rest: it puts a host-made array where x lives (rope's cos/sin). No fast path hides in here: a backend that
+has faster versions of these functions (fast/cuda_rows.py) names them in the Kernels it hands the model
+(kernels.py), and the model calls those.
 """
 
 from __future__ import annotations
@@ -34,48 +35,25 @@ from .quants import GGMLType, dequantize, quantize
 from .quants.q8_k import dequantize_q8_k, quantize_q8_k
 
 
-# Fused versions of the functions below for another array type, by type: a backend registers a module with
-# some of rms_norm, l2_norm, sigmoid, silu, softplus (backends.py: tinyspec/fast/cuda_rows.py for CuPy arrays,
-# one GPU launch instead of four to six). Same function to float rounding and batch-invariant, tested on the
-# whole model; a fused function may return None to decline (then the code below runs). NumPy arrays never look.
-FUSED: dict = {}
-
-
-def _fused(x, name: str):
-    if type(x) is np.ndarray:
-        return None
-    return getattr(FUSED.get(type(x)), name, None)
-
-
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
-    if (f := _fused(x, "rms_norm")) is not None and (y := f(x, w, eps)) is not None:
-        return y
     ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
     return (x / np.sqrt(ms + np.float32(eps)) * w).astype(np.float32, copy=False)
 
 
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:  # [..., K] -> [..., K]
-    if (f := _fused(x, "l2_norm")) is not None:
-        return f(x, eps)
     ss = np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
     return (x / np.sqrt(ss + np.float32(eps))).astype(np.float32, copy=False)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    if (f := _fused(x, "sigmoid")) is not None:
-        return f(x)
     return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    if (f := _fused(x, "silu")) is not None:
-        return f(x)
     return (x * sigmoid(x)).astype(np.float32, copy=False)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
-    if (f := _fused(x, "softplus")) is not None:
-        return f(x)
     # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large |x|
     return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32, copy=False)
 
@@ -147,7 +125,7 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
 
     x: [T, H, d], positions: [T] ints. Pair i (< n_rot/2) is (x[i], x[i + n_rot/2]) rotated by
     angle pos * base^(-2i / n_rot). For text tokens this equals qwen35's IMROPE (every section gets the
-    same position), see ../shared/reference/qwen35.md section 3.2.
+    same position), see docs/qwen35.md section 3.2.
     """
     half = n_rot // 2
     inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]

@@ -12,6 +12,7 @@ RNG is always an argument (numpy.random.Generator), never global state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -59,7 +60,8 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """sample(probs_from_logits(logits, params), rng): at temperature 0 just the argmax, the same token
-    without building a law over the vocabulary (~4 ms a row at 248k entries) or drawing a uniform."""
+    without building a float64 law over the whole vocabulary (work per row that grows with the vocabulary;
+    LESSONS 12 measures it at 248k entries) or drawing a uniform."""
     if params.greedy:
         return int(np.argmax(logits))
     return sample(probs_from_logits(logits, params), rng)
@@ -74,12 +76,24 @@ def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
     return sample(q, rng), q
 
 
+class DraftVocabulary(Protocol):
+    """A subset of the vocabulary a drafter scores instead of all of it (tinyspec.fast.draft_vocab.DraftVocab):
+    verification is unchanged, so output is too; drafts only get cheaper, and sometimes worse."""
+
+    def rows(self, weight):  # an [N, D] output weight -> the [n, D] rows to score (same kind of weight)
+        ...
+
+    def draw(self, logits_sub: np.ndarray, params: SamplingParams,
+             rng: np.random.Generator) -> tuple[int, np.ndarray | None]:  # [n] -> (token id, its law over [N] | None)
+        ...
+
+
 def draft_probability(logits: np.ndarray, token: int, q: np.ndarray | None) -> float:
     """How sure a drafter is of its draft `token`: q[token] for a sampled draft (q: its law over the
     vocabulary), else (q None: greedy, the draft is the argmax) the softmax probability of the largest logit."""
     if q is not None:
         return float(q[token])
-    z = logits - logits.max()  # <= 0: no overflow; the exps in the logits' own precision (~1 us a 1k entries)
+    z = logits - logits.max()  # <= 0: no overflow; exps in the logits' own precision (no float64 copy)
     return float(1.0 / np.exp(z, out=z).sum())
 
 

@@ -25,7 +25,7 @@ only at g, so the correction is g. Nothing is rounded: both tests compare agains
 
 Deterministic drafts (q_draft one-hot on d): accept with probability p_target(d); the residual is p_target
 with d removed. That is exactly "sample x ~ p_target; accept iff x == d; else emit x", which is how
-llama.cpp verifies MTP / draft-model / n-gram drafts (common/sampling.cpp, ../shared/reference/qwen35.md 5.3).
+llama.cpp verifies MTP / draft-model / n-gram drafts (common/sampling.cpp, docs/qwen35.md 5.3).
 
 Papers: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative Decoding"
 (arXiv:2211.17192), Algorithm 1, proof in Appendix A.1; Chen et al. 2023, "Accelerating Large Language

@@ -24,10 +24,20 @@ each verify row bit for bit as a one-token decode would (batch invariance, see o
 attention.py and gdn.py) and greedy acceptance is an equality test. Sampled output has exactly the
 target's law by the rejection rule (spec_sampling.py).
 
-Drafter protocol (lookup.LookupDrafter, mtp.MTPDrafter, draft.DraftModelDrafter):
-    start(prompt, hidden)                  after the target prefilled the prompt (hidden [n, D] post-norm)
-    propose(pending, k, params, rng)       -> (drafts [<= k], q rows: a law over the vocab or None = one-hot)
-    commit(fed, hidden)                    the target kept these tokens (fed[0] = pending) with hidden rows
+Two objects are handed to the loop, and everything that crosses between them is in these signatures:
+
+    Drafter (lookup.LookupDrafter, mtp.MTPDrafter, draft.DraftModelDrafter)
+        start(prompt, hidden, k_max)       after the target prefilled the prompt (hidden [n, D] post-norm)
+        propose(pending, k, params, rng, stop=None) -> Draft(tokens [<= k], q_rows, probs, withdrawn)
+        commit(fed, hidden)                the target kept these tokens (fed[0] = pending) with hidden rows
+        stops_by_confidence                True if propose honours stop.keep_going (it knows each draft's p)
+    DraftPolicy (FixedDraftLength here; tinyspec.fast.adaptive.AdaptiveDraftLength in the wing)
+        k_max                              drafts a step at most (sizes the snapshot ring)
+        plan(room) -> Plan(k, stop)        how many drafts this step, and when a drafter may stop earlier
+        observe(draft, n_accepted, step_s) what the step gave and cost
+        summary() -> dict | None           for the stats
+
+k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts).
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
 (../shared/reference/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
@@ -41,7 +51,6 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .fast.adaptive import AdaptiveDraftLength
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step
@@ -51,15 +60,22 @@ from .spec_sampling import verify_greedy, verify_step
 MAX_DRAFT = 64
 
 
-def check_lengths(model: Model, n_prompt: int, max_new: int, draft_n: int = 0) -> None:
+def check_draft_length(k: int, what: str = "the draft length", low: int = 0) -> int:
+    """k drafts a pass, checked against MAX_DRAFT: the one place the limit is enforced (the CLI calls it with
+    its flag's name, and low = 1 where 0 would mean nothing, before it loads a model)."""
+    if not isinstance(k, (int, np.integer)) or not low <= k <= MAX_DRAFT:
+        raise ValueError(f"{what} must be in {low}..{MAX_DRAFT} drafts per verify pass, got {k}")
+    return int(k)
+
+
+def check_lengths(model: Model, n_prompt: int, max_new: int, k_max: int = 0) -> None:
     """Reject a generation that cannot run before anything is allocated: an empty prompt, a negative or
     too long draft, or a prompt and output that do not fit the model's context (qwen35.context_length)."""
     if n_prompt < 1:
         raise ValueError("the prompt is empty: give at least one token")
     if max_new < 0:
         raise ValueError(f"max_new (tokens to generate) must be >= 0, got {max_new}")
-    if not 0 <= draft_n <= MAX_DRAFT:
-        raise ValueError(f"the draft length must be in 0..{MAX_DRAFT} tokens per verify pass, got {draft_n}")
+    check_draft_length(k_max)
     n_ctx = model.cfg.n_ctx
     if n_prompt + max_new > n_ctx:
         room = f"at most {n_ctx - n_prompt} new tokens after this prompt" if n_prompt < n_ctx else "a shorter prompt"
@@ -67,13 +83,72 @@ def check_lengths(model: Model, n_prompt: int, max_new: int, draft_n: int = 0) -
                          f"{n_ctx} (context_length in the file): ask for {room}")
 
 
-class Drafter(Protocol):
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None: ...
+@dataclass(frozen=True)
+class StopRule:
+    """When a drafter that knows how sure it is (Drafter.stops_by_confidence) stops short of k drafts.
 
-    def propose(self, pending: int, k: int, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]: ...
+    keep_going(probs): after each draft, given the probability the drafter gave each draft so far: draft
+    another? (the adaptive policy's keep_drafting). floor (greedy only): a draft the drafter gives less than
+    this is withdrawn, not proposed, and drafting stops (mtp.MTPDrafter; Draft.withdrawn says so)."""
+    keep_going: Callable[[list[float]], bool] | None = None
+    floor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a drafter proposes for one step: everything the loop and the policy read."""
+    tokens: list[int] = field(default_factory=list)  # d_1..d_k' (k' <= k)
+    q_rows: list = field(default_factory=list)  # per draft its proposal law q [N], or None: one-hot on it
+    probs: list[float] = field(default_factory=list)  # per draft the drafter's probability of it, if it knows
+    withdrawn: bool = False  # a draft was made, found under the floor and not proposed (drafting stopped there)
+
+
+NO_DRAFT = Draft()
+
+
+@dataclass(frozen=True)
+class Plan:
+    k: int  # drafts at most this step (0: a plain decoding step)
+    stop: StopRule | None = None
+
+
+class Drafter(Protocol):
+    stops_by_confidence: bool
+
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None: ...
+
+    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                stop: StopRule | None = None) -> Draft: ...
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
+
+
+class DraftPolicy(Protocol):
+    k_max: int
+
+    def plan(self, room: int) -> Plan: ...
+
+    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None: ...
+
+    def summary(self) -> dict | None: ...
+
+
+@dataclass
+class FixedDraftLength:
+    """The textbook policy: k drafts every step (fewer only where max_new leaves less room)."""
+    k_max: int
+
+    def __post_init__(self):
+        self.k_max = check_draft_length(self.k_max)
+
+    def plan(self, room: int) -> Plan:
+        return Plan(min(self.k_max, room))
+
+    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None:
+        pass
+
+    def summary(self) -> None:
+        return None
 
 
 @dataclass
@@ -86,10 +161,14 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i] = steps whose draft i+1 was accepted
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted drafts per step -> steps
-    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "sample", "rollback"), 0.0))
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     rollbacks: int = 0
     wall_s: float = 0.0
-    adaptive: dict | None = None  # the adaptive policy's chosen k's and estimates (adaptive.py)
+    adaptive: dict | None = None  # the policy's summary (the adaptive policy's chosen k's and estimates)
+
+    def __post_init__(self):
+        self.accepted_per_position = self.accepted_per_position or [0] * self.draft_n
+        self.drafted_per_position = self.drafted_per_position or [0] * self.draft_n
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         self.steps += 1
@@ -115,6 +194,40 @@ class SpecStats:
         } | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
 
+PHASES = ("prefill", "draft", "verify", "sample", "rollback")
+
+
+class PhaseClock:
+    """Seconds per phase: lap(name) charges the time since the previous lap to `name`; step() is the time since
+    the step began (what a policy is told a step cost)."""
+
+    def __init__(self, phase_s: dict[str, float]):
+        self.phase_s, self.now = phase_s, time.perf_counter
+        self.t_start = self.t_step = self.t_lap = self.now()
+
+    def begin_step(self) -> None:
+        self.t_step = self.t_lap = self.now()
+
+    def lap(self, phase: str) -> None:
+        t = self.now()
+        self.phase_s[phase] += t - self.t_lap
+        self.t_lap = t
+
+    def step(self) -> float:
+        return self.now() - self.t_step
+
+    def total(self) -> float:
+        return self.now() - self.t_start
+
+
+def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
+    """A stop token inside the run ends it there (emitted, then nothing); max_new leaves `room` tokens."""
+    for j, token in enumerate(emitted):
+        if token in stops:
+            return emitted[: min(j + 1, room)]
+    return emitted[:room]
+
+
 @dataclass
 class SpecResult:
     tokens: list[int]  # emitted after the prompt
@@ -123,97 +236,73 @@ class SpecResult:
     marks: list[str] = field(default_factory=list)  # per token: target (first), accepted, correction, bonus
 
 
-def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], max_new: int, draft_n: int = 3,
-                         params: SamplingParams = SamplingParams(), rng: np.random.Generator | None = None,
-                         stop_ids: Sequence[int] = (), adaptive: AdaptiveDraftLength | None = None,
+def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], max_new: int,
+                         draft_n: int | None = None, params: SamplingParams = SamplingParams(),
+                         rng: np.random.Generator | None = None, stop_ids: Sequence[int] = (),
+                         policy: DraftPolicy | None = None,
                          on_emit: Callable[[list[int], list[str]], None] | None = None) -> SpecResult:
-    """Generate up to max_new tokens after `prompt`, drafting up to draft_n tokens per verify pass.
-
-    adaptive: choose each step's k in 0..draft_n with this policy (adaptive.py) instead of always draft_n.
+    """Generate up to max_new tokens after `prompt`, with draft_n drafts per verify pass (default 3), or as many
+    as `policy` plans each step (tinyspec.fast.adaptive.AdaptiveDraftLength; its k_max bounds them).
     on_emit(tokens, marks): called with each step's emitted tokens as they are decided (streamed output)."""
-    prompt = [int(t) for t in prompt]
-    check_lengths(model, len(prompt), max_new, draft_n)
+    policy = _policy(draft_n, policy)
+    prompt, stops = [int(t) for t in prompt], {int(t) for t in stop_ids}
+    check_lengths(model, len(prompt), max_new, policy.k_max)
     rng = rng if rng is not None else np.random.default_rng()
-    stops = set(int(t) for t in stop_ids)
-    stats = SpecStats(draft_n, accepted_per_position=[0] * draft_n, drafted_per_position=[0] * draft_n)
-    clock = time.perf_counter
-    t_start = clock()
-
-    # the policy lends the drafter its rules for this generation, given back at the end: a drafter that reports
-    # how sure it is stops where the policy says (adaptive.py keep_drafting), and one that can withdraw a guess
-    # does so under the policy's floor (mtp.py p_floor)
-    lent = {}
-    if adaptive is not None and adaptive.use_confidence and hasattr(drafter, "keep_going"):
-        lent["keep_going"], adaptive.by_confidence = adaptive.keep_drafting, True
-    if adaptive is not None and hasattr(drafter, "p_floor"):
-        lent["p_floor"] = max(drafter.p_floor, adaptive.floor)
-    own = {name: getattr(drafter, name) for name in lent}  # the drafter as it came (it may run again alone)
-    for name, value in lent.items():
-        setattr(drafter, name, value)
-    state = model.new_state()
-    ring = model.new_ring(draft_n + 1)  # allocated once for the whole generation, where the state lives
-    logits, hidden = model.forward(np.array(prompt), state)
-    drafter.start(prompt, hidden)
-    stats.phase_s["prefill"] = clock() - t_start
-    out: list[int] = []
-    if max_new == 0:
-        for name, value in own.items():
-            setattr(drafter, name, value)
-        return SpecResult(out, stats, state)
-    pending = pick(logits[-1], params, rng)
-    out.append(pending)
-    marks = ["target"]
-    if on_emit is not None:
-        on_emit([pending], ["target"])
-
-    while pending not in stops and len(out) < max_new:
-        # Step 1: draft, never more than the cap leaves room for (each step also emits one target token)
-        t0 = t_step = clock()
-        room = min(draft_n, max_new - len(out) - 1)
-        k = adaptive.choose(room) if adaptive is not None else room
-        drafts, q_rows = drafter.propose(pending, k, params, rng) if k else ([], [])
-        # Step 2: one target pass over [pending, drafts]; the ring receives the state after each token
-        t1 = clock()
-        batch = [pending] + [int(d) for d in drafts]
-        logits, hidden = model.forward(np.array(batch), state, ring=ring if drafts else None)  # 1 token: kept
-        # Step 3: accept the longest prefix the rule keeps, then a correction or a bonus token
-        t2 = clock()
+    stats = SpecStats(policy.k_max)
+    clock = PhaseClock(stats.phase_s)
+    state, ring = model.new_state(), model.new_ring(policy.k_max + 1)  # the ring: allocated once, k+1 slots
+    logits, hidden = model.forward(np.array(prompt), state)  # prefill
+    drafter.start(prompt, hidden, policy.k_max)
+    clock.lap("prefill")
+    out, marks = [], []
+    pending = pick(logits[-1], params, rng) if max_new else None  # chosen, not yet fed to the target
+    if pending is not None:
+        out, marks = [pending], ["target"]
+        if on_emit:
+            on_emit([pending], ["target"])
+    while out and pending not in stops and len(out) < max_new:
+        clock.begin_step()
+        # Step 1: draft (never more than max_new leaves room for: each step also emits the target's own token)
+        plan = policy.plan(min(policy.k_max, max_new - len(out) - 1))
+        draft = drafter.propose(pending, plan.k, params, rng, plan.stop) if plan.k else NO_DRAFT
+        clock.lap("draft")
+        # Step 2: verify: one target pass over [pending, d_1..d_k]; the ring receives the state after each token
+        fed = [pending] + [int(d) for d in draft.tokens]
+        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None)
+        clock.lap("verify")
+        # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
         if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
-            n_accepted, new_token = verify_greedy(logits, batch[1:])
+            n_accepted, new_token = verify_greedy(logits, fed[1:])
         else:
             p_rows = [probs_from_logits(row, params) for row in logits]
-            n_accepted, new_token = verify_step(p_rows, batch[1:], list(q_rows), rng)
-        emitted = batch[1 : 1 + n_accepted] + [new_token]
-        for j, token in enumerate(emitted):  # a stop inside the run cuts it there
-            if token in stops:
-                emitted = emitted[: j + 1]
-                break
-        emitted = emitted[: max_new - len(out)]
-        # Step 4: keep pending + the emitted tokens but the last one (it is the next pending token)
-        t3 = clock()
+            n_accepted, new_token = verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
+        emitted = cut_at_stop(fed[1 : 1 + n_accepted] + [new_token], stops, max_new - len(out))
+        clock.lap("sample")
+        # Step 4: rollback: keep pending + the emitted tokens but the last one (the next pending token)
         n_keep = len(emitted)
-        if n_keep < len(batch):
+        if n_keep < len(fed):
             ring.restore(state, n_keep - 1)
             stats.rollbacks += 1
-        t4 = clock()
-        drafter.commit(batch[:n_keep], hidden[:n_keep])  # drafter bookkeeping counts as drafting time
-        t0 -= clock() - t4
+        clock.lap("rollback")
+        drafter.commit(fed[:n_keep], hidden[:n_keep])
+        clock.lap("draft")  # the drafter's bookkeeping counts as drafting
         # Step 5: emit
-        out.extend(emitted)
-        kinds = ["accepted"] * n_accepted + ["bonus" if n_accepted == len(drafts) else "correction"]
-        marks.extend(kinds[: len(emitted)])
+        kinds = ["accepted"] * n_accepted + ["bonus" if n_accepted == len(draft.tokens) else "correction"]
+        out += emitted
+        marks += kinds[:n_keep]
         pending = emitted[-1]
-        stats.record(len(drafts), n_accepted)
-        if adaptive is not None:
-            adaptive.update(len(drafts), n_accepted, clock() - t_step, getattr(drafter, "probs", None) if drafts else None,
-                            withdrawn=bool(k and getattr(drafter, "withdrawn", False)))
-        for phase, dt in zip(("draft", "verify", "sample", "rollback"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            stats.phase_s[phase] += dt
-        if on_emit is not None:
-            on_emit(emitted, marks[len(marks) - len(emitted):])
-    stats.emitted = len(out)
-    stats.wall_s = clock() - t_start
-    stats.adaptive = adaptive.as_dict() if adaptive is not None else None
-    for name, value in own.items():
-        setattr(drafter, name, value)
+        stats.record(len(draft.tokens), n_accepted)
+        policy.observe(draft, n_accepted, clock.step())
+        if on_emit:
+            on_emit(emitted, kinds[:n_keep])
+    stats.emitted, stats.wall_s, stats.adaptive = len(out), clock.total(), policy.summary()
     return SpecResult(out, stats, state, marks)
+
+
+def _policy(draft_n: int | None, policy: DraftPolicy | None) -> DraftPolicy:
+    """draft_n alone: a fixed k (3 if neither is given); a policy: its k_max, which a draft_n given too must equal."""
+    if policy is None:
+        return FixedDraftLength(3 if draft_n is None else draft_n)
+    if draft_n is not None and draft_n != policy.k_max:
+        raise ValueError(f"draft_n={draft_n} and a policy of k_max={policy.k_max} disagree: give one of them")
+    return policy

@@ -20,16 +20,20 @@ SnapshotRing is that set of copies: buffers allocated once per sequence, filled 
 verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
 keeping the first j tokens is a copy of slot j-1 back into the state plus a KV truncate: no recompute,
 no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of
-bounds; peers shipped a CVE for exactly that, ../shared/reference/peers.md section 5).
+bounds; peers shipped a CVE for exactly that, docs/peers.md section 5).
 
 ReplayRing trades the copies for recompute. A 4-token verify pass of the 0.8B shape writes 72 MB of
-snapshots (18 GDN layers x 4 tokens x 1 MB of memory, plus the conv windows), ~2 ms of a ~31 ms pass
-on the 2-core dev machine, on every step; a replay reads one state per layer and reruns j <= k tokens
-(~1-1.4 ms, as much as the copy it replaces), only when a draft was rejected. The scan writes its
-result into the ring's spare buffer and the two buffers swap (the state's old memory becomes the
-ring's base), so keeping the pre-pass state costs no copy either. The cpu backend uses it
-(Model.new_ring; `bench --rollback` picks either); the oracle and cuda keep SnapshotRing (on a GPU the
-copies are cheap and a replay would add launches to a rejection). LESSONS.md 25 has the measurements.
+snapshots (18 GDN layers x 4 tokens x 1 MB of memory, plus the conv windows) on every step, whether or
+not a draft is rejected, so that a rollback can copy back one slot. A replay reads one state per layer and
+reruns the j <= k kept tokens (a base read and a state written per layer: the memory traffic of the copy it
+replaces), and only when a draft was rejected. The scan writes its result into the ring's spare buffer and
+the two buffers swap (the state's old memory becomes the ring's base), so keeping the pre-pass state costs
+no copy either. The cpu backend uses it
+(its Kernels say rollback="replay", and Model.new_ring follows them; `bench --rollback` picks either); the
+oracle and cuda keep SnapshotRing (on a GPU the copies are cheap and a replay would add launches to a
+rejection). LESSONS.md 15 measures both rings (docs/performance-log.md, old 25, the history). Both share
+RollbackRing: the slot bookkeeping, the range checks, and the one interface a GDN layer writes through
+(each ring's per-layer entry).
 
 Where the numbers live: every class takes `xp`, the array module that allocates its buffers (NumPy by
 default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
@@ -152,26 +156,28 @@ class ModelState:
         return max((a.max_abs_diff(b) for a, b in zip(self.layers, other.layers)), default=0.0)
 
 
-class SnapshotRing:
-    """Per-token GDN snapshots for passes of up to `slots` tokens; allocated once, reused every step.
+class RollbackRing:
+    """What both rings share: the token count each slot of the last pass leaves, and the checks of a rollback.
 
-    conv[i] [slots, C, w-1], ssm[i] [slots, n_v, K, V] for GDN layer i (None for attention layers);
     pos[t] = number of tokens the state holds after slot t; filled = slots written by the last pass.
+    A verify pass (Model.forward(..., ring=ring)) calls mark_pass, then hands GDN layer i its entry,
+    ring.layer(i), which every entry answers the same way (gdn.gdn_layer makes one scan call with it):
+
+        conv_states  [>= T, C, w-1] or None    where the conv writes its window after each token
+        ssm_states   [>= T, n_v, K, V] or None where the scan writes the memory after each token
+        memory_out(state) -> [n_v, K, V]       where the scan writes the new memory
+        record(state, conv_inputs, scan_inputs)   called after the scan, while `state` still holds the
+                                               pre-pass conv window (and, unless memory_out returned
+                                               state.ssm, the pre-pass memory); the inputs are
+                                               (mixed [T, C], conv weight) and (q, k, v, log_decay, beta)
     """
 
-    def __init__(self, cfg: ModelConfig, slots: int, xp=np):
+    def __init__(self, slots: int):
         if slots < 1:
-            raise ValueError(f"SnapshotRing needs at least one slot, got {slots}")
+            raise ValueError(f"{type(self).__name__} needs at least one slot, got {slots}")
         self.slots = slots
-        C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
-        shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
-        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
-        self.ssm = [zeros_aligned(shape_ssm, xp) if r else None for r in cfg.recurrent]  # 64 B: streaming stores
         self.pos = np.zeros(slots, np.int64)  # host bookkeeping
         self.filled = 0
-
-    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.conv[i], self.ssm[i]
 
     def mark_pass(self, pos_before: int, n_tokens: int) -> None:
         """Record that a forward of n_tokens from pos_before filled slots 0 .. n_tokens-1."""
@@ -179,6 +185,54 @@ class SnapshotRing:
             raise ValueError(f"a pass of {n_tokens} tokens does not fit a ring of {self.slots} slots")
         self.pos[:n_tokens] = np.arange(pos_before + 1, pos_before + n_tokens + 1)
         self.filled = n_tokens
+
+    def kept(self, state: ModelState, slot: int) -> int:
+        """The token count a rollback to `slot` keeps, after checking the slot and the state (a bad range is
+        a bug: it raises before anything is written)."""
+        if not 0 <= slot < self.filled:
+            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
+        keep = int(self.pos[slot])
+        if not 0 <= keep <= state.pos:
+            raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
+        return keep
+
+    def layer(self, i: int):
+        """GDN layer i's entry (the interface above)."""
+        raise NotImplementedError
+
+    def restore(self, state: ModelState, slot: int) -> None:
+        """Roll `state` back to the tokens slot 0 .. `slot` of the last pass leave."""
+        raise NotImplementedError
+
+
+class SnapshotSlots:
+    """One GDN layer's entry in a SnapshotRing: the conv and the scan write the state after every token here."""
+
+    def __init__(self, conv_states: np.ndarray, ssm_states: np.ndarray):
+        self.conv_states, self.ssm_states = conv_states, ssm_states  # [slots, C, w-1], [slots, n_v, K, V]
+
+    def memory_out(self, state: GDNState) -> np.ndarray:
+        return state.ssm  # the new memory overwrites the old in place: the slots hold the copies
+
+    def record(self, state: GDNState, conv_inputs: tuple, scan_inputs: tuple) -> None:
+        pass  # everything a rollback needs is in the slots already
+
+
+class SnapshotRing(RollbackRing):
+    """Per-token GDN snapshots for passes of up to `slots` tokens; allocated once, reused every step.
+
+    conv[i] [slots, C, w-1], ssm[i] [slots, n_v, K, V] for GDN layer i (None for attention layers).
+    """
+
+    def __init__(self, cfg: ModelConfig, slots: int, xp=np):
+        super().__init__(slots)
+        C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
+        shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
+        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
+        self.ssm = [zeros_aligned(shape_ssm, xp) if r else None for r in cfg.recurrent]  # 64 B: streaming stores
+
+    def layer(self, i: int) -> SnapshotSlots:
+        return SnapshotSlots(self.conv[i], self.ssm[i])
 
     def save(self, state: ModelState, slot: int) -> None:
         """Copy the state's GDN layers into `slot` (used by drafters that step one token at a time)."""
@@ -191,16 +245,6 @@ class SnapshotRing:
         self.pos[slot] = state.pos
         self.filled = max(self.filled, slot + 1)
 
-    def kept(self, state: ModelState, slot: int) -> int:
-        """The token count a rollback to `slot` keeps, after checking the slot and the state (a bad range is
-        a bug: it raises before anything is written)."""
-        if not 0 <= slot < self.filled:
-            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
-        keep = int(self.pos[slot])
-        if not 0 <= keep <= state.pos:
-            raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
-        return keep
-
     def restore(self, state: ModelState, slot: int) -> None:
         """Roll `state` back to slot: GDN layers copied in place, KV caches truncated. No recompute."""
         keep = self.kept(state, slot)
@@ -212,7 +256,7 @@ class SnapshotRing:
 
 
 class ReplayLog:
-    """One GDN layer's side of a ReplayRing: its state before the last pass and that pass's inputs.
+    """One GDN layer's entry in a ReplayRing: its state before the last pass and that pass's inputs.
 
     spare [n_v, K, V]: the memory buffer not in the state. A pass scans state.ssm -> spare and the two
     swap, so after it `spare` holds the memory from before the pass (the base a replay starts from) and
@@ -222,37 +266,36 @@ class ReplayLog:
     recording copies nothing."""
 
     def __init__(self, shape, xp=np):
+        self.conv_states = self.ssm_states = None  # nothing is written per token
         self.spare = zeros_aligned(shape, xp)
         self.conv, self.conv_inputs, self.scan_inputs = None, (), ()
 
-    def record(self, ssm_before: np.ndarray, conv_before: np.ndarray, conv_inputs: tuple, scan_inputs: tuple) -> None:
-        """The pass wrote its memory into self.spare and the state took it: keep what it replaced."""
-        self.spare, self.conv, self.conv_inputs, self.scan_inputs = ssm_before, conv_before, conv_inputs, scan_inputs
+    def memory_out(self, state: GDNState) -> np.ndarray:
+        return self.spare  # the new memory goes to the spare buffer; state.ssm stays the pre-pass memory
+
+    def record(self, state: GDNState, conv_inputs: tuple, scan_inputs: tuple) -> None:
+        """The pass wrote its memory into self.spare and the state is about to take it: keep what it replaces."""
+        self.spare, self.conv, self.conv_inputs, self.scan_inputs = state.ssm, state.conv, conv_inputs, scan_inputs
 
 
-class ReplayRing:
+class ReplayRing(RollbackRing):
     """Rollback by recomputation, the same interface and bits as SnapshotRing (mark_pass, layer, restore).
 
     log[i]: a ReplayLog (None for attention layers); nothing is written per token. restore(state, j)
     reruns each GDN layer's conv and scan over tokens 0..j from the state before the pass with the
     recorded inputs: the same functions, the same inputs, so the same bits as the pass computed after
     token j (neither a conv's window nor a scan's steps depend on how many tokens follow).
-    conv, scan: the model's causal_conv and gdn_scan (Model.new_ring), so a backend replays with its own
-    kernels."""
+    conv, scan: the causal_conv and gdn_scan of the model's kernels (Model.new_ring), so a backend replays
+    with the functions its passes ran."""
 
     def __init__(self, cfg: ModelConfig, slots: int, conv, scan, xp=np):
-        if slots < 1:
-            raise ValueError(f"ReplayRing needs at least one slot, got {slots}")
-        self.slots, self.causal_conv, self.gdn_scan = slots, conv, scan  # the functions a replay reruns
+        super().__init__(slots)
+        self.causal_conv, self.gdn_scan = conv, scan  # the functions a replay reruns
         shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
         self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
-        self.pos = np.zeros(slots, np.int64)
-        self.filled = 0
 
-    def layer(self, i: int) -> tuple[None, ReplayLog]:  # (no conv snapshots, the log): gdn_layer's `snapshots`
-        return None, self.log[i]
-
-    mark_pass, kept = SnapshotRing.mark_pass, SnapshotRing.kept  # the same bookkeeping and checks
+    def layer(self, i: int) -> ReplayLog:
+        return self.log[i]
 
     def restore(self, state: ModelState, slot: int) -> None:
         """Roll `state` back to slot: conv and scan rerun over tokens 0..slot from the state before the pass,

@@ -11,14 +11,14 @@ inside each repeat and the median over repeats is reported, so a burst of load h
     plain          one target pass per token
     mtp_k1..k8     MTP drafting with a fixed k
     mtp_adaptive   per step a plain step or drafting up to 8, each step ending where the head's confidence
-                   says the next draft does not pay (tinyspec/adaptive.py keep_drafting), a fresh policy per
+                   says the next draft does not pay (tinyspec/fast/adaptive.py keep_drafting), a fresh policy per
                    generation, as `python -m tinyspec generate --spec mtp` runs by default
 
 Every speculative output is checked equal to the plain one. The summary compares the adaptive policy with the
 best fixed k on these prompts (picked after measuring them: the largest of 8 noisy medians; also per repeat, the
 adaptive's rate over that k's in the same repeat) and with the fixed k picked on the other half of the prompts
 (2-fold: even / odd prompts), as a user would have to pick it. 12 prompts x 128 tokens by default (until LESSONS
-32: 6 x 64, where a generation is ~15 steps, the policy's learning a larger share of it, and one run moved the
+19: 6 x 64, where a generation is ~15 steps, the policy's learning a larger share of it, and one run moved the
 ratios by 5%). tools/replay_adaptive.py measures the same policies on recorded drafts without timing noise.
 """
 
@@ -52,8 +52,9 @@ def run(model, method: str, prompt: list[int], max_new: int, p_min: float = 0.0)
         r = generate(model, prompt, max_new)
         return r.tokens, r.stats["decode_s"], {}
     if method == "mtp_adaptive":
-        policy = AdaptiveDraftLength(max(FIXED))
-        spec = speculative_generate(model, MTPDrafter(model, p_min=p_min), prompt, max_new, max(FIXED), adaptive=policy)
+        drafter = MTPDrafter(model, p_min=p_min)
+        spec = speculative_generate(model, drafter, prompt, max_new,
+                                    policy=AdaptiveDraftLength.for_drafter(drafter, max(FIXED)))
     else:
         spec = speculative_generate(model, MTPDrafter(model, p_min=p_min), prompt, max_new, int(method[len("mtp_k"):]))
     s = spec.stats

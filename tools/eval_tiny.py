@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         "mtp_depth1": spec_stats(target, prompts, lambda: MTPDrafter(target), 1, a.max_new, plain),
         "mtp_depth3": spec_stats(target, prompts, lambda: MTPDrafter(target), 3, a.max_new, plain),
         "lookup_edit": spec_stats(target, edits, lambda: LookupDrafter(n_max=4), 8, a.max_new, plain),
-        "draft_model": spec_stats(target, prompts, lambda: DraftModelDrafter(draft, target=target, max_draft=3), 3,
+        "draft_model": spec_stats(target, prompts, lambda: DraftModelDrafter(draft, target=target), 3,
                                   a.max_new, plain),
         "sample": tok.decode(prompts[0]) + "|>>>|" + tok.decode(plain[tuple(prompts[0])]),
     }

@@ -30,7 +30,7 @@ import numpy as np
 
 from tinyspec.config import ModelConfig
 from tinyspec.gguf import read_gguf
-from tinyspec.state import KVCache, ModelState, ReplayRing, SnapshotRing
+from tinyspec.state import GDNState, KVCache, ModelState, ReplayRing, SnapshotRing
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -72,8 +72,9 @@ def replay_restore_ms(cfg: ModelConfig, k: int, repeat: int) -> list[float]:
             continue
         unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)  # noqa: E731
         scan_inputs = (unit(f32(T, HV, K)), unit(f32(T, HV, K)), f32(T, HV, V), -np.abs(f32(T, HV)), np.abs(f32(T, HV)))
-        log.record(0.01 * f32(HV, K, V), f32(C, cfg.ssm_conv_kernel - 1), (f32(T, C), f32(C, cfg.ssm_conv_kernel)),
-                   scan_inputs)
+        ssm, conv = 0.01 * f32(HV, K, V), f32(C, cfg.ssm_conv_kernel - 1)  # the pre-pass memory and window
+        before = GDNState(conv, ssm)
+        log.record(before, (f32(T, C), f32(C, cfg.ssm_conv_kernel)), scan_inputs)
     ring.mark_pass(0, T)
 
     def restore(slot: int) -> None:

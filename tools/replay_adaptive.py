@@ -13,7 +13,7 @@ equals out[t+1..]. Then a step that drafts j tokens keeps min(j, m_t) of them, a
 
 with T measured on this machine (timed steps of fixed-k runs, a least-squares line). One recording of (m_t, p_t)
 per position then replays any policy in milliseconds: fixed k, a probability threshold (llama.cpp's
---draft-p-min with --draft-max D), the adaptive policy itself (tinyspec/adaptive.py, fed T(j) as its measured
+--draft-p-min with --draft-max D), the adaptive policy itself (tinyspec/fast/adaptive.py, fed T(j) as its measured
 step times), and the best possible: the step lengths that take the fewest seconds on this trace, found by
 dynamic programming over positions with the m_t known, a bound no policy can pass.
 
@@ -46,7 +46,7 @@ from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
 from tinyspec.sampling import SamplingParams  # noqa: E402
-from tinyspec.speculate import speculative_generate  # noqa: E402
+from tinyspec.speculate import FixedDraftLength, StopRule, speculative_generate  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
 
@@ -67,13 +67,13 @@ def record(model, prompt: list[int], max_new: int, depth: int) -> Trace:
     state = model.new_state()
     logits, hidden = model.forward(np.array(prompt), state)
     drafter = MTPDrafter(model)
-    drafter.keep_going = lambda probs: True  # draft all `depth`, reporting the probability of each
-    drafter.start(list(prompt), hidden)
+    go_on = StopRule(keep_going=lambda probs: True)  # draft all `depth`, reporting the probability of each
+    drafter.start(list(prompt), hidden, depth)
     pending = int(np.argmax(logits[-1]))
     tokens, chains = [pending], []
     for _ in range(max_new + depth):
-        drafts, _ = drafter.propose(pending, depth, params, None)
-        chains.append(([int(d) for d in drafts], list(drafter.probs)))
+        draft = drafter.propose(pending, depth, params, None, go_on)
+        chains.append(([int(d) for d in draft.tokens], list(draft.probs)))
         logits, hidden = model.forward(np.array([pending]), state)
         drafter.commit([pending], hidden)
         pending = int(np.argmax(logits[-1]))
@@ -101,17 +101,15 @@ class Costs:
         return self.plain if j == 0 else self.c0 + self.c1 * j
 
 
-class _Timer(AdaptiveDraftLength):
-    """A 'policy' that always drafts k and only records each step's drafts and seconds (speculate.py's hook).
-    floor = 0: no draft is withdrawn, so every step drafts what a fixed-k run drafts."""
+class _Timer(FixedDraftLength):
+    """The fixed-k policy, recording each step's drafts and seconds (what the engine tells observe())."""
 
-    floor = 0.0
+    def __post_init__(self):
+        super().__post_init__()
+        self.steps: list[tuple[int, float]] = []  # (drafts, seconds) per step
 
-    def choose(self, limit=None):
-        return self.k_max if limit is None else min(self.k_max, limit)
-
-    def update(self, k, n_accepted, step_s, probs=None, withdrawn=False):
-        self.steps.append((k, step_s))
+    def observe(self, draft, n_accepted, step_s):
+        self.steps.append((len(draft.tokens), step_s))
 
 
 def measure_costs(model, prompts: list[list[int]], max_new: int, ks=(0, 1, 2, 4, 8), repeats: int = 3) -> Costs:
@@ -125,9 +123,8 @@ def measure_costs(model, prompts: list[list[int]], max_new: int, ks=(0, 1, 2, 4,
                     s = speculative_generate(model, MTPDrafter(model), prompt, max_new, 0).stats
                     seconds[0].append((s.wall_s - s.phase_s["prefill"]) / max(s.steps, 1))
                     continue
-                timer = _Timer(k, use_confidence=False)
-                timer.steps = []
-                speculative_generate(model, MTPDrafter(model), prompt, max_new, k, adaptive=timer)
+                timer = _Timer(k)
+                speculative_generate(model, MTPDrafter(model), prompt, max_new, policy=timer)
                 seconds[k] += [s for j, s in timer.steps[1:] if j == k]
     measured = {k: statistics.median(v) for k, v in seconds.items() if v}
     xs = [k for k in measured if k > 0]
@@ -188,8 +185,7 @@ def best_possible(trace: Trace, cost: Costs, max_new: int) -> float:
 def adaptive(trace: Trace, cap: int, cost: Costs):
     """The shipped policy (a fresh one per generation, as generate runs it): choose() sets the cap, keep_drafting
     ends the step by the head's confidence, update() learns from the outcome and T(j)."""
-    policy = AdaptiveDraftLength(cap)
-    policy.by_confidence = True  # what speculate.py sets for a drafter with a keep_going hook
+    policy = AdaptiveDraftLength(cap, by_confidence=True)  # the MTP head reports how sure it is
 
     def decide(t, room):
         k = policy.choose(room)

@@ -537,7 +537,7 @@ def main(argv=None) -> int:
                     "loss.train": rec["train_loss"], "loss.heldout": rec["heldout"]["loss"],
                     "tool": "tools/train_tiny.py --preset " + args.preset,
                     # token ids by descending count in the training tokens: the draft vocabulary's ranking
-                    # (tinyspec/draft_vocab.py, --draft-vocab N)
+                    # (tinyspec/fast/draft_vocab.py, --draft-vocab N)
                     "token_ranking": rank_ids(train_ids, preset["vocab"]).astype(np.int32)}
         if "mtp1_loss" in rec["heldout"]:
             training |= {"loss.heldout_mtp1": rec["heldout"]["mtp1_loss"], "loss.heldout_mtp2": rec["heldout"]["mtp2_loss"]}

@@ -17,7 +17,7 @@ Estimates, updated after every step from what the step measured (online, per gen
            not observed at all, so one early rejection at position 2 must not sink a_2 to where a
            longer k is never tried again (position 1 decides whether to draft at all: it reacts fast)
     T(k)   before any step is timed, 1 + cost_prior * k plain steps (a verify pass of k + 1 tokens costs
-           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 22). Once
+           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 4). Once
            drafting steps of at least two sizes are timed, T(k) = c0 + c1 k for k >= 1: a line fitted
            by least squares to all of them, older steps weighing less ((1 - rate / 2) a step). A step of
            k drafts does k times the same work (a head pass, a verify row) on top of a fixed part, so
@@ -25,7 +25,7 @@ Estimates, updated after every step from what the step measured (online, per gen
            averages, each fed by the few steps that happened to draft that k: keep_drafting's threshold
            for draft j + 1 is R (T(j + 1) - T(j)) / a, and as differences of two noisy averages the
            thresholds at different depths spread over 29% of the first one (median over steps, shipped
-           model); as the slope c1 they are one number (LESSONS 32). A plain step,
+           model); as the slope c1 they are one number (LESSONS 19). A plain step,
            T(0), is its own moving average (no head pass, no drafter bookkeeping). A step timed beyond
            `outlier` (1.5) times its estimate counts as 1.5 times it: a busy machine moves an estimate
            a bounded step. Until the line exists, a moving average per k; a k never run is estimated
@@ -49,7 +49,7 @@ is also what a good drafter produces now and then, and backing off on it locked 
 steps on prompts where every fixed k won (random-token prompts, tools/bench_adaptive.py: 0.92x plain
 against 1.1-1.25x for fixed k). The other way round, a probing draft that is kept brings the next
 probe forward (2 steps): a prompt whose first drafts fail and later ones would be kept (the model's
-continuation of noise, LESSONS 21) resumes drafting in a few steps instead of a few probe gaps, while
+continuation of noise, LESSONS 4) resumes drafting in a few steps instead of a few probe gaps, while
 drafts that keep failing keep the full gap. With the priors a0 and cost_prior and nothing measured
 the policy starts at the k they favour (3 of 4 with the defaults); the first step's time is not recorded
 (it also pays the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
@@ -59,23 +59,26 @@ drafting may pay, the step drafts the k the plain estimates favour (or up to k_m
 plain step observes nothing, so an estimate that two unlucky rejections took from 0.8 to 0.27 stayed
 there until a probe: in a 40-token generation that was most of it (the demo's prompts, whose first two
 drafts fail and whose next thirty are kept: 1.30x plain against 1.44x for k = 3; now 1.64x, replayed,
-LESSONS 32). The bound shrinks as outcomes come in, so a drafter that fails from the start costs one long
-step and a few short ones (the bound after 1..4 rejections: 0.75, 0.52, 0.40, 0.32), then plain steps.
+docs/performance-log.md old 32; LESSONS 4). The bound shrinks as outcomes come in, so a drafter that fails
+from the start costs one long step and a few short ones (the bound after 1..4 rejections: 0.75, 0.52, 0.40,
+0.32), then plain steps.
 
-Depth by confidence (use_confidence, on by default): a drafter that reports its probability p of each
-draft (MTPDrafter, DraftModelDrafter: the softmax of its greedy draft, q of a sampled one) gets keep_drafting
-as its keep_going hook (speculate.py), and k from choose() becomes a cap: 0 (a plain step) or k_max (1 for
+Depth by confidence (by_confidence; `for_drafter` turns it on for a drafter whose stops_by_confidence
+says it can): a drafter that reports its probability p of each draft (MTPDrafter, DraftModelDrafter: the
+softmax of its greedy draft, q of a sampled one) gets keep_drafting as its stop rule's keep_going (plan(),
+speculate.StopRule), and k from choose() becomes a cap: 0 (a plain step) or k_max (1 for
 a probing draft). After each
 draft the step goes on only while the chance that every draft so far is kept, the product of the
 calibrated rates confidence(p) (per bin of p, a prior updated online from the drafts' outcomes), makes
 the next draft pay at the best rate the model promises (keep_drafting's docstring). The per-step
-information is what no fixed k has: on the shipped model 0.58 of the drafts at p < 0.3 are kept and 1.0
-at p >= 0.9 (LESSONS 26), so a step ends at an unsure draft and runs long through sure ones (LESSONS 29).
-A draft below `floor` (0.01; greedy only) is not even proposed (mtp.py p_floor): the head is guessing, and
+information is what no fixed k has: on the shipped model 0.62 of the drafts at p < 0.3 are kept and 1.0
+at p >= 0.9, so a step ends at an unsure draft and runs long through sure ones (LESSONS 5).
+A draft below `floor` (0.01; greedy only; the plan's StopRule.floor) is not even proposed: the drafter
+withdraws it and says so in its Draft (Draft.withdrawn; MTPDrafter). The head is guessing, and
 verifying it costs a verify row and a rollback for nothing. If it was the step's first draft, the step
 is a plain pass and update() counts a rejection at position 1 without recording its time. At the 0.8B
 shape with random weights (every draft p ~ 1e-3) a drafting step then costs one head pass more than a
-plain one instead of ~1.5 plain steps: drafts that always fail 0.92-0.95x -> 0.98-1.00x plain (LESSONS 32).
+plain one instead of ~1.5 plain steps: drafts that always fail 0.92-0.95x -> 0.98-1.00x plain (LESSONS 5).
 
 Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
@@ -88,6 +91,8 @@ the model is the one in Leviathan et al. 2023, section 3.5 (optimal gamma), with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from ..speculate import Draft, Plan, StopRule
 
 
 def _expected(accept: list[float]) -> list[float]:
@@ -109,7 +114,7 @@ class AdaptiveDraftLength:
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
     optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
-    floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (mtp.py p_floor)
+    floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (StopRule.floor)
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
@@ -123,10 +128,9 @@ class AdaptiveDraftLength:
     probe_ok: bool = field(init=False, default=False)  # the last probing draft was accepted
     # draft depth by confidence (keep_drafting): the drafter's probability of its draft, in bins, calibrated online
     edges: tuple = (0.3, 0.5, 0.7, 0.9)  # bin edges of the drafter's probability p of its draft
-    kept_prior: tuple = (0.5, 0.75, 0.9, 0.97, 0.99)  # prior fraction kept per bin (LESSONS 26 measured 0.62 .. 1.0)
+    kept_prior: tuple = (0.5, 0.75, 0.9, 0.97, 0.99)  # prior fraction kept per bin (LESSONS 5 measured 0.62 .. 1.0)
     prior_weight: float = 4.0  # outcomes the prior counts as, per bin
-    use_confidence: bool = True  # let a drafter that reports its probabilities stop where keep_drafting says
-    by_confidence: bool = field(init=False, default=False)  # such a drafter calls keep_drafting (speculate.py sets it)
+    by_confidence: bool = False  # the drafter stops where keep_drafting says (it reports each draft's probability)
     kept: list[float] = field(init=False)  # per bin: drafts kept, drafts seen (observed outcomes)
     seen_bin: list[float] = field(init=False)
     _need: list[float] = field(init=False, default_factory=list)  # keep_drafting's thresholds for this step
@@ -293,6 +297,24 @@ class AdaptiveDraftLength:
         if k >= 1:
             f = 1.0 - r / 2
             self.fit = [f * v + x for v, x in zip(self.fit, (1.0, k, step_s, k * k, k * step_s))]
+
+    # ------------------------------------------------------------------ the engine's view (speculate.DraftPolicy)
+
+    @classmethod
+    def for_drafter(cls, drafter, k_max: int, **options) -> "AdaptiveDraftLength":
+        """The policy for this drafter: depth by confidence when the drafter can stop by it."""
+        return cls(k_max, by_confidence=drafter.stops_by_confidence, **options)
+
+    def plan(self, room: int) -> Plan:
+        """choose()'s k, with keep_drafting as the stop rule when drafting by confidence, and the floor."""
+        k = self.choose(room)
+        return Plan(k, StopRule(self.keep_drafting if self.by_confidence else None, self.floor))
+
+    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None:
+        self.update(len(draft.tokens), n_accepted, step_s, draft.probs if draft.tokens else None, draft.withdrawn)
+
+    def summary(self) -> dict:
+        return self.as_dict()
 
     def as_dict(self) -> dict:
         out = {"chosen_k": {str(k): v for k, v in sorted(self.chosen.items())},

@@ -1,8 +1,9 @@
 """bench: what speculation costs and buys on one model and backend, measured in one run.
 
     decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
-    verify_cost_ratio  median time of a k-token verify pass (with the model's ring) / the k = 1 pass
-    rollback           which ring the verify passes use (Model.rollback: snapshot or replay, state.py)
+    verify_cost_ratio  median time of a verify pass of T tokens (with the model's ring) / a one-token pass, keyed
+                       by T = k + 1 (the pending token and k drafts): T = 1, 2, 4, 8 are k = 0, 1, 3, 7 drafts
+    rollback           which ring the verify passes use (Model.kernels.rollback: snapshot or replay, state.py)
     weight_gb_s        bytes of weights a decode step reads / its median time
     copy_gb_s          np.copyto of a 256 MB buffer where the weights live (the GPU's memory for the cuda
                        backend, 1 GB there), the memory bandwidth this machine gives right now
@@ -31,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
 from ..generate import generate
 from ..lookup import LookupDrafter
@@ -86,32 +88,34 @@ def decode_time(model: Model, prompt: list[int], n: int) -> float:
     return statistics.median(times)
 
 
-def verify_costs(model: Model, prompt: list[int], ks=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
-    """Median seconds of a k-token verify pass from the same post-prompt state, with the model's ring (Model.new_ring:
-    snapshots written, or the base kept for a replay; a rollback is not part of the pass)."""
+def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
+    """{T: median seconds of a verify pass of T tokens (k = T - 1 drafts)} from the same post-prompt state, with
+    the model's ring (Model.new_ring: snapshots written, or the base kept for a replay; a rollback is not part of
+    the pass)."""
     state = model.new_state()
     model.forward(np.array(prompt), state)
-    window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(ks)))
-    rings = {k: model.new_ring(k) for k in ks}
-    times: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every k alike
-        for k in ks:
+    window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(sizes)))
+    rings = {T: model.new_ring(T) for T in sizes}
+    times: dict[int, list[float]] = {T: [] for T in sizes}
+    for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every size alike
+        for T in sizes:
             s = state.copy()
             t0 = time.perf_counter()
-            model.forward(np.array(window[:k]), s, ring=rings[k])
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(t) for k, t in times.items()}
+            model.forward(np.array(window[:T]), s, ring=rings[T])
+            times[T].append(time.perf_counter() - t0)
+    return {T: statistics.median(t) for T, t in times.items()}
 
 
-def warm_up(model: Model, prompt: list[int], ks, draft_n: int, drafters: dict[str, Callable], n_new: int = 12) -> None:
-    """Run every shape that is timed once, untimed: the prompt pass, a one-token pass, each k-token pass with its
-    ring, and a short run of each drafter. On a cold Numba cache the first call of a kernel compiles it (seconds),
+def warm_up(model: Model, prompt: list[int], sizes, draft_n: int, drafters: dict[str, Callable],
+            n_new: int = 12) -> None:
+    """Run every shape that is timed once, untimed: the prompt pass, a one-token pass, each verify pass size with
+    its ring, and a short run of each drafter. On a cold Numba cache the first call of a kernel compiles it (seconds),
     which a median of a few timings would not always hide."""
     state = model.new_state()
     model.forward(np.array(prompt), state)
     model.forward(np.array(prompt[:1]), state.copy())
-    for k in ks:
-        model.forward(np.array((prompt * k)[:k]), state.copy(), ring=model.new_ring(k))
+    for T in sizes:
+        model.forward(np.array((prompt * T)[:T]), state.copy(), ring=model.new_ring(T))
     if drafters:
         ref = generate(model, prompt, n_new).tokens
         for make in drafters.values():
@@ -122,15 +126,17 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
               repeats: int = 1, adaptive: tuple[str, ...] = ()) -> dict:
     """Plain greedy, then each drafter on the same prompt: tok/s, speedup, acceptance and equality with plain.
     speedup is the median over `repeats` of speculative / plain tok/s, each pair measured back to back.
-    Drafters named in `adaptive` choose k per step (adaptive.py, up to draft_n)."""
+    Drafters named in `adaptive` choose k per step (adaptive.py, up to draft_n drafts)."""
     rates: dict[str, list[float]] = {"plain": [], **{name: [] for name in drafters}}
     last, plain = {}, None
     for _ in range(repeats):  # interleaved: plain, then every drafter, then again - each ratio is a pair taken
         plain = generate(model, prompt, max_new)  # back to back, so a slow minute of a shared machine hits both
         rates["plain"].append(plain.stats["decode_tok_s"])  # tokens/s after the prefill (the same pass for all)
         for name, make in drafters.items():
-            last[name] = generate(model, prompt, max_new, drafter=make(plain.tokens), draft_n=draft_n,
-                                  adaptive=name in adaptive)
+            drafter = make(plain.tokens)
+            policy = AdaptiveDraftLength.for_drafter(drafter, draft_n) if name in adaptive else None
+            last[name] = generate(model, prompt, max_new, drafter=drafter, draft_n=None if policy else draft_n,
+                                  policy=policy)
             rates[name].append(last[name].stats["tokens_per_s"])
     base = statistics.median(rates["plain"])
     out = {"plain": {"tok_s": base, "tokens": len(plain.tokens)}}
@@ -145,7 +151,7 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
     return out
 
 
-def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8), repeats: int = 5,
+def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4, 8), repeats: int = 5,
           max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
           spec_repeats: int = 1, say: Callable[[str], None] = lambda msg: None) -> dict:
@@ -176,13 +182,13 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
         if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
             makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
     say("warm-up (untimed: every pass shape and drafter once; compiles kernels on a cold cache)")
-    warm_up(model, prompt, ks, draft_n, makers)
+    warm_up(model, prompt, sizes, draft_n, makers)
     say("memory copy bandwidth")
     copy = copy_bandwidth(xp=model.xp) if model.xp is np else copy_bandwidth(1024, xp=model.xp)
     say(f"decode: {decode_n} one-token passes")
     t1 = decode_time(model, prompt, decode_n)
-    say(f"verify passes for k = {', '.join(map(str, ks))}")
-    costs = verify_costs(model, prompt, ks, repeats)
+    say(f"verify passes of {', '.join(map(str, sizes))} tokens (k = {', '.join(str(T - 1) for T in sizes)} drafts)")
+    costs = verify_costs(model, prompt, sizes, repeats)
     if makers:
         say(f"speculative runs: plain, {', '.join(makers)} ({max_new} tokens, k = {draft_n})")
     spec = (spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive", "mtp_adaptive_vocab"))
@@ -198,13 +204,13 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, ks=(1, 2, 4, 8
         if name in spec:
             spec[name]["draft_vocab"] = len(draft_vocab)
     wb = weight_bytes(model)
-    return {"model": str(getattr(model, "path", "")), "backend": getattr(model, "backend", "numpy"),
-            "rollback": model.rollback,
+    return {"model": str(model.path or ""), "backend": model.backend,
+            "rollback": model.kernels.rollback,
             "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
             "weight_bytes": wb, "prompt_tokens": len(prompt),
             "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
             "verify_ms": {k: 1e3 * v for k, v in costs.items()},
-            "verify_cost_ratio": {k: v / costs[ks[0]] for k, v in costs.items()},
+            "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
             "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
             "spec": {k: v for k, v in spec.items() if k != "plain"},
             "plain_tok_s": spec["plain"]["tok_s"] if spec else None}

@@ -59,7 +59,7 @@ shape: checked bitwise for T = 1..16 and 37. Accuracy: the products are exact, s
 round: 32 values inside the tensor core, then in / 32 scaled group sums, far inside the bound below
 (taken over |dl code| + |ml|, since the two terms are summed apart); a Q8_0 row with one code +-1
 returns x bit for bit (tests/test_cuda_ops.py).
-Measured (H100, tools/bench_cuda.py, read bandwidth 3.1 TB/s; LESSONS 20): Q4_K 4096x12288 27 us (33%
+Measured (H100, tools/bench_cuda.py, read bandwidth 3.1 TB/s; LESSONS 10): Q4_K 4096x12288 27 us (33%
 of the read bandwidth), the 0.8B LM head Q4_K 248320x1024 99 us (47%), Q6_K 36-44%, and the 27B gate
 17408x5120 22-26%. ncu: half of the issue slots used, the rest stalled on global loads (long scoreboard)
 with only 16 warps per SM (128 registers each): not the bandwidth yet.

@@ -1,8 +1,9 @@
 """Fused row functions for CuPy arrays: ops.rms_norm, l2_norm, sigmoid, silu and softplus in one launch each.
 
 The oracle's versions run unchanged on CuPy arrays (NumPy dispatches them), but each is four to six CuPy
-launches, and at decode sizes a launch costs Python time, not GPU time (LESSONS 20). backends.py registers
-these in ops.FUSED for cupy.ndarray when it loads a cuda model; the model code calls ops as always.
+launches, and at decode sizes a launch costs Python time, not GPU time (LESSONS 10). backends.cuda_kernels
+names these in the cuda backend's Kernels (for CuPy arrays; a function that returns None declines, and the
+oracle's computes that call), and the model calls them through its kernels.
 
     norm_rows   one block of 128 threads per row: thread t sums x[j]^2 for j = t, t + 128, ... in order,
                 then a fixed tree over the 128 partial sums; y = x / sqrt(sum (/ n for rms) + eps) (* w)

@@ -91,6 +91,13 @@ class DraftVocab:
         q[self.ids] = q_sub
         return q
 
+    # the drafters' view of it (sampling.DraftVocabulary): which output rows to score, and a draft from their logits
+    def rows(self, weight):  # [V, D] -> [n, D]
+        return subset_rows(weight, self.ids)
+
+    def draw(self, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
+        return draw(self, logits_sub, params, rng)
+
 
 def draw(vocab: DraftVocab, logits_sub: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
     """One draft from subset logits [n]: (token id, its proposal law over the whole vocabulary [V]), or at

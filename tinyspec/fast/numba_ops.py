@@ -28,11 +28,12 @@ Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memo
                 y[t, r] = pairwise sum of acc[0..LANES-1]     fixed tree: (l, l + 128), (l, l + 64), ...
 
 (An earlier loop order - decode a span, then every t's 256 lanes from memory - gave the same bits and
-paid a load and a store of every accumulator per span: a 4-token pass 27-32% dearer, LESSONS 30.)
+paid a load and a store of every accumulator per span: a 4-token pass 27-32% dearer,
+docs/performance-log.md old 30.)
 
 Each block decodes into float32 values bit-identical to the oracle's (the same f32 operations in the
 same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as explicit vector IR
-(tinyspec/fast/simd.py: Numba's own loops stayed scalar, LESSONS 19).
+(tinyspec/fast/simd.py: Numba's own loops stayed scalar, LESSONS 7).
 
 Integer path, _quant_linear_q8_parallel (what ggml's CPU backend does for K-quants): each row of x is
 rounded once to Q8_K (256-value blocks of int8 codes and one float scale, tinyspec/quants/q8_k.py, bit
@@ -42,9 +43,9 @@ sums (vpdpbusd / vpackssdw / vpdpwssd with AVX512-VNNI, vpmaddubsw / vpmaddwd wi
 IR elsewhere) and adds `(d dx) * isum + (dmin m) * (-(dx bsum))` into 16 float lanes with two fmas (the
 offset term's weight side dmin m formed once per block, its row side -(dx bsum) once per x); the fixed
 16-lane tree ends the row. Keeping the block in registers across the rows is what makes extra rows
-cheap (a per-row call reloaded it: LESSONS 24). With T > 1 two weight rows go through one call
+cheap (a per-row call reloaded it: LESSONS 7). With T > 1 two weight rows go through one call
 (simd.*_block2: each t's codes loaded once for both, two accumulator chains in flight instead of one row's
-load -> fma -> fma -> store per block; per row the same bits, LESSONS 31). Q4_K on VNNI reads its codes
+load -> fma -> fma -> store per block; per row the same bits, LESSONS 7). Q4_K on VNNI reads its codes
 64 bytes at a time, with x laid out in the order they come (Q4_K_WIDE_X) and the lanes read back through
 LANE_SWAP: the same bits as in value order. Q6_K with VNNI (simd.q6_k_signed_block) takes signed codes
 against x' = qx + 128, so its offset of 32 becomes a per-block constant and a row needs one fma; without
@@ -54,7 +55,7 @@ sub-block scales to the 16 exact i32 lanes in float (its 4-value sums need 32 bi
 ops.quant_linear_q8, a different function from ops.quant_linear (x moves by at most half a Q8_K step), and
 the one llama.cpp computes: on llama.cpp-made files the cpu logits equal llama.cpp's to float32 summation
 order unless some activation falls on the other side of a rounding boundary (then ~1e-2; the float oracle:
-~5e-2; tests/test_llamacpp_runtime.py, LESSONS 30).
+~5e-2; tests/test_llamacpp_runtime.py, LESSONS 9).
 
 Q8_0, Q4_0, Q5_0, IQ4_NL weights, _quant_linear_q8_0_parallel (llama.cpp's vec_dot_*_q8_0; the codes of the
 last three unpacked to the signed weights q - 8, q - 16 and KVALUES_IQ4[q] first): x is rounded to Q8_0 blocks of
@@ -62,7 +63,8 @@ last three unpacked to the signed weights q - 8, q - 16 and KVALUES_IQ4[q] first
 it as its unsigned operand; per pair of weight blocks simd.q8_0_pair loads the 64 codes once, forms
 base = -128 * (4-value sums of q_w), and gives every row its exact 4-value sums in one vpdpbusd started
 from base, then one fma by d_w d_x. The float path it replaces decoded every weight to float32 and spent
-two fmas per 16 values per row: at the 0.8B shapes 1.8x the time at T = 1 and 3.3x at T = 4 (LESSONS 30).
+two fmas per 16 values per row: at the 0.8B shapes 1.8x the time at T = 1 and 3.3x at T = 4
+(docs/performance-log.md old 30).
 
 Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]), on both paths: the
 operations that produce y[t, r] - the rounding of x[t] alone, which products, added into which lane, in
@@ -81,9 +83,10 @@ path S uses the rounded x, and the sums inside a block are exact). Measured erro
 each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes.
 
 Measured (Qwen3.5-0.8B shapes, medians, noisy to +-30%): on the old 2-core VM, one thread, T = 1, the
-integer path read Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (LESSONS 19); on the Zen 5 VM
-with VNNI and the blocks in registers, two threads, the 248320 x 1024 output projection takes 4.3-4.5 ms
-at T = 1 and 6.2-7.3 ms at T = 4 (LESSONS 24). Whole-model numbers: `python -m tinyspec bench`.
+integer path read Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (docs/performance-log.md old 19);
+on the Zen 5 VM with VNNI and the blocks in registers, two threads, the 248320 x 1024 output projection takes
+4.3-4.5 ms at T = 1 and 6.2-7.3 ms at T = 4 (docs/performance-log.md old 24). Whole-model numbers:
+`python -m tinyspec bench`.
 
 get_rows runs the float decoders on one thread (a few embedding rows are not worth a parallel region)
 and copies the decoded spans out, so it is bit-exact with the oracle.
@@ -110,7 +113,7 @@ from . import kernel_cache, simd
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
-AHEAD = 16384  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch; LESSONS 35)
+AHEAD = 16384  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch; LESSONS 18)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
              GGMLType.Q8_0,
@@ -668,7 +671,7 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     take two weight rows a call (simd.*_block2: each input row's codes loaded once for both, and two
     independent accumulator chains in flight; the same bits per row, tested): a 4-token verify pass at the
     0.8B shape 7% faster. At T = 1 one row a call: the decode reads DRAM, and two interleaved row streams
-    read it 8% slower there (LESSONS 31)."""
+    read it 8% slower there (docs/performance-log.md old 31)."""
     T, n_out = y.shape
     nb = n_in // 256
     qx = _aligned_zeros(T * n_in // 4).view(np.int8)  # [T, n_in] codes, rows on 64-byte lines

@@ -18,7 +18,7 @@ Over the steps, (u_1, .., u_k) fills the unit cube evenly (Weyl: 1, alpha_1, ..,
 over the rationals), so every joint frequency P(u_1 < a, .., u_j < a) tends to a^j as with independent
 draws, but the realised rate stays near a from the first dozens of steps: with independent draws a
 48-token run at a = 0.8, k = 3 emits 2.53-3.43 tokens per step (5th-95th percentile over seeds; expected
-2.95), 2.70-3.20 at 192 tokens; with these, 2.87-3.00 at 192 (LESSONS 31). A speedup measured "at
+2.95), 2.70-3.20 at 192 tokens; with these, 2.87-3.00 at 192 (LESSONS 13). A speedup measured "at
 acceptance 0.8" is then measured at 0.8, not at whatever one seed drew.
 Greedy verification keeps drafts while they equal the target's argmax, i.e. up to the first wrong
 one, so the number of accepted drafts m is a truncated geometric variable, P(m >= j) = a^j, and a
@@ -68,6 +68,7 @@ from typing import Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
+from ..speculate import Draft, StopRule
 
 
 def kronecker_steps(n: int) -> np.ndarray:
@@ -116,9 +117,11 @@ class SyntheticDrafter:
         self.i, self.diverged_at, self.history, self._n_drafted, self.step = 0, None, [], 0, 0
         self._shifts = self._alphas = np.zeros(0)
 
-    def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+    stops_by_confidence = False
+
+    def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0) -> None:
         if self.inner is not None:
-            self.inner.start(prompt, hidden)
+            self.inner.start(prompt, hidden, k_max)
         self.step = 0  # every generation sees the same draws
         self.i = 0  # index in the reference of the pending token
         self.diverged_at: int | None = None
@@ -130,20 +133,20 @@ class SyntheticDrafter:
         if self.diverged_at is None and index < len(self.reference) and self.reference[index] != token:
             self.diverged_at = index
 
-    def propose(self, pending: int, k: int, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                stop: StopRule | None = None) -> Draft:
         self._n_drafted = 0
         self._check(self.i, int(pending))
         if self.diverged_at is not None:
-            return [], []
+            return Draft()
         truth = self.reference[self.i + 1:self.i + 1 + k]  # cut at the end of the reference
         if self.inner is not None and truth:
-            self.inner.propose(pending, len(truth), params, rng)  # pay the real drafting cost
+            self.inner.propose(pending, len(truth), params, rng, stop)  # pay the real drafting cost
         right = self.draws(len(truth)) < self.acceptance  # one draw per position, used or not
         self.step += 1
         drafts = [t if ok else (t - 1 if t > 0 else t + 1) for t, ok in zip(truth, right)]
         self._n_drafted = len(drafts)
-        return drafts, [None] * len(drafts)  # deterministic proposals: q is one-hot
+        return Draft(drafts, [None] * len(drafts))  # deterministic proposals: q is one-hot
 
     def draws(self, k: int) -> np.ndarray:
         """u_1(s) .. u_k(s) for the current step s (shifts c_j: the first k uniforms of the seed's stream)."""

@@ -1,0 +1,90 @@
+"""Kernels: what a backend swaps, handed to a model as one immutable object.
+
+A Model computes with the functions of the Kernels it was built with (`Model(cfg, tensors, kernels=...)`),
+never with module functions a backend patched: the row-by-row matmul, attention over the KV cache, the
+delta-rule scan and the short convolution of the GDN layers, the row functions (norms and gates), the array
+module its state lives in, and the two copies between the engine (which samples on the host) and the model.
+NUMPY, the default, names the oracle's own functions (ops.py, attention.py, gdn.py). A backend
+(tinyspec/backends.py) builds another Kernels from its fast functions and passes it to the Model it loads;
+nothing writes into a built model or into a module-level table afterwards. So a reader finds the fast path
+by following an argument, not by searching for who patched what.
+
+    field         oracle                 contract (shapes: T tokens; see the oracle's docstring)
+    name          "numpy"                which backend built it: "numpy" | "cpu" | "cuda"
+    linear        ops.linear             (x [T, in], w [out, in] or a PackedWeight) -> [T, out]
+    attend        attention.attend       (q [T, H_kv, G, d], keys, values [>= n_past + T, H_kv, d], n_past, scale)
+                                         -> o [T, H_kv, G, d]
+    gdn_scan      gdn.gdn_scan           (q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o, state);
+                                         states_out [>= T, HV, K, V] receives the state after each token, out
+                                         [HV, K, V] the new state (it may be `state` itself: in place)
+    causal_conv   gdn.causal_conv        (x [T, C], conv_state [C, w-1], weight [C, w], states_out=None)
+                                         -> (y [T, C], new conv_state); states_out [>= T, C, w-1] as the scan's
+    rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
+    xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
+    to_device     identity               host token embeddings -> where the model computes
+    to_host       identity               logits and hidden rows -> NumPy, for the engine
+    rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
+
+What every replacement must keep:
+  * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
+    before token t, for the scan and the conv), on its own backend. It is what makes the rows of a k-token
+    verify pass bitwise those of k one-token decodes, so greedy speculative output equals plain greedy
+    output (tests/test_model.py for the oracle, tests/test_backends.py for each backend's whole model).
+  * the oracle's function: gdn_scan and causal_conv of the cpu backend are bitwise the oracle's
+    (tests/test_numba_gdn.py); attend and the cuda row functions agree to float32 rounding, as the matmul
+    kernels do (tests/test_numba_attention.py, tests/test_cuda_ops.py).
+  * replay needs the same bits twice: a ReplayRing reruns the model's own causal_conv and gdn_scan over the
+    kept tokens, which gives the pass's bits because each is deterministic and batch-invariant.
+The matmul itself is swapped in the weights, not here: a backend's weight is a PackedWeight whose .linear
+multiplies it (backends.py), and ops.linear hands it x. `linear` is a field so a reader sees it among the rest.
+
+This module imports the oracle only, never tinyspec.fast: the core reads and runs without the wing
+(tests/test_kernels.py checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+from . import ops
+from .attention import attend
+from .gdn import causal_conv, gdn_scan
+
+ROLLBACKS = ("snapshot", "replay")
+
+
+def same(a):
+    """The identity: the oracle's host and device are the same memory."""
+    return a
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Everything a backend swaps (see the module docstring for each field's contract). Frozen: a backend
+    builds one and hands it over; a variant is `dataclasses.replace(kernels, rollback="replay")`."""
+
+    name: str = "numpy"
+    linear: Callable = ops.linear
+    attend: Callable = attend
+    gdn_scan: Callable = gdn_scan
+    causal_conv: Callable = causal_conv
+    rms_norm: Callable = ops.rms_norm
+    l2_norm: Callable = ops.l2_norm
+    sigmoid: Callable = ops.sigmoid
+    silu: Callable = ops.silu
+    softplus: Callable = ops.softplus
+    xp: ModuleType = np
+    to_device: Callable = same
+    to_host: Callable = same
+    rollback: str = "snapshot"
+
+    def __post_init__(self):
+        if self.rollback not in ROLLBACKS:
+            raise ValueError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {self.rollback!r}")
+
+
+NUMPY = Kernels()  # the oracle's
