@@ -189,6 +189,23 @@ def test_spec_draft_needs_draft_model(tiny_model, capsys):
     assert "--draft-model" in capsys.readouterr().err
 
 
+def test_generate_and_logits_run_the_shipped_model_without_model(tmp_path, capsys):
+    """As the demo does: no --model is the shipped target, and --spec draft with it the shipped draft model;
+    the output equals the library's greedy generation on that model."""
+    from tinyspec.backends import load_model
+    from tinyspec.demo import TARGET
+    from tinyspec.generate import generate
+
+    expected = generate(load_model(TARGET, "numpy"), [10, 11, 12], 6).tokens
+    for spec in ("none", "mtp", "draft"):
+        assert main(["generate", "--tokens", "10,11,12", "--max-new", "6", "--spec", spec, "--backend", "numpy",
+                     "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == expected, spec
+    assert main(["logits", "--tokens", "10,11", "--out", str(tmp_path / "l.npz")]) == 0
+    with np.load(tmp_path / "l.npz") as f:
+        assert f["logits"].shape == (2, 4096) and "mtp_logits" in f
+
+
 def test_bench_json_reports_every_field(tiny_model, capsys):
     args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "3", "--repeats", "2",
             "--max-new", "10", "--json"]

@@ -21,7 +21,6 @@ from tinyspec.fast.draft_vocab import DraftVocab, draw, rank_tokens, ranking_for
 from tinyspec.generate import generate
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter
-from tinyspec.ops import linear
 from tinyspec.quants import GGMLType, quantize
 from tinyspec.sampling import SamplingParams
 from tinyspec.speculate import speculative_generate

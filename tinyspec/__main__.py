@@ -1,11 +1,12 @@
 """Command line: `python -m tinyspec <command>`.
 
     inspect FILE.gguf [--json]                      metadata and tensor table of a GGUF file
-    logits [--model FILE] --prompt TEXT --out X.npz logits / hidden / MTP logits of a prompt (default: the shipped model)
+    logits [--model FILE] --prompt TEXT --out X.npz logits / hidden / MTP logits of a prompt
     generate [--model FILE] --prompt TEXT           greedy or sampled decoding, plain or speculative (--spec)
+                                                    (logits and generate: the shipped model without --model)
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
-    bench --model FILE [--backend cpu] [--json]     decode tok/s, cost of 1/2/4/8-token verify passes, bandwidth, speedups
+    bench --model FILE [--backend cpu] [--json]     decode tok/s, 1/2/4/8-token verify pass costs, bandwidth, speedups
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 

@@ -135,7 +135,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     drafter = MTPDrafter(target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
                      policy=AdaptiveDraftLength.for_drafter(drafter, 8))
-    say("One generation with --spec mtp, an edit of the function above it ([accepted draft] {correction} <bonus>):")
+    say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer copies most of it")
+    say("([accepted draft] {correction} <bonus>; the prompt is plain text):")
     say()
-    say(EDITS[2][1] + render_marked(tok, shown.tokens, shown.marks))
+    say(SHOWN + render_marked(tok, shown.tokens, shown.marks))
     return 0 if same else 1

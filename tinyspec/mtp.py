@@ -23,7 +23,7 @@ import numpy as np
 
 from .attention import attention_layer
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
-from .ops import linear, rms_norm
+from .ops import linear
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .speculate import Draft, StopRule
 from .state import KVCache

@@ -2,7 +2,8 @@
 
 The loop (pending = the next token, already chosen but not yet fed to the target):
 
-    Step 1  draft    d_1..d_k = drafter.propose(pending)            with proposal laws q_1..q_k
+    Step 1  draft    d_1..d_k = drafter.propose(pending, k)         with proposal laws q_1..q_k (k from
+                     the policy's plan; a drafter may stop early or propose nothing)
     Step 2  verify   logits = target.forward([pending, d_1..d_k])   one pass of k+1 tokens ("folded":
                      row i is the target's law p_i for the token after input i, so row k doubles as
                      the next step's logits and there is never a separate "commit" forward)
@@ -40,7 +41,7 @@ Two objects are handed to the loop, and everything that crosses between them is 
 k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts).
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
-(../shared/reference/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
+(docs/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
 """
 
 from __future__ import annotations
