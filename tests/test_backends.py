@@ -6,7 +6,7 @@ run the same model as the NumPy oracle.
                  Q5_0 / IQ4_NL, as the cpu kernels
                  do: ops.quant_linear_q8);
                  cuda logits within 1e-4 of the float oracle
-    invariance   on cpu and cuda, a k-token pass gives bitwise the rows and state of k one-token passes
+    invariance   on cpu and cuda, a T-token pass gives bitwise the rows and state of T one-token passes
     lossless     greedy speculative == greedy plain on cpu and cuda for the MTP, lookup and draft-model drafters
     memory       packed weights are views of the file's memory map, never float32 copies; on cuda the state,
                  caches and snapshot ring are device arrays

@@ -33,7 +33,7 @@ def test_layer_pattern_from_metadata(model):
 
 
 def test_verify_rows_equal_decode_steps_bitwise(model):
-    """Batch invariance, the property lossless speculation rests on: a k-token pass (verify) gives row i
+    """Batch invariance, the property lossless speculation rests on: a T-token pass (verify) gives row i
     bitwise equal to the one-token pass (decode) at that position, and leaves the same state. A float32
     BLAS gemm over all rows would break this (its reduction order depends on the row count)."""
     seq = tokens(23)

@@ -192,12 +192,12 @@ def cmd_logits(args) -> int:
 
 
 DRAFT_MAX = {"mtp": 8, "lookup": 8, "draft": 4, "none": 0}  # adaptive draft length: the largest k tried (mtp, draft:
-# their confidence ends a step early, adaptive.keep_drafting, so a long cap costs little where drafts are unsure;
-# the shipped draft model measured 0.80x plain at 4, 0.76x at 8: docs/performance-log.md old 29)
+# their confidence ends a step early, fast/adaptive.py keep_drafting, so a long cap costs little where drafts are
+# unsure; the shipped draft model is slower at 8 than at 4: docs/performance-log.md old 29)
 
 
 def draft_vocab(args, model, tokenizer=None):
-    """--draft-vocab N: the N most frequent tokens (draft_vocab.py), ranked by --ranking, the file's record or,
+    """--draft-vocab N: the N most frequent tokens (fast/draft_vocab.py), ranked by --ranking, the file's record or,
     given the tokenizer, the cached standard-library count. N = None (generate's default): AUTO_SIZE above
     AUTO_ABOVE tokens, else the whole vocabulary; 0: the whole vocabulary."""
     from .fast.draft_vocab import AUTO_ABOVE, AUTO_SIZE, DraftVocab, ranking_for
@@ -320,7 +320,8 @@ def cmd_generate(args) -> int:
     if "steps" in s:  # speculative
         ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
         acceptance = f"acceptance {s['acceptance_rate']:.2f}" if s["drafted"] else "no drafts made"
-        print(f"[{s['emitted']} tokens in {s['steps']} verify steps, {s['tokens_per_s']:.1f} tok/s, {acceptance}, "
+        plain = f" ({s['plain_steps']} of them plain, no drafts)" if s["plain_steps"] else ""
+        print(f"[{s['emitted']} tokens in {s['steps']} target passes{plain}, {s['tokens_per_s']:.1f} tok/s, {acceptance}, "
               f"{s['mean_accepted_length']:.2f} tokens/step{ks}]", file=sys.stderr)
     else:
         print(f"[{s['generated']} tokens, prefill {s['prefill_s']:.2f} s, decode {s['decode_tok_s']:.1f} tok/s]",
@@ -408,7 +409,8 @@ def cmd_bench(args) -> int:
 def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
     p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=default,
                    help="numpy: the oracle (weights expanded to float32); cpu: Numba kernels on the packed weights; "
-                        "cuda: CuPy kernels on a GPU (default: " + (default or "cuda if a GPU, else cpu") + ")")
+                        "cuda: CuPy kernels on a GPU (default: "
+                        + (default or "$TINYSPEC_BACKEND if set, else cuda if a GPU, else cpu") + ")")
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
@@ -470,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
                         "else a count over the Python standard library's sources, computed once and cached)")
     p.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
-                   help="mtp: stop drafting after a draft the head gives probability < P (llama.cpp's --draft-p-min; "
+                   help="mtp: stop drafting after a draft the head gives probability < P (llama.cpp's --spec-draft-p-min; "
                         "0, the default: draft every position the draft length allows)")
     p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
                                          "with the shipped model: the shipped draft model)")
@@ -510,9 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer)")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("bench", help="measure decode tok/s, verify cost for k = 1, 2, 4, 8, bandwidth and spec speedups",
-                       description="Measure, in one run: decode tokens/s; the time of a k-token verify pass as a ratio "
-                                   "to k = 1; weight bytes read per second during decode vs a memory-copy bandwidth; "
+    p = sub.add_parser("bench", help="measure decode tok/s, the cost of verify passes of T = 1, 2, 4, 8 tokens "
+                                     "(k = T - 1 drafts), bandwidth and spec speedups",
+                       description="Measure, in one run: decode tokens/s; the time of a verify pass of T = 2, 4, 8 "
+                                   "tokens (k = T - 1 drafts) as a ratio to a one-token pass; weight bytes read per second during decode vs a memory-copy bandwidth; "
                                    "plain vs speculative greedy tokens/s with acceptance (mtp when the model has the "
                                    "head, lookup, and a synthetic drafter that proposes the true greedy continuation "
                                    "with --synth-acceptance, for random-weight models made by `synth`).")
@@ -560,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "speedup, acceptance and tokens per verify pass, check the outputs are identical, "
                                    "and show one generation with its accepted drafts marked.")
     p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=None,
-                   help="compute backend (default: the demo's own choice, see tinyspec/demo.py)")
+                   help="compute backend (default: the fastest here: $TINYSPEC_BACKEND if set, else cuda with a GPU, else cpu)")
     p.add_argument("--max-new", type=int, default=40, help="tokens per prompt (40)")
     p.set_defaults(func=lambda args: demo_main(args.backend, args.max_new))
     return parser

@@ -12,7 +12,7 @@ rope rotates only the first n_rot dims of each head (NEOX pairs i, i + n_rot/2);
 The KV cache stores k after norm and rope, and v as projected.
 
 Batch invariance: each query row is computed by its own calls over exactly the n keys it may see,
-the same calls a one-token decode at that position makes, so a k-token verify pass reproduces the
+the same calls a one-token decode at that position makes, so a verify pass of T tokens reproduces the
 decode results bit for bit (tests/test_model.py checks it).
 
 Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF transformers

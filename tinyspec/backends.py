@@ -27,7 +27,7 @@ into a model or a module afterwards):
                   `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows);
     the kernels   a tinyspec.kernels.Kernels naming the functions the model computes with (cpu_kernels,
                   cuda_kernels below; the oracle's is kernels.NUMPY).
-Every backend keeps the engine's guarantee: the rows of a k-token pass are bitwise those of k one-token
+Every backend keeps the engine's guarantee: the rows of a T-token pass are bitwise those of T one-token
 passes (each kernel is batch-invariant on its own backend, tests/test_backends.py checks the whole model).
 
 Pick one with `load_model(path, backend=...)`, `--backend` on the command line, or the TINYSPEC_BACKEND

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from .backends import default_backend, first_run_compiles, load_model
 from .draft import DraftModelDrafter
-from .fast.adaptive import AdaptiveDraftLength  # the wing's draft-length policy: what `generate --spec mtp` runs
 from .generate import generate, render_marked
 from .lookup import LookupDrafter
 from .mtp import MTPDrafter
@@ -58,8 +57,16 @@ EDITS = [
 ]
 EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
 SHOWN = EDITS[2][0] + "\n\n" + EDITS[2][1]  # the generation the demo prints with its drafts marked
-# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to 8 (adaptive.py)
+# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to 8 (fast/adaptive.py)
 METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", 8), ("lookup", 8), ("draft", 4)]
+
+
+def auto_policy(drafter, k_max: int):
+    """The wing's adaptive draft-length policy, what `generate --spec mtp` runs by default: the demo's "auto" row
+    and its shown generation (imported here: the rest of the demo, like the core, runs without tinyspec.fast)."""
+    from .fast.adaptive import AdaptiveDraftLength
+
+    return AdaptiveDraftLength.for_drafter(drafter, k_max)
 
 
 def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_new: int, stop_ids) -> dict:
@@ -70,7 +77,7 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
                 "draft": lambda: DraftModelDrafter(draft, target=target)}[name.split()[0]]
         t0 = time.perf_counter()
         drafter = make() if make else None
-        policy = AdaptiveDraftLength.for_drafter(drafter, k) if name.endswith("auto") else None
+        policy = auto_policy(drafter, k) if name.endswith("auto") else None
         res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter, draft_n=None if policy else k,
                        policy=policy)
         seconds += time.perf_counter() - t0
@@ -134,7 +141,7 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     say()
     drafter = MTPDrafter(target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
-                     policy=AdaptiveDraftLength.for_drafter(drafter, 8))
+                     policy=auto_policy(drafter, 8))
     say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer copies most of it")
     say("([accepted draft] {correction} <bonus>; the prompt is plain text):")
     say()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 
 from .model import Model
-from .ops import linear
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .speculate import Draft, StopRule
 from .state import SnapshotRing
@@ -69,7 +68,7 @@ class DraftModelDrafter:
         for i in range(k):
             _, hidden = self.model.forward(np.array(tokens), self._state, logits=False)
             self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
-            scores = host(linear(dev(hidden[-1:]), self.scores))[0]  # the last row only: queued rows need no logits
+            scores = host(self.model.kernels.linear(dev(hidden[-1:]), self.scores))[0]  # the last row only
             token, q_draft = draft_token(scores, params, rng) if self.vocab is None else \
                 self.vocab.draw(scores, params, rng)
             drafts.append(token)

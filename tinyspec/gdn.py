@@ -65,8 +65,8 @@ def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
     w = weight.shape[1]
     window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C]
     y = np.zeros_like(x, dtype=np.float32)  # [T, C], on x's device
-    for k in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
-        y += weight[:, k] * window[k : k + T]  # [C] * [T, C]
+    for tap in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
+        y += weight[:, tap] * window[tap : tap + T]  # [C] * [T, C]
     if states_out is not None:
         for t in range(T):
             states_out[t] = window[t + 1 : t + w].T  # [C, w-1]

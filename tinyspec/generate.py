@@ -41,6 +41,8 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     from .speculate import check_lengths, speculative_generate
 
     prompt = [int(t) for t in prompt_tokens]
+    if drafter is not None and chunked_prefill:
+        raise ValueError("chunked_prefill is for plain decoding: a speculative run prefills with the scan")
     if drafter is not None:
         spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)
         return Result(prompt, spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)

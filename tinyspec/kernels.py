@@ -27,8 +27,8 @@ by following an argument, not by searching for who patched what.
 
 What every replacement must keep:
   * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
-    before token t, for the scan and the conv), on its own backend. It is what makes the rows of a k-token
-    verify pass bitwise those of k one-token decodes, so greedy speculative output equals plain greedy
+    before token t, for the scan and the conv), on its own backend. It is what makes the rows of a T-token
+    verify pass bitwise those of T one-token decodes, so greedy speculative output equals plain greedy
     output (tests/test_model.py for the oracle, tests/test_backends.py for each backend's whole model).
   * the oracle's function: gdn_scan and causal_conv of the cpu backend are bitwise the oracle's
     (tests/test_numba_gdn.py); attend and the cuda row functions agree to float32 rounding, as the matmul

@@ -32,7 +32,7 @@ Does NOT include:
     - an index: real engines hash n-grams into a table (llama.cpp ngram-map / ngram-mod, a 4M-entry hash
       of 24-grams) or keep a suffix automaton over the history, so a lookup is O(n) instead of O(L * n)
     - continuation statistics (ngram-map-k4v's vote over 4 continuations, ngram-cache counts, min_hits)
-    - adaptive draft length from past acceptance, or a static n-gram corpus
+    - a static n-gram corpus (how many to draft is the loop's policy, not the drafter's: speculate.py)
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class Model:
         (a verify pass), so any prefix can be restored later without recomputing; or a ReplayRing
         that keeps what a rollback needs to rescan the kept prefix (new_ring picks, state.py).
         logits=False skips the output projection (None instead of logits): for callers that score
-        only some rows of it (draft_vocab.py) or need only the state.
+        only some rows of it (a draft vocabulary, fast/draft_vocab.py) or need only the state.
         """
         cfg, kern = self.cfg, self.kernels
         x = kern.to_device(self.embed(tokens))  # [T, D]

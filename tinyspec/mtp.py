@@ -23,7 +23,6 @@ import numpy as np
 
 from .attention import attention_layer
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
-from .ops import linear
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .speculate import Draft, StopRule
 from .state import KVCache
@@ -99,7 +98,7 @@ class MTPDrafter:
     vocab: score only these token ids when drafting (sampling.DraftVocabulary, e.g. the wing's
     draft_vocab.DraftVocab); verification is unchanged.
     p_min: stop drafting after a draft whose probability under the head's law is below p_min (greedy: the
-    softmax of its logits; sampled: q of the drawn token), as llama.cpp's --draft-p-min: the uncertain draft
+    softmax of its logits; sampled: q of the drawn token), as llama.cpp's --spec-draft-p-min: the uncertain draft
     is still proposed (its head pass is paid), the next ones are not. A confident head is usually right
     (LESSONS 5: the drafter's confidence), so the cost of drafting and verifying past an unsure draft is skipped
     where it would mostly be thrown away. 0 (the default) drafts all k.
@@ -144,6 +143,8 @@ class MTPDrafter:
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None) -> Draft:
+        if not k:  # nothing to draft: the queued kept tokens stay queued for the next drafting step
+            return Draft()
         stop = stop or StopRule()
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
@@ -159,7 +160,7 @@ class MTPDrafter:
         for _ in range(k):
             _, h_mtp = self.head.forward(tokens, hs, cache, logits=False)
             h = h_mtp[-1:]  # [1, D]: the row that predicts the next draft
-            logits = model.to_host(linear(model.to_device(h), self.scores))[0]  # [N] or [n]
+            logits = model.to_host(model.kernels.linear(model.to_device(h), self.scores))[0]  # [N] or [n]
             token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
                 self.vocab.draw(logits, params, rng)
             p = draft_probability(logits, token, q_draft) if wants_p else None

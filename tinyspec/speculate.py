@@ -90,7 +90,8 @@ class StopRule:
 
     keep_going(probs): after each draft, given the probability the drafter gave each draft so far: draft
     another? (the adaptive policy's keep_drafting). floor (greedy only): a draft the drafter gives less than
-    this is withdrawn, not proposed, and drafting stops (mtp.MTPDrafter; Draft.withdrawn says so)."""
+    this is withdrawn, not proposed, and drafting stops (Draft.withdrawn says so). Honoured by the drafters
+    that can (mtp.MTPDrafter both; draft.DraftModelDrafter keep_going only); others ignore the rule."""
     keep_going: Callable[[list[float]], bool] | None = None
     floor: float = 0.0
 
@@ -154,8 +155,9 @@ class FixedDraftLength:
 
 @dataclass
 class SpecStats:
-    draft_n: int
-    steps: int = 0  # verify passes
+    k_max: int  # drafts a step at most (the policy's)
+    steps: int = 0  # target passes after the prefill (a plain step, no drafts, is one too)
+    plain_steps: int = 0  # of which drafted nothing (k = 0: the policy's choice, or no room left)
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -168,11 +170,12 @@ class SpecStats:
     adaptive: dict | None = None  # the policy's summary (the adaptive policy's chosen k's and estimates)
 
     def __post_init__(self):
-        self.accepted_per_position = self.accepted_per_position or [0] * self.draft_n
-        self.drafted_per_position = self.drafted_per_position or [0] * self.draft_n
+        self.accepted_per_position = self.accepted_per_position or [0] * self.k_max
+        self.drafted_per_position = self.drafted_per_position or [0] * self.k_max
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         self.steps += 1
+        self.plain_steps += n_drafted == 0
         self.drafted += n_drafted
         self.accepted += n_accepted
         for i in range(n_drafted):
@@ -183,7 +186,8 @@ class SpecStats:
     def as_dict(self) -> dict:
         decode_s = self.wall_s - self.phase_s["prefill"]
         return {
-            "draft_n": self.draft_n, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+            "k_max": self.k_max, "steps": self.steps, "plain_steps": self.plain_steps, "drafted": self.drafted,
+            "accepted": self.accepted,
             "emitted": self.emitted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_length": (self.accepted + self.steps) / self.steps if self.steps else 0.0,
@@ -252,7 +256,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats = SpecStats(policy.k_max)
     clock = PhaseClock(stats.phase_s)
     state, ring = model.new_state(), model.new_ring(policy.k_max + 1)  # the ring: allocated once, k+1 slots
-    logits, hidden = model.forward(np.array(prompt), state)  # prefill
+    logits, hidden = model.forward(np.array(prompt), state)  # prefill: [n, N], [n, D]
     drafter.start(prompt, hidden, policy.k_max)
     clock.lap("prefill")
     out, marks = [], []
@@ -269,7 +273,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         clock.lap("draft")
         # Step 2: verify: one target pass over [pending, d_1..d_k]; the ring receives the state after each token
         fed = [pending] + [int(d) for d in draft.tokens]
-        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None)
+        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None)  # [k+1, N], [k+1, D]
         clock.lap("verify")
         # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
         if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
@@ -288,7 +292,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         drafter.commit(fed[:n_keep], hidden[:n_keep])
         clock.lap("draft")  # the drafter's bookkeeping counts as drafting
         # Step 5: emit
-        kinds = ["accepted"] * n_accepted + ["bonus" if n_accepted == len(draft.tokens) else "correction"]
+        last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
+        kinds = ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
         out += emitted
         marks += kinds[:n_keep]
         pending = emitted[-1]

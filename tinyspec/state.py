@@ -16,7 +16,7 @@ Two ways to roll back, the same bits (tests/test_speculate.py checks both agains
     ReplayRing    redo  the pass keeps the state from before it and the tokens' inputs (conv and delta
                         rule), a rollback reruns the kept tokens' steps (the GDN state is a function of them)
 
-SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a k-token
+SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a T-token
 verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
 keeping the first j tokens is a copy of slot j-1 back into the state plus a KV truncate: no recompute,
 no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of

@@ -3,7 +3,7 @@
     python tools/measure_batch_invariance.py [--rows 1024] [--cols 1024] [--k 4] [--repeat 20] [--json]
 
 For a random float32 W [rows, cols] and X [k, cols]: the max |difference| between the gemm `X @ W.T`
-and k separate `W @ x` (nonzero means a k-token verify pass would not reproduce one-token decode bit
+and k separate `W @ x` (nonzero means a T-token verify pass would not reproduce one-token decode bit
 for bit), whether tinyspec.ops.linear is bitwise equal to the per-row products, and the median
 time of each (one run, same process).
 """

@@ -119,7 +119,7 @@ def measure_costs(model, prompts: list[list[int]], max_new: int, ks=(0, 1, 2, 4,
     for _ in range(repeats):
         for k in ks:
             for prompt in prompts:
-                if k == 0:  # plain steps: the mean step of a run without drafts (no hook is called)
+                if k == 0:  # plain steps: the mean step of a run without drafts (nothing timed per step)
                     s = speculative_generate(model, MTPDrafter(model), prompt, max_new, 0).stats
                     seconds[0].append((s.wall_s - s.phase_s["prefill"]) / max(s.steps, 1))
                     continue

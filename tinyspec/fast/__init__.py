@@ -1,7 +1,7 @@
 """The performance wing: everything that makes tinyspec fast, or measures how fast it is.
 
-The teaching core (tinyspec/*.py) reads and runs without any of this; the wing plugs in through three
-explicit objects the core defines, never by patching it:
+The teaching core (tinyspec/*.py) reads and runs without any of this; the wing plugs in through explicit
+objects the core defines, never by patching it:
 
     kernels     tinyspec.kernels.Kernels, built by tinyspec.backends: the Numba leaves (numba_ops: fused
                 dequant-matmul over the GGUF bytes; numba_attention; numba_gdn) and the CUDA leaves
@@ -11,11 +11,14 @@ explicit objects the core defines, never by patching it:
                 compiled kernels)
     policy      adaptive.AdaptiveDraftLength: a draft-length policy (speculate.DraftPolicy) that picks k
                 per step from measured acceptance and step costs
-    drafter     draft_vocab.DraftVocab: a frequency-ranked draft vocabulary a drafter scores instead of the
-                whole vocabulary (mtp.MTPDrafter, draft.DraftModelDrafter take it as `vocab`);
-                synthetic.SyntheticDrafter: a drafter with a dialled acceptance rate, for speed work
+    drafter     synthetic.SyntheticDrafter: a drafter with a dialled acceptance rate, for speed work
+    vocabulary  draft_vocab.DraftVocab (a sampling.DraftVocabulary): a frequency-ranked draft vocabulary a
+                drafter scores instead of the whole vocabulary (mtp.MTPDrafter, draft.DraftModelDrafter take
+                it as `vocab`)
 
 and the measuring tools: synth.py (random-weight GGUFs at the published shapes) and bench.py (decode,
-verify cost, bandwidth, speculative speedups). Core modules never import this package; backends.py and
-the CLI import its modules lazily, so tinyspec imports and runs without numba or cupy installed.
+verify cost, bandwidth, speculative speedups); and weight_stationary.py, the plain Numba kernel that shows
+why a verify pass of k + 1 tokens costs about one token (notebook 07 times it). Core modules never import
+this package at import time; backends.py, the CLI and the demo's adaptive row import its modules lazily, so
+tinyspec imports and runs without numba or cupy installed (tests/test_kernels.py).
 """

@@ -84,7 +84,7 @@ Greedy output does not depend on k (each step's output is the target's), so adap
 lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
 measured times, so a fixed seed does not fix the sample path: use a fixed --draft-n for that.
 
-Official implementation: none in llama.cpp (fixed --draft-max with a probability cutoff --draft-p-min);
+Official implementation: none in llama.cpp (a fixed --spec-draft-n-max with a probability cutoff --spec-draft-p-min);
 the model is the one in Leviathan et al. 2023, section 3.5 (optimal gamma), with online estimates.
 """
 

@@ -13,8 +13,8 @@
                        drafting at a synthetic acceptance, --synth-len; mtp_adaptive[_vocab]: k chosen per step, with
                        --draft-vocab what `generate --spec mtp` runs on a large vocabulary)
 
-Speculation pays when verify_cost_ratio[k] stays well below the tokens a step emits (mean_accepted_length):
-decode is memory-bound, so a kernel that reads each weight once for all k rows makes the extra rows nearly free.
+Speculation pays when verify_cost_ratio[k + 1] stays well below the tokens a step emits (mean_accepted_length):
+decode is memory-bound, so a kernel that reads each weight once for all k + 1 rows makes the extra rows nearly free.
 The `synthetic` drafter (synthetic.py) proposes the target's true greedy continuation with a chosen acceptance
 rate, so the engine's speedup can be measured on random-weight models (synth.py) whose own drafts mean nothing.
 All runs are greedy; every speculative output is checked equal to the plain one (`identical`).
