@@ -480,7 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the output with accepted drafts [in brackets], corrections {in braces} and "
                         "bonus tokens <in angle brackets>")
     p.add_argument("--json", action="store_true",
-                   help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON')
+                   help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON; stats of a plain run: generated, '
+                        'prefill_s, decode_s, decode_tok_s; of a speculative run (speculate.SpecStats): k_max, steps, '
+                        'plain_steps, drafted, accepted, acceptance_rate, mean_accepted_length, phase_ms, tokens_per_s, '
+                        'and the adaptive policy\'s choices')
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="print tokens as they are decided: one at a time plain, a verify step's whole run at once "
                         "speculative (default: when the output is a terminal)")
