@@ -1,91 +1,46 @@
 """Adaptive draft length: choose k for each step to maximise expected tokens per second.
 
-A speculative step with k drafts emits E(k) tokens on average and costs T(k) seconds:
+A step with k drafts emits E(k) tokens on average and costs T(k) seconds; the policy drafts k*:
 
-    E(k) = 1 + sum_{i=1..k} prod_{j=1..i} a_j     a_j = P(draft j accepted | drafts 1..j-1 accepted)
+    E(k) = 1 + sum_{i=1..k} prod_{j=1..i} a_j     a_j = P(draft j kept | drafts 1..j-1 kept)
     T(k) = drafting k tokens + a verify pass of k + 1 tokens + rollback + the drafter's bookkeeping
+    k*   = argmax_{0 <= k <= k_max} E(k) / T(k)      k = 0 is a plain step: when drafts fail, or cost
+                                                     more than they return, speculation switches itself off
 
-and the policy takes k* = argmax_{0 <= k <= k_max} E(k) / T(k). k = 0 is a plain decode step: when
-drafts keep failing (a_1 small) or drafting costs more than it returns, speculation switches itself
-off instead of losing to plain decoding.
+Estimates, per generation, updated after every step (update):
+    a_j   the mean of the kept (1) / rejected (0) outcomes at position j, the prior a0 counting as one
+          outcome at position 1 (it decides whether to draft at all, so it reacts fast) and as prior_deep
+          later; after 1 / rate outcomes a moving average. A step sees no position past its first
+          rejection or its k, so with a light prior one early rejection at position 2 would hold a good
+          drafter at a short k for good (LESSONS 4).
+    T(k)  1 + cost_prior k plain steps, then averages per k (_estimate guesses unmeasured ones); once two
+          drafting sizes are timed, a line c0 + c1 k (k >= 1) fitted to every timed drafting step, older ones
+          weighing less: a k-draft step repeats one unit of work k times on a fixed part, and one line fed by
+          every step is far steadier than averages per k, whose differences set keep_drafting's thresholds
+          (LESSONS 19). T(0) stays an average. A step over `outlier` times its estimate counts as that (a busy
+          machine); T(k) never falls below a shorter step's; a first step (it pays the warm-up) is not timed.
 
-Estimates, updated after every step from what the step measured (online, per generation):
-    a_j    the mean of the accept (1) / reject (0) outcomes at position j, the prior a0 counting as one
-           outcome at position 1 and as prior_deep (3) at the later ones, until there are 1/rate of
-           them; then a moving average with weight `rate` (recent text matters more). Positions after
-           the first rejection are not observed that step, and a position beyond the k being run is
-           not observed at all, so one early rejection at position 2 must not sink a_2 to where a
-           longer k is never tried again (position 1 decides whether to draft at all: it reacts fast)
-    T(k)   before any step is timed, 1 + cost_prior * k plain steps (a verify pass of k + 1 tokens costs
-           about 1 + 0.33 k one-token passes on the cpu backend, drafting extra; LESSONS 4). Once
-           drafting steps of at least two sizes are timed, T(k) = c0 + c1 k for k >= 1: a line fitted
-           by least squares to all of them, older steps weighing less ((1 - rate / 2) a step). A step of
-           k drafts does k times the same work (a head pass, a verify row) on top of a fixed part, so
-           two numbers describe every k, and they come from every step instead of k_max separate
-           averages, each fed by the few steps that happened to draft that k: keep_drafting's threshold
-           for draft j + 1 is R (T(j + 1) - T(j)) / a, and as differences of two noisy averages the
-           thresholds at different depths spread over 29% of the first one (median over steps, shipped
-           model); as the slope c1 they are one number (LESSONS 19). A plain step,
-           T(0), is its own moving average (no head pass, no drafter bookkeeping). A step timed beyond
-           `outlier` (1.5) times its estimate counts as 1.5 times it: a busy machine moves an estimate
-           a bounded step. Until the line exists, a moving average per k; a k never run is estimated
-           from those that were: linear between the nearest two, above them grown from the longest
-           measured k as the prior grows (flat was too optimistic: drafts failing at position 1 left
-           a_2.. at the prior, so a k = 3 step looked as cheap as a measured k = 1 and was tried
-           again), and below them halfway between flat and
-           proportional to k + 1 (with pure k + 1 scaling a good drafter left k_max just to measure a
-           plain step, a fifth of a short generation; flat, a failing one waited for a probe). A longer step cannot
-           cost less than a shorter one (it does the same work and more), so T(k) is raised to the
-           largest T(j), j < k (with the line: to T(0)): timing noise then cannot make k = 2 look
-           cheaper than a plain step
+Exploration: an unchosen k is never re-timed and a plain step learns no a_j, so every probe_every-th step is a
+probe (plain while drafting, one draft while not). After a kept probing draft the next probe comes within 2
+steps, so a prompt whose first drafts fail resumes drafting soon, while drafts that keep failing keep the full
+gap. Backing off a failing drafter's probes (probe_max) is off: good drafters fail probes too, and the backoff
+locked them into plain steps (docs/performance-log.md old 18, 32). Whether to draft is a bandit's choice (a
+plain step earns a known rate and learns nothing), so choose() makes it with a_1 at its upper confidence bound
+(hopeful_tokens): an unlucky start is undone within a few steps, while drafts that always fail, as the bound
+shrinks, cost one long step and a few short ones before plain steps (LESSONS 4).
 
-Exploration: a k that is not chosen is not measured again, so one slow measurement (a busy machine)
-could rule it out for good; and with k = 0 nothing is learnt about a_j. So every `probe_every`-th
-step is a probe: a plain step when the policy is drafting, one draft when it is not. A probe costs at
-most one step in `probe_every` run at a worse k. Optionally (probe_max > probe_every) the gap
-between probing drafts doubles while they fail, so a drafter that must catch up on the tokens it
-skipped (the MTP head's cache, mtp.py) pays for fewer of them; off by default, because a failed probe
-is also what a good drafter produces now and then, and backing off on it locked the policy into plain
-steps on prompts where every fixed k won (random-token prompts, tools/bench_adaptive.py: 0.92x plain
-against 1.1-1.25x for fixed k). The other way round, a probing draft that is kept brings the next
-probe forward (2 steps): a prompt whose first drafts fail and later ones would be kept (the model's
-continuation of noise, LESSONS 4) resumes drafting in a few steps instead of a few probe gaps, while
-drafts that keep failing keep the full gap. With the priors a0 and cost_prior and nothing measured
-the policy starts at the k they favour (3 of 4 with the defaults); the first step's time is not recorded
-(it also pays the generation's warm-up: first passes of new shapes, allocations), only its outcomes.
-Whether to draft at all is decided optimistically (hopeful_tokens): with a_1 at its mean plus `optimism`
-(1) standard errors, sqrt(a_1 (1 - a_1) / (n + 1)) after n outcomes at position 1, and if that says
-drafting may pay, the step drafts the k the plain estimates favour (or up to k_max, by confidence). A
-plain step observes nothing, so an estimate that two unlucky rejections took from 0.8 to 0.27 stayed
-there until a probe: in a 40-token generation that was most of it (the demo's prompts, whose first two
-drafts fail and whose next thirty are kept: 1.30x plain against 1.44x for k = 3; now 1.64x, replayed,
-docs/performance-log.md old 32; LESSONS 4). The bound shrinks as outcomes come in, so a drafter that fails
-from the start costs one long step and a few short ones (the bound after 1..4 rejections: 0.75, 0.52, 0.40,
-0.32), then plain steps.
+Depth by confidence (by_confidence; for_drafter sets it for a drafter that reports its probability p of
+each draft): choose() only picks plain or drafting, up to k_max, and keep_drafting, the step's stop rule,
+drafts on while the chance that all drafts so far are kept (confidence(p), calibrated online per bin of p)
+makes the next one pay at the best modelled rate: a step ends at an unsure draft and runs long through
+sure ones, as no fixed k can (LESSONS 5). The floor: a greedy draft below `floor` is withdrawn, not
+verified (StopRule.floor, Draft.withdrawn), since the head is guessing and a verify row and a rollback
+would buy nothing; it counts as a rejection at position 1 with no time recorded, so drafts that always
+fail cost about one extra head pass a step (LESSONS 5).
 
-Depth by confidence (by_confidence; `for_drafter` turns it on for a drafter whose stops_by_confidence
-says it can): a drafter that reports its probability p of each draft (MTPDrafter, DraftModelDrafter: the
-softmax of its greedy draft, q of a sampled one) gets keep_drafting as its stop rule's keep_going (plan(),
-speculate.StopRule), and k from choose() becomes a cap: 0 (a plain step) or k_max (1 for
-a probing draft). After each
-draft the step goes on only while the chance that every draft so far is kept, the product of the
-calibrated rates confidence(p) (per bin of p, a prior updated online from the drafts' outcomes), makes
-the next draft pay at the best rate the model promises (keep_drafting's docstring). The per-step
-information is what no fixed k has: on the shipped model 0.62 of the drafts at p < 0.3 are kept and 1.0
-at p >= 0.9, so a step ends at an unsure draft and runs long through sure ones (LESSONS 5).
-A draft below `floor` (0.01; greedy only; the plan's StopRule.floor) is not even proposed: the drafter
-withdraws it and says so in its Draft (Draft.withdrawn; MTPDrafter). The head is guessing, and
-verifying it costs a verify row and a rollback for nothing. If it was the step's first draft, the step
-is a plain pass and update() counts a rejection at position 1 without recording its time. At the 0.8B
-shape with random weights (every draft p ~ 1e-3) a drafting step then costs one head pass more than a
-plain one instead of ~1.5 plain steps: drafts that always fail 0.92-0.95x -> 0.98-1.00x plain (LESSONS 5).
-
-Greedy output does not depend on k (each step's output is the target's), so adaptive k keeps the
-lossless guarantee as is. With sampling the law is exact for every k too, but the k sequence follows
-measured times, so a fixed seed does not fix the sample path: use a fixed --draft-n for that.
-
-Official implementation: none in llama.cpp (a fixed --spec-draft-n-max with a probability cutoff --spec-draft-p-min);
-the model is the one in Leviathan et al. 2023, section 3.5 (optimal gamma), with online estimates.
+Greedy output does not depend on k: lossless as is. Sampling keeps the target's law for every k, but k
+follows measured times, so only a fixed --draft-n fixes the sample path. The model: Leviathan et al. 2023,
+section 3.5 (optimal gamma), with online estimates; llama.cpp has none (fixed --spec-draft-n-max, a cutoff).
 """
 
 from __future__ import annotations
@@ -107,7 +62,7 @@ def _expected(accept: list[float]) -> list[float]:
 @dataclass
 class AdaptiveDraftLength:
     k_max: int
-    a0: float = 0.8  # prior acceptance per position
+    a0: float = 0.8  # prior acceptance per position (with cost_prior, E(k) / T(k) peaks at k = 3 until timed)
     cost_prior: float = 0.3  # prior T(k) = 1 + cost_prior * k (in plain steps) until a step is timed
     prior_deep: int = 3  # outcomes the prior a0 counts as at positions j >= 2 (1 at position 1)
     rate: float = 0.15  # weight of the newest observation in every moving average
@@ -128,7 +83,7 @@ class AdaptiveDraftLength:
     probe_ok: bool = field(init=False, default=False)  # the last probing draft was accepted
     # draft depth by confidence (keep_drafting): the drafter's probability of its draft, in bins, calibrated online
     edges: tuple = (0.3, 0.5, 0.7, 0.9)  # bin edges of the drafter's probability p of its draft
-    kept_prior: tuple = (0.5, 0.75, 0.9, 0.97, 0.99)  # prior fraction kept per bin (LESSONS 5 measured 0.62 .. 1.0)
+    kept_prior: tuple = (0.5, 0.75, 0.9, 0.97, 0.99)  # prior fraction kept per bin (LESSONS 5 measures the rates)
     prior_weight: float = 4.0  # outcomes the prior counts as, per bin
     by_confidence: bool = False  # the drafter stops where keep_drafting says (it reports each draft's probability)
     kept: list[float] = field(init=False)  # per bin: drafts kept, drafts seen (observed outcomes)
@@ -184,15 +139,20 @@ class AdaptiveDraftLength:
             lo, hi = below[-1], above[0]
             t = (k - lo) / (hi - lo)
             return (1 - t) * self.step_s[lo] + t * self.step_s[hi]
-        if below:  # above the measured range: grown from the longest measured k as the prior grows
+        if below:  # above the measured range: grown from the longest measured k as the prior grows (flat was
+            # too optimistic: drafts failing at position 1 leave a_2.. at the prior, so a k = 3 step looked as
+            # cheap as a measured k = 1 and was tried again; docs/performance-log.md old 22)
             m = below[-1]
             return self.step_s[m] * (1 + self.cost_prior * k) / (1 + self.cost_prior * m)
         m = above[0]
-        return self.step_s[m] * (1 + (k + 1) / (m + 1)) / 2  # below: halfway between flat and proportional
+        # below: halfway between flat and proportional to k + 1. Proportional made a good drafter leave k_max
+        # just to measure a plain step (docs/performance-log.md old 18); flat made a failing one wait for a probe.
+        return self.step_s[m] * (1 + (k + 1) / (m + 1)) / 2
 
     def tables(self) -> tuple[list[float], list[float]]:
         """[E(k)] and [T(k)] for k = 0..k_max in one pass each (what expected_tokens and step_cost give one by
-        one): choose runs once a step, and on a small model a step is ~1 ms, so the policy's own time counts."""
+        one): choose runs once a step, and on a small model a step is so short that the policy's own Python
+        shows (docs/performance-log.md old 31)."""
         expected = _expected(self.accept)
         if (line := self._line()) is not None:
             plain = self._estimate(0)
@@ -258,7 +218,7 @@ class AdaptiveDraftLength:
         least at the best rate R = max_k E(k) / T(k) the model promises: P >= R (T(j+1) - T(j)) / a. So an
         unsure draft ends the step and a confident
         chain runs to k_max. Myopic on purpose: valuing the drafts after j + 1 too (continue if some m > j
-        pays) drafted longer and measured 0.91x the best fixed k on held-out prompts instead of ~1.0x.
+        pays) drafted longer and lost to the best fixed k on held-out prompts (docs/performance-log.md old 29).
         The thresholds are computed once per step (choose), the product as it grows."""
         j = len(probs)
         if j >= len(self._need):

@@ -19,9 +19,9 @@ The `synthetic` drafter (synthetic.py) proposes the target's true greedy continu
 rate, so the engine's speedup can be measured on random-weight models (synth.py) whose own drafts mean nothing.
 All runs are greedy; every speculative output is checked equal to the plain one (`identical`).
 
-Timings are medians of `repeats` runs taken back to back in this process (these machines are shared and noisy):
-quote ratios from one report, not across reports. The verify sizes are timed interleaved, and so are the plain and
-speculative runs (--spec-repeats): a speedup is the median of ratios of runs taken back to back.
+Timings are medians of `repeats` runs taken back to back in this process (these machines are shared and noisy,
+LESSONS 18): quote ratios from one report, not across reports. The verify sizes are timed interleaved, and so
+are the plain and speculative runs (--spec-repeats): a speedup is the median of ratios of runs taken back to back.
 """
 
 from __future__ import annotations

@@ -52,17 +52,16 @@ of 16 values x 8 tokens, float32 accumulators) and the outer one float32 fmaf. A
 values. One warp = 16 rows x 8 tokens; it walks the chunks c = s, s+S, ... (S split warps, from the
 shape), holds the next chunk's weight bytes in registers while computing on this one, and loads the
 next group's x fragments a group ahead. Tokens come in tiles of 8 (the grid's y): T = 1..8 read the
-weights once and cost the same (an H100 measured 1.04-1.13x at T = 8 vs T = 1; the float kernel 2.5x).
+weights once and cost about the same, where the float kernel's time grows with T (LESSONS 10 measures both).
 Batch invariance: a token's column of an MMA depends only on that token's B column and the weights, the
 tile of 8 it lands in changes nothing else, and S, the group order and the S-way sum are fixed by the
 shape: checked bitwise for T = 1..16 and 37. Accuracy: the products are exact, so only float32 additions
 round: 32 values inside the tensor core, then in / 32 scaled group sums, far inside the bound below
 (taken over |dl code| + |ml|, since the two terms are summed apart); a Q8_0 row with one code +-1
 returns x bit for bit (tests/test_cuda_ops.py).
-Measured (H100, tools/bench_cuda.py, read bandwidth 3.1 TB/s; LESSONS 10): Q4_K 4096x12288 27 us (33%
-of the read bandwidth), the 0.8B LM head Q4_K 248320x1024 99 us (47%), Q6_K 36-44%, and the 27B gate
-17408x5120 22-26%. ncu: half of the issue slots used, the rest stalled on global loads (long scoreboard)
-with only 16 warps per SM (128 registers each): not the bandwidth yet.
+Speed: tools/bench_cuda.py; LESSONS 10 (docs/performance-log.md old 20) measured it per type and shape on
+an H100. It beats the float kernel but stays well short of the read bandwidth: ncu finds it latency-bound,
+stalled on global loads (long scoreboard) with only 16 warps per SM (128 registers each), not bandwidth-bound.
 
 Thread mapping of the float kernel quant_linear_k (weight-stationary; W is the memory traffic, x is tiny):
 
@@ -140,7 +139,7 @@ NT_RPW = ((1, 1), (2, 2), (4, 4), (8, 4), (16, 4))  # (max rows of x per launch,
 TARGET_WARPS = 8192  # split a row over more warps until out * S reaches this (a full H100 is ~8448 warps)
 MAX_K, MAX_V = 256, 256  # GDN head sizes the scan kernel accepts (K registers per thread, V threads)
 MMA_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0)  # tensor-core path (sm_80+, in % 256 == 0)
-MMA_RTS = (1,)  # 16-row tiles per warp the kernel is compiled for (RT = 2 measured 0-30% slower on an H100)
+MMA_RTS = (1,)  # 16-row tiles per warp the kernel is compiled for (RT = 2 was slower on an H100: _mma_plan)
 MMA_TARGET_WARPS = 2048  # split rows over more warps until (row tiles) * S reaches this
 use_mma = True  # False: every type takes the float-FMA kernel (tools/bench_cuda.py --kernel fma compares)
 
@@ -857,7 +856,8 @@ def _split(n_out: int, n_chunks: int) -> int:
 def _mma_plan(n_out: int, n_chunks: int) -> tuple[int, int]:
     """(row tiles per warp RT, split warps S) of the tensor-core kernel, from the shape only (batch invariance).
     RT > 1 would reuse each warp's x fragments for more rows, but its registers cost more warps than it saves
-    (H100: 0-30% slower at every shape tried); S > 1 gives short matrices warps."""
+    (slower or no faster at every shape tried on an H100: docs/performance-log.md old 20); S > 1 gives short
+    matrices warps."""
     rt = 1
     tiles, S = -(-n_out // (16 * rt)), 1
     while S < WARPS and tiles * S < MMA_TARGET_WARPS and 2 * S <= n_chunks:

@@ -26,8 +26,8 @@ Where the ranking comes from (`ranking_for`), first match wins:
      Python standard library's sources (STDLIB_BYTES of them, in path order: text every machine that
      runs tinyspec has, no download), once per vocabulary, cached as a .npy under `cache_dir()`
      ($TINYSPEC_CACHE, else $XDG_CACHE_HOME/tinyspec, else ~/.cache/tinyspec). It favours code and
-     English; for other text pass your own ranking. Cost: one tokenizer pass over 2 MB (~0.5 s with the
-     shipped tokenizer here), paid once;
+     English; for other text pass your own ranking. Cost: one tokenizer pass over 2 MB, paid once per
+     vocabulary (LESSONS 3 times it);
   4. else id order: correct, only slower to accept (byte-level BPE ids are roughly frequency-ordered).
 `generate --spec mtp|draft` drafts over AUTO_SIZE tokens by default when the vocabulary is larger than
 AUTO_ABOVE (Qwen3.5's 248k: a draft step reads 27 MB of the head instead of 200 MB); --draft-vocab 0

@@ -7,8 +7,8 @@ The same holds for tables a kernel freezes as constants when it compiles (quants
 So the kernel modules call `sync(dispatcher)` once at import, before anything is compiled or loaded:
 it hashes the sources kernels depend on (source_files: fast/'s kernel modules, quants/, ops.py) and compares the digest
 with the one stored in the cache directory; on a mismatch it deletes the cached kernels there (`*.nbi`
-index and `*.nbc` data files) and stores the new digest. The cost is one hash of ~330 KB of source per
-process (under a millisecond).
+index and `*.nbc` data files) and stores the new digest. The cost is one sha1 over those sources per
+process, negligible beside loading a kernel (docs/performance-log.md old 34).
 
 The cache directory is the one Numba uses for these modules (`__pycache__` beside them, or under
 NUMBA_CACHE_DIR); it holds only this package's kernels. If it cannot be written, nothing is deleted

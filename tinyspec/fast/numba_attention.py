@@ -4,10 +4,10 @@
 
 The oracle (tinyspec/attention.py attend) makes, per query row, two transposed copies of the visible
 keys and values and five NumPy calls (two matmuls, a softmax of three reductions): ~10 small calls per
-row and layer, ~1 ms of a 4-token verify pass at the 0.8B shape (6 attention layers) against ~0.1 ms
-of arithmetic. Here each (row t, kv head h) is one pass over the n = n_past + t + 1 keys it may see,
-reading the cache in place, each key row once for the G query heads that share it; (t, h) pairs run
-in parallel. Per query head:
+row and layer, whose overhead, not the arithmetic, was nearly all of attention's share of a verify pass at
+the 0.8B shape (6 attention layers; LESSONS 7, docs/performance-log.md old 28). Here each (row t, kv head h)
+is one pass over the n = n_past + t + 1 keys it may see, reading the cache in place, each key row once for
+the G query heads that share it; (t, h) pairs run in parallel. Per query head:
 
     s_j = scale * (q . k_j)                 d = 256 (every Qwen3.5 size): the 256 products summed by a fixed
                                             tree in registers (simd.dot256); other d: 16 at a time (dot16)

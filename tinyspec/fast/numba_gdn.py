@@ -4,9 +4,10 @@
     causal_conv(x, conv_state, weight, states_out=None) -> (y [T, C], conv_state [C, w-1])  (tinyspec.gdn.causal_conv)
 
 The oracle (tinyspec/gdn.py delta_rule_step) builds four [HV, K, V] temporaries per token (decay,
-S * k, the rank-1 update, S * q) - about 25 ms of a Qwen3.5-0.8B decode step (18 GDN layers, HV = 16,
-K = V = 128) on this 2-core machine. Here each value head makes two passes over its K x V memory,
-one K row (V contiguous floats, vectorized) at a time:
+S * k, the rank-1 update, S * q), 1 MB each at the Qwen3.5-0.8B shape (18 GDN layers, HV = 16,
+K = V = 128): memory traffic that made the scan a large share of a decode step (docs/performance-log.md
+old 19). Here each value head makes two passes over its K x V memory, one K row (V contiguous floats,
+vectorized) at a time:
 
     pass 1, for each row kk:  S[kk] = decay * S[kk];  pred += S[kk] * k[kk]          (S^T k)
     delta = beta * (v - pred)
@@ -21,9 +22,10 @@ is T one-token steps. Value heads run in parallel (prange) above a size where th
 The new state goes to `out` (the model passes the state itself: an update in place) or, without it, to
 a fresh array, leaving the caller's state untouched; states_out[t] receives a copy of the state after
 token t, by streaming stores when it is 64-byte aligned (SnapshotRing's buffers are): 72 MB of snapshots
-in a 4-token pass at the 0.8B shape, written at ~39 GB/s instead of ~25 (measured on one core; a normal
-store first reads the line it overwrites). Token 0's first pass reads the caller's state and writes the
-new one, so no copy is made first. (A fresh 1 MB array per layer and call cost ~0.45 ms in page faults, 8 ms of a 0.8B decode step.)
+in a 4-token pass at the 0.8B shape (18 layers x 4 tokens x 1 MB), which a normal store would first read
+line by line before overwriting it (docs/performance-log.md old 24). Token 0's first pass reads the
+caller's state and writes the new one, so no copy is made first. (A fresh 1 MB array per layer and call
+paid its page faults on every call: LESSONS 14.)
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
                          f"beta {beta.shape}, state {state.shape} do not fit [T, HV, K] / [HV, K, V]")
     S0 = np.ascontiguousarray(state, dtype=np.float32)  # read by the first step, which writes S
     if out is None:
-        S = np.empty_like(S0)  # a fresh array (page faults: ~0.2 ms per MB here; the model passes out=state)
+        S = np.empty_like(S0)  # a fresh array (it pays page faults: LESSONS 14; the model passes out=state)
     elif out.shape != S0.shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"numba_gdn: out must be a writeable C-contiguous float32 {S0.shape}, got {out.dtype} "
                          f"{out.shape}")
@@ -171,9 +173,9 @@ def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, 
 
 def causal_conv(x, conv_state, weight, states_out=None):
     """tinyspec.gdn.causal_conv bit for bit (each output sums its w rounded products in tap order, from
-    +0.0), without NumPy's per-tap temporaries. At the 0.8B shape (C = 6144, w = 4): ~0.27 ms a call in
-    NumPy, ~40 us in scalar Numba (strided weight and state reads), 4-5 us as 16-channel vectors
-    (simd.conv4_16; 7.5 us at T = 4 with the snapshots)."""
+    +0.0), without NumPy's per-tap temporaries. At the 0.8B shape (C = 6144, w = 4) those temporaries were
+    most of a NumPy call, and scalar Numba spent its time on strided weight and state reads, so the channels
+    go 16 at a time as vectors (simd.conv4_16; docs/performance-log.md old 24 times the three)."""
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     x, conv_state, weight = f32(x), f32(conv_state), f32(weight)
     T, C = x.shape

@@ -28,8 +28,8 @@ Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memo
                 y[t, r] = pairwise sum of acc[0..LANES-1]     fixed tree: (l, l + 128), (l, l + 64), ...
 
 (An earlier loop order - decode a span, then every t's 256 lanes from memory - gave the same bits and
-paid a load and a store of every accumulator per span: a 4-token pass 27-32% dearer,
-docs/performance-log.md old 30.)
+paid a load and a store of every accumulator per span, so each extra input row cost far more than its
+fmas: docs/performance-log.md old 30.)
 
 Each block decodes into float32 values bit-identical to the oracle's (the same f32 operations in the
 same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as explicit vector IR
@@ -63,8 +63,8 @@ last three unpacked to the signed weights q - 8, q - 16 and KVALUES_IQ4[q] first
 it as its unsigned operand; per pair of weight blocks simd.q8_0_pair loads the 64 codes once, forms
 base = -128 * (4-value sums of q_w), and gives every row its exact 4-value sums in one vpdpbusd started
 from base, then one fma by d_w d_x. The float path it replaces decoded every weight to float32 and spent
-two fmas per 16 values per row: at the 0.8B shapes 1.8x the time at T = 1 and 3.3x at T = 4
-(docs/performance-log.md old 30).
+two fmas per 16 values per row, so it was slower at T = 1 and fell further behind with every input row
+(docs/performance-log.md old 30 measures both).
 
 Batch invariance (row t of a T-row call is bitwise equal to a 1-row call on x[t]), on both paths: the
 operations that produce y[t, r] - the rounding of x[t] alone, which products, added into which lane, in
@@ -82,11 +82,9 @@ test: |y - y_oracle| <= 1.1 * in * 2^-23 * S (an fma-based sum obeys the same bo
 path S uses the rounded x, and the sums inside a block are exact). Measured errors are far below it:
 each lane sums only in / 256 products, so y is within ~2e-8 S of the float64 sum at the Qwen shapes.
 
-Measured (Qwen3.5-0.8B shapes, medians, noisy to +-30%): on the old 2-core VM, one thread, T = 1, the
-integer path read Q4_K at 4.5-4.8 GB/s and Q6_K at 7.9-8.4 GB/s of weights (docs/performance-log.md old 19);
-on the Zen 5 VM with VNNI and the blocks in registers, two threads, the 248320 x 1024 output projection takes
-4.3-4.5 ms at T = 1 and 6.2-7.3 ms at T = 4 (docs/performance-log.md old 24). Whole-model numbers:
-`python -m tinyspec bench`.
+Speed: LESSONS 7 measures these choices (the integer path, the block in registers, two rows a call;
+docs/performance-log.md old 19, 24, 30, 31 per kernel). tools/bench_kernels.py times the kernels alone,
+`python -m tinyspec bench` the whole model.
 
 get_rows runs the float decoders on one thread (a few embedding rows are not worth a parallel region)
 and copies the decoded spans out, so it is bit-exact with the oracle.
@@ -556,9 +554,10 @@ def _quant_linear_parallel(x, raw, row_bytes, kind, n_in, y):
 def _quantize_q8_k(x, n_in, qx, dx, bs):
     """x [T, n_in] -> Q8_K codes qx [T * n_in], scales dx [T * n_in / 256], bsums bs [T * n_in / 16]:
     bit for bit tinyspec/quants/q8_k.py (iscale = -127 / max, round half to even, min 127).
-    Written so that LLVM vectorizes each loop (3.2x the scalar form: 19 -> 6 us for 4 x 3584, run serially
-    before every matmul): the block's largest |x| is an integer max over the float bits with the sign
-    cleared (for non-negative floats the two orders agree), then the first value with those bits."""
+    Written so that LLVM vectorizes each loop (it runs serially before every integer matmul, and the scalar
+    form was a visible share of a verify pass: docs/performance-log.md old 25): the block's largest |x| is an
+    integer max over the float bits with the sign cleared (for non-negative floats the two orders agree),
+    then the first value with those bits."""
     xf = x.reshape(-1)  # the T rows end to end: a row is a whole number of blocks
     xb = xf.view(np.int32)
     for blk in range(xf.size // 256):
@@ -669,9 +668,10 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for K-quant rows times x rounded to Q8_K: per super-block one simd.*_block call (unpack once,
     then every t into its 16 float lanes); the fixed 16-lane tree. With T > 1 the K-quants and IQ4_XS
     take two weight rows a call (simd.*_block2: each input row's codes loaded once for both, and two
-    independent accumulator chains in flight; the same bits per row, tested): a 4-token verify pass at the
-    0.8B shape 7% faster. At T = 1 one row a call: the decode reads DRAM, and two interleaved row streams
-    read it 8% slower there (docs/performance-log.md old 31)."""
+    independent accumulator chains in flight; the same bits per row, tested), because one row's chain
+    load -> fma -> fma -> store per block was what a verify pass waited on. At T = 1 one row a call: a decode
+    streams the weights from DRAM, and two interleaved row streams read it slower than one
+    (docs/performance-log.md old 31)."""
     T, n_out = y.shape
     nb = n_in // 256
     qx = _aligned_zeros(T * n_in // 4).view(np.int8)  # [T, n_in] codes, rows on 64-byte lines
@@ -751,9 +751,9 @@ def _quant_linear_q8_parallel(x, raw, row_bytes, kind, n_in, y):
                 y[t, r] = simd.lane_sum16_swapped(acc, 16 * t) if wide else simd.lane_sum16(acc, 16 * t)
 
 
-# The same kernel compiled without a parallel region, for small matrices: 2.6x faster than the parallel one
-# on one thread at 16 x 1024 (9 vs 24 us: no numba.set_num_threads round trip, no pool wake-up), same bits.
-# (The float kernel has no such twin: LLVM vectorized its loops worse outside a parfor, 1.8x slower.)
+# The same kernel compiled without a parallel region, for small matrices: no numba.set_num_threads round
+# trip and no pool wake-up, which cost more than the work at these sizes (docs/performance-log.md old 19),
+# same bits. (The float kernel has no such twin: LLVM vectorized its loops worse outside a parfor; old 19.)
 # It is cached under its own name through a wrapper: Numba's cache keys an entry by the function's module,
 # name, line and signature, not by its flags, so compiling the same py_func twice with cache=True made the
 # two twins share one entry, and whichever compiled first was loaded for both (after the tests had compiled
@@ -812,8 +812,9 @@ def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndar
 
 def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False):
     """Check the weight once and return `linear(x)`: [T, in] -> [T, out] float32, its quant_linear, or
-    with q8=True and a type in Q8_TYPES its quant_linear_q8 (what PackedWeight calls per token: the checks
-    and conversions of quant_linear cost ~0.1 ms a call, about 25 ms of a 0.8B decode step)."""
+    with q8=True and a type in Q8_TYPES its quant_linear_q8 (what PackedWeight calls per token). bind checks
+    and converts once; quant_linear does it on every call, which added up over a decode step's many matmuls
+    (docs/performance-log.md old 19)."""
     qtype, flat = _weight_blocks(raw, ggml_type, shape)
     n_out, n_in = int(shape[0]), int(shape[1])
     row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
@@ -827,8 +828,8 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8:
         elif serial and integer:
             _quant_linear_q8_serial(x, flat, row_bytes, kind, n_in, y)
         elif serial and (threads := numba.get_num_threads()) > 1:
-            # Small matrix: the same kernel on the calling thread only. (Waking the pool costs ~7 ms when
-            # another process holds a core.)
+            # Small matrix: the same kernel on the calling thread only. (Waking the pool waits for a scheduler
+            # slice when another process holds a core: LESSONS 18.)
             numba.set_num_threads(1)
             try:
                 kernel(x, flat, row_bytes, kind, n_in, y)

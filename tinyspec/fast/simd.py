@@ -2,10 +2,10 @@
 
 Why not plain Numba loops: a 16- or 32-wide loop with a constant trip count is fully unrolled by LLVM
 before its loop vectorizer runs, and the SLP vectorizer then refuses to merge the scalar lanes because
-a store to one Numba array may alias a load from another (Numba marks no array `noalias`). Measured at
-the Qwen3.5-0.8B shapes, that scalar code ran at 0.5-1.5 GB/s of weights on one core. Each intrinsic
-here loads its operands as one vector, computes, and stores - one `<16 x float>` fma is one AVX-512
-instruction, two AVX2 ones, four NEON ones: LLVM legalizes the width for the host CPU.
+a store to one Numba array may alias a load from another (Numba marks no array `noalias`). That scalar
+code left the K-quant decoders compute-bound far below memory speed (LESSONS 7; docs/performance-log.md
+old 19). Each intrinsic here loads its operands as one vector, computes, and stores - one `<16 x float>`
+fma is one AVX-512 instruction, two AVX2 ones, four NEON ones: LLVM legalizes the width for the host CPU.
 
 Every operation is an ordinary IEEE float32 operation in a fixed order: fmul, fsub, uitofp/sitofp of
 small integers (exact), llvm.fma (rounded once), fadd in a fixed tree. No fast-math flags, so LLVM may
@@ -1206,7 +1206,8 @@ def write_read16(typingctx, S, a, delta, c, kv, o, qv):
 @intrinsic
 def prefetch(typingctx, u8, i):
     """Ask for the cache line holding u8[i] (llvm.prefetch: a hint, never a fault, whatever i is).
-    One core streaming weights measured 5.6 GB/s without it and 7.5 GB/s fetching 4 KB ahead."""
+    Fetching weights ahead lets a core overlap the decode arithmetic with the DRAM stream; how far ahead
+    (numba_ops.AHEAD) is tuned per machine (LESSONS 18; docs/performance-log.md old 19, 35)."""
     if not _is_c_array(u8, types.uint8):
         return None
 

@@ -5,8 +5,9 @@
 Speed work needs files of the real size (a 27B decode step reads ~16 GB), and a random model is as
 good as a trained one for that: the engine does the same arithmetic on the same types. So no float
 weight is ever made or quantized. Each quantized tensor is random BLOCK BYTES (its codes) with its
-fp16 scale fields written back to chosen values, one pass of a fast RNG and a few table lookups
-(measured on 2 shared cores: 27b q4_k_m, 16.8 GB, in 95 s with 2.1 GB peak memory):
+fp16 scale fields written back to chosen values, one pass of a fast RNG and a few table lookups, so
+even the 27b q4_k_m file (16.8 GB) is written quickly, in memory a fraction of its size (LESSONS 13
+times it):
 
     Q8_0  34 B / 32 values   x = d * q,                 q int8 random            d ~ std / 73.9
     Q4_K 144 B / 256 values  x = d*sc*q - dmin*m,       q 0..15 random, sc = 16..31 random,

@@ -16,10 +16,11 @@ The draws u_j(s) are a seeded low-discrepancy (Kronecker) sequence rather than i
 
 Over the steps, (u_1, .., u_k) fills the unit cube evenly (Weyl: 1, alpha_1, .., alpha_k are independent
 over the rationals), so every joint frequency P(u_1 < a, .., u_j < a) tends to a^j as with independent
-draws, but the realised rate stays near a from the first dozens of steps: with independent draws a
-48-token run at a = 0.8, k = 3 emits 2.53-3.43 tokens per step (5th-95th percentile over seeds; expected
-2.95), 2.70-3.20 at 192 tokens; with these, 2.87-3.00 at 192 (LESSONS 13). A speedup measured "at
-acceptance 0.8" is then measured at 0.8, not at whatever one seed drew.
+draws, but with discrepancy ~(log N)^k / N instead of 1 / sqrt(N): the realised rate stays near a from
+the first dozens of steps, while independent draws wander far enough over a bench run's few dozen steps
+to move the tokens per step, and with them a measured speedup, noticeably (LESSONS 13 measures both
+spreads over 200 seeds). A speedup measured "at acceptance 0.8" is then measured at 0.8, not at
+whatever one seed drew.
 Greedy verification keeps drafts while they equal the target's argmax, i.e. up to the first wrong
 one, so the number of accepted drafts m is a truncated geometric variable, P(m >= j) = a^j, and a
 verify step emits m + 1 tokens. The expected tokens per step ("mean accepted length", SpecStats'
