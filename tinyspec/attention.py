@@ -15,6 +15,10 @@ Batch invariance: each query row is computed by its own calls over exactly the n
 the same calls a one-token decode at that position makes, so a verify pass of T tokens reproduces the
 decode results bit for bit (tests/test_model.py checks it).
 
+Several sequences in one pass (attention_layer_ragged, batch.py): the projections and the output run once
+over every sequence's rows packed together; the norm, rope, cache and attention run per sequence on its own
+rows and its own cache (contiguous, or paged: attend_paged reads the sequence's blocks through its table).
+
 Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF transformers
 `Qwen3_5Attention` (modeling_qwen3_5.py). Does NOT include: sliding windows, M-RoPE for images.
 """
@@ -51,27 +55,72 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, sca
     return o
 
 
+def attend_paged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray, n_past: int,
+                 scale: np.float32) -> np.ndarray:
+    """attend over a paged cache (paged.py): k_pool, v_pool [n_blocks, block_size, H_kv, d] one layer's pool,
+    table [>= ceil((n_past + T) / block_size)] the sequence's block ids (position j: block table[j // bs], row
+    j % bs). The oracle gathers the sequence's blocks into contiguous keys and calls attend: the same keys in
+    the same order, so the same bits as a contiguous cache."""
+    bs, n = k_pool.shape[1], n_past + q.shape[0]
+    blocks = np.asarray(table[: -(-n // bs)], dtype=np.int64)
+    if blocks.size * bs < n:
+        raise ValueError(f"a block table of {blocks.size} blocks of {bs} does not hold {n} positions")
+    keys = k_pool[blocks].reshape(-1, *k_pool.shape[2:])  # [n_blocks * bs, H_kv, d]
+    values = v_pool[blocks].reshape(-1, *v_pool.shape[2:])
+    return attend(q, keys, values, n_past, scale)
+
+
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
                     kern: Kernels | None = None) -> np.ndarray:
     """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n.
     kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
     function above or one with its contract, e.g. fast/numba_attention.py's); None: the oracle's."""
-    if kern is None:
-        from .kernels import NUMPY as kern  # imported here: kernels.py imports this module for its defaults
-    T = x.shape[0]
-    H, H_kv, d = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    G = H // H_kv  # query heads per kv head
-    positions = np.arange(cache.n, cache.n + T)
+    kern = kern or _oracle()
+    q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
+    o = attend_own(q, k, v, w, cache, cfg, kern)  # 2. norm, rope, cache, attention: this sequence's own
+    return output(o, gate, w, kern)  # 3. gate and out projection
 
+
+def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
+                           cfg: ModelConfig, kern: Kernels | None = None) -> np.ndarray:
+    """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
+    cu_seqlens) -> [R, D]. The projections and the output read each weight once for all R rows; each
+    sequence's rows are normed, roped, cached and attended in its own cache, exactly as attention_layer
+    does them for that sequence alone (each row's numbers never see another sequence's)."""
+    kern = kern or _oracle()
+    q, gate, k, v = project(x, w, cfg, kern)
+    o = np.concatenate([attend_own(q[a:b], k[a:b], v[a:b], w, cache, cfg, kern)
+                        for cache, a, b in zip(caches, bounds[:-1], bounds[1:])])
+    return output(o, gate, w, kern)
+
+
+def project(x, w, cfg: ModelConfig, kern: Kernels):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]
+    T, H, H_kv, d = x.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
     qg = kern.linear(x, w["attn_q.weight"]).reshape(T, H, 2 * d)  # [T, H, 2d]
     q, gate = qg[..., :d], qg[..., d:].reshape(T, H * d)  # [T, H, d], [T, H*d]
     k = kern.linear(x, w["attn_k.weight"]).reshape(T, H_kv, d)  # [T, H_kv, d]
     v = kern.linear(x, w["attn_v.weight"]).reshape(T, H_kv, d)
+    return q, gate, k, v
+
+
+def attend_own(q, k, v, w, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+    """One sequence's T rows: q/k norm and rope at positions cache.n .., append to its cache, attend
+    -> [T, H*d]. cache: a state.KVCache or a paged.PagedKVCache (the cache picks the attend kernel)."""
+    T, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
+    positions = np.arange(cache.n, cache.n + T)
     q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     n_past = cache.n
     cache.append(k, v)
+    o = cache.attend(kern, q.reshape(T, H_kv, cfg.n_head // H_kv, d), n_past, np.float32(cfg.attn_scale))
+    return o.reshape(T, cfg.n_head * d)  # [T, H_kv, G, d] -> [T, H*d]
 
-    o = kern.attend(q.reshape(T, H_kv, G, d), cache.k, cache.v, n_past, np.float32(cfg.attn_scale))  # [T, H_kv, G, d]
-    attn = o.reshape(T, H * d) * kern.sigmoid(gate)  # [T, H*d]
-    return kern.linear(attn, w["attn_output.weight"])
+
+def output(o, gate, w, kern: Kernels) -> np.ndarray:  # [T, H*d] x2 -> [T, D]
+    return kern.linear(o * kern.sigmoid(gate), w["attn_output.weight"])
+
+
+def _oracle() -> Kernels:
+    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
+
+    return NUMPY

@@ -33,7 +33,10 @@ and torch_chunk_gated_delta_rule (models/qwen3_5/modeling_qwen3_5.py); fla ops/g
 Papers: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025);
 Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence Length" (NeurIPS 2024),
 for the WY / UT chunk form. Math reference: docs/qwen35.md section 3.1.
-Does NOT include: batching of several sequences, qwen3next's fused qkvz / ba layouts, backward pass.
+Several sequences in one pass (gdn_layer_ragged, batch.py): the projections run once over every sequence's
+rows packed together, the conv and the scan per sequence from its own state, so each sequence's rows are
+bitwise those it computes alone.
+Does NOT include: qwen3next's fused qkvz / ba layouts, backward pass.
 """
 
 from __future__ import annotations
@@ -207,19 +210,45 @@ def gdn_layer(
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
-    if kern is None:
-        from .kernels import NUMPY as kern  # imported here: kernels.py imports this module for its defaults
-    T, D = x.shape
-    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
-        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
-    n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
+    kern = kern or _oracle()
+    p = gdn_project(x, w, kern)  # 1. projections
+    o = gdn_mix(p, w, state, cfg, kern, chunked, ring)  # 2-4. conv and scan from this sequence's state
+    return gdn_output(o, p[1], w, cfg, kern)  # 5. gated norm, out projection
 
-    # 1. projections (z, b, a bypass the conv)
+
+def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray,
+                     cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None) -> np.ndarray:
+    """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
+    cu_seqlens) -> [R, D]. The projections and the out projection read each weight once for all R rows; the
+    conv and the scan run per sequence over its own rows from its own state into its own ring entry (rings[b],
+    None: no ring), exactly as gdn_layer does for that sequence alone."""
+    kern = kern or _oracle()
+    rings = rings or [None] * len(states)
+    p = gdn_project(x, w, kern)
+    o = np.concatenate([gdn_mix(tuple(a[lo:hi] for a in p), w, state, cfg, kern, ring=ring)
+                        for state, ring, lo, hi in zip(states, rings, bounds[:-1], bounds[1:])])
+    return gdn_output(o, p[1], w, cfg, kern)
+
+
+def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tuple:
+    """Step 1, every row on its own: mixed [T, C] (into the conv), z [T, HV*V] (the output gate), beta [T, HV]
+    and log_decay [T, HV] (z, b, a bypass the conv)."""
     mixed = kern.linear(x, w["attn_qkv.weight"])  # [T, C]
-    z = kern.linear(x, w["attn_gate.weight"]).reshape(T, HV, V)  # [T, HV, V]
+    z = kern.linear(x, w["attn_gate.weight"])  # [T, HV*V]
     beta = kern.sigmoid(kern.linear(x, w["ssm_beta.weight"]))  # [T, HV]
     alpha = kern.linear(x, w["ssm_alpha.weight"])  # [T, HV]
     log_decay = w["ssm_a"] * kern.softplus(alpha + w["ssm_dt.bias"])  # [T, HV]  dt_bias inside the softplus
+    return mixed, z, beta, log_decay
+
+
+def gdn_mix(p: tuple, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
+            chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None) -> np.ndarray:
+    """Steps 2-4 for one sequence's T rows (p: gdn_project's) from its state: -> o [T, HV, V]; updates state."""
+    mixed, _, beta, log_decay = p
+    T = mixed.shape[0]
+    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
+        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
+    n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
 
     # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
     conv_states = None if ring is None else ring.conv_states  # [>= T, C, w-1] or None
@@ -243,7 +272,19 @@ def gdn_layer(
     if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
         ring.record(state, (mixed, w["ssm_conv1d.weight"]), (q, k, v, log_decay, beta))
     state.conv, state.ssm = conv_after, ssm_after
+    return o
 
-    # 5. gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection
-    y = kern.rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * kern.silu(z)  # [T, HV, V]
+
+def gdn_output(o: np.ndarray, z: np.ndarray, w: Mapping[str, np.ndarray], cfg: ModelConfig,
+               kern: Kernels) -> np.ndarray:
+    """Step 5: gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection.
+    o [T, HV, V], z [T, HV*V] -> [T, D]."""
+    T, HV, V = o.shape
+    y = kern.rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * kern.silu(z.reshape(T, HV, V))  # [T, HV, V]
     return kern.linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]
+
+
+def _oracle() -> Kernels:
+    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
+
+    return NUMPY

@@ -14,6 +14,8 @@ by following an argument, not by searching for who patched what.
     linear        ops.linear             (x [T, in], w [out, in] or a PackedWeight) -> [T, out]
     attend        attention.attend       (q [T, H_kv, G, d], keys, values [>= n_past + T, H_kv, d], n_past, scale)
                                          -> o [T, H_kv, G, d]
+    attend_paged  attention.attend_paged (q, k_pool, v_pool [n_blocks, block_size, H_kv, d], table [blocks] ids,
+                                         n_past, scale) -> o: attend over a paged cache's blocks (paged.py)
     gdn_scan      gdn.gdn_scan           (q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o, state);
                                          states_out [>= T, HV, K, V] receives the state after each token, out
                                          [HV, K, V] the new state (it may be `state` itself: in place)
@@ -51,7 +53,7 @@ from typing import Callable
 import numpy as np
 
 from . import ops
-from .attention import attend
+from .attention import attend, attend_paged
 from .gdn import causal_conv, gdn_scan
 
 ROLLBACKS = ("snapshot", "replay")
@@ -70,6 +72,7 @@ class Kernels:
     name: str = "numpy"
     linear: Callable = ops.linear
     attend: Callable = attend
+    attend_paged: Callable = attend_paged
     gdn_scan: Callable = gdn_scan
     causal_conv: Callable = causal_conv
     rms_norm: Callable = ops.rms_norm

@@ -25,9 +25,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .attention import attention_layer
+from .attention import attention_layer, attention_layer_ragged
 from .config import ModelConfig
-from .gdn import gdn_layer
+from .gdn import gdn_layer, gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
 from .quants import dequantize
@@ -119,8 +119,9 @@ class Model:
     to_host = property(lambda self: self.kernels.to_host)  # model rows -> NumPy
     backend = property(lambda self: self.kernels.name)  # "numpy" | "cpu" | "cuda"
 
-    def new_state(self) -> ModelState:
-        return ModelState(self.cfg, self.xp)
+    def new_state(self, pool=None) -> ModelState:
+        """A fresh sequence's state; pool: a paged.BlockPool its KV lives in (many sequences), else its own."""
+        return ModelState(self.cfg, self.xp, pool)
 
     def new_ring(self, slots: int) -> SnapshotRing | ReplayRing:
         """Where a verify pass of up to `slots` tokens leaves what a rollback needs (allocated once per sequence)."""
@@ -166,3 +167,38 @@ class Model:
         state.pos += x.shape[0]
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
         return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden)
+
+    def forward_batch(self, tokens: list, states: list[ModelState], rings: list | None = None,
+                      logits: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens) from states[b].
+
+        The rows are packed, sequence after sequence, into one [R, D] (R = total tokens; bounds[b] is where
+        sequence b's rows start, like cu_seqlens), so every weight is read once for the whole batch; the GDN
+        conv and scan and the attention run per sequence on its own rows and state (gdn_layer_ragged,
+        attention_layer_ragged). Every row is the row that sequence computes alone (the matmul is
+        batch-invariant), which is what makes a batch of speculative sequences exact. rings[b]: sequence b's
+        ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1].
+        """
+        cfg, kern = self.cfg, self.kernels
+        if len(tokens) != len(states) or not tokens:
+            raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
+        rings = rings if rings is not None else [None] * len(states)
+        bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
+        x = kern.to_device(np.concatenate([self.embed(t) for t in tokens]))  # [R, D]
+        self.n_forward_tokens += x.shape[0]
+        for ring, state, t in zip(rings, states, tokens):
+            if ring is not None:
+                ring.mark_pass(state.pos, len(t))
+        for i, (w, recurrent) in enumerate(zip(self.layers, cfg.recurrent)):
+            u = kern.rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
+            layer_states = [s.layers[i] for s in states]
+            if recurrent:
+                x = x + gdn_layer_ragged(u, w, layer_states, bounds, cfg, kern,
+                                         [r.layer(i) if r is not None else None for r in rings])
+            else:
+                x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern)
+            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
+        for state, t in zip(states, tokens):
+            state.pos += len(t)
+        hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]
+        return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden), bounds

@@ -39,7 +39,8 @@ Where the numbers live: every class takes `xp`, the array module that allocates 
 default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
 device-to-device copy). Only NumPy functions that dispatch on their arguments (copyto, abs) touch them.
 
-Does NOT include: paged or quantized KV caches.
+Many sequences keep their KV in one pool of blocks instead (paged.py; ModelState(..., pool=...)).
+Does NOT include: quantized KV caches.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
+from .paged import BlockTable, PagedKVCache
 
 
 def zeros_aligned(shape, xp=np, align: int = 64):
@@ -89,17 +91,27 @@ class KVCache:
             raise ValueError(f"KVCache.truncate({n}): cache holds {self.n} positions")
         self.n = n
 
+    def attend(self, kern, q: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
+        """kern.attend over this cache (q [T, H_kv, G, d] -> [T, H_kv, G, d]); a paged cache reads its blocks
+        instead (paged.PagedKVCache.attend): the cache says how its keys are read."""
+        return kern.attend(q, self.k, self.v, n_past, scale)
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and values of positions 0 .. n-1: [n, H_kv, d] each."""
+        return self.k[: self.n], self.v[: self.n]
+
     def copy(self) -> "KVCache":
         out = KVCache(self.k.shape[1], self.k.shape[2], max(1, self.n), self.xp)
-        out.append(self.k[: self.n], self.v[: self.n])
+        out.append(*self.contents())
         return out
 
-    def max_abs_diff(self, other: "KVCache") -> float:
+    def max_abs_diff(self, other) -> float:  # another KVCache or a paged.PagedKVCache
         if self.n != other.n:
             return float("inf")
         if self.n == 0:
             return 0.0
-        return float(max(np.abs(self.k[: self.n] - other.k[: other.n]).max(), np.abs(self.v[: self.n] - other.v[: other.n]).max()))
+        (k, v), (k2, v2) = self.contents(), other.contents()
+        return float(max(np.abs(k - k2).max(), np.abs(v - v2).max()))
 
 
 @dataclass
@@ -124,14 +136,24 @@ class GDNState:
 
 
 class ModelState:
-    """Everything one sequence has seen: a GDNState or KVCache per trunk layer, and the position count."""
+    """Everything one sequence has seen: a GDNState or KVCache per trunk layer, and the position count.
 
-    def __init__(self, cfg: ModelConfig, xp=np):
-        self.layers: list[GDNState | KVCache] = [
-            GDNState.zeros(cfg, xp) if recurrent else KVCache(cfg.n_head_kv, cfg.head_dim, xp=xp)
-            for recurrent in cfg.recurrent
+    pool: None for a sequence of its own (a contiguous KVCache per attention layer), or a paged.BlockPool
+    shared by many sequences: the attention layers are then PagedKVCache views of it through one block
+    table per sequence (self.table), and release() gives the blocks back when the sequence ends."""
+
+    def __init__(self, cfg: ModelConfig, xp=np, pool=None):
+        self.table = None if pool is None else BlockTable(pool)
+        self.layers: list = [
+            GDNState.zeros(cfg, xp) if recurrent
+            else KVCache(cfg.n_head_kv, cfg.head_dim, xp=xp) if pool is None else PagedKVCache(pool, i, self.table)
+            for i, recurrent in enumerate(cfg.recurrent)
         ]
         self.pos = 0  # tokens consumed = position of the next token
+
+    def release(self) -> None:
+        """The sequence is over: give its KV blocks back to the pool (a contiguous cache has none to give)."""
+        self.truncate_kv(0)
 
     def copy(self) -> "ModelState":
         out = object.__new__(ModelState)
@@ -145,7 +167,7 @@ class ModelState:
         if not 0 <= n <= self.pos:
             raise ValueError(f"truncate_kv({n}): state holds {self.pos} positions")
         for layer in self.layers:
-            if isinstance(layer, KVCache):
+            if not isinstance(layer, GDNState):  # a KVCache or a PagedKVCache
                 layer.truncate(n)
         self.pos = n
 
