@@ -215,6 +215,7 @@ def cpu_kernels() -> Kernels:
     return Kernels(
         name="cpu",
         attend=numba_attention.attend,  # batch-invariant like the oracle's, to float32 rounding of it
+        attend_paged=numba_attention.attend_paged,  # the same kernel reading the pool through a block table
         gdn_scan=numba_gdn.gdn_scan,  # bitwise the oracle's scan, without its temporaries
         causal_conv=numba_gdn.causal_conv,  # bitwise the oracle's conv
         rollback="replay",  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 15)

@@ -1,6 +1,7 @@
 """Numba causal attention over the KV cache: tinyspec.attention.attend's contract, one loop nest, no temporaries.
 
     attend(q [T, H_kv, G, d], keys [>= n_past + T, H_kv, d], values [same], n_past, scale) -> o [T, H_kv, G, d]
+    attend_paged(q, k_pool [n_blocks, block_size, H_kv, d], v_pool [same], table, n_past, scale) -> o   (paged cache)
 
 The oracle (tinyspec/attention.py attend) makes, per query row, two transposed copies of the visible
 keys and values and five NumPy calls (two matmuls, a softmax of three reductions): ~10 small calls per
@@ -19,6 +20,18 @@ same operations in the same order whatever T is, so a verify pass's row equals t
 that position bit for bit (tests/test_numba_attention.py). Against the oracle (BLAS matmuls, whose
 summation order is the library's) it agrees to float32 rounding, not bitwise, like the linear kernels.
 No fast-math: LLVM may not reorder the sums, so the vector work is written as simd.py intrinsics.
+
+Paged cache (attend_paged, tinyspec.attention.attend_paged's contract): the keys and values of one layer live
+in a pool of fixed-size blocks shared by many sequences, k_pool [n_blocks, block_size, H_kv, d]; a sequence's
+block table lists its blocks in position order, so its position j is row j % block_size of block
+table[j // block_size]. To this kernel a table is only that address map: the one kernel, _attend, resolves it
+once per call to a pool row per position, table[j // block_size] * block_size + j % block_size, and reads key
+and value j there, in place (no gather copy); `attend` is the case of one block holding the whole cache
+(table [0], block_size = its capacity, row j = j). Which row is read is integer arithmetic; the float
+operations (which keys, in which order, summed how) are the same whatever the table, so attend_paged's output
+is bit for bit attend's over the gathered keys (k_pool[table[:ceil(n / block_size)]] flattened), and
+batch-invariant the same way. The table is checked (length, block ids in range) before the kernel runs, which
+itself does no bounds checks.
 """
 
 from __future__ import annotations
@@ -30,17 +43,21 @@ from . import kernel_cache, simd
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _attend(q, keys, values, n_past, scale, o):  # see the module docstring; o is written
+def _attend(q, k_pool, v_pool, table, n_past, scale, o):  # see the module docstring; o is written
     T, H_kv, G, d = q.shape
+    bs = k_pool.shape[1]  # block size: position j is row j % bs of block table[j // bs]
     d16 = d - d % 16
-    qf, kf, vf, of = q.reshape(-1), keys.reshape(-1), values.reshape(-1), o.reshape(-1)
+    qf, kf, vf, of = q.reshape(-1), k_pool.reshape(-1), v_pool.reshape(-1), o.reshape(-1)
+    rows = np.empty(n_past + T, np.int64)  # the table resolved once: position j's row in the pool's [rows, H_kv, d]
+    for j in range(n_past + T):
+        rows[j] = table[j // bs] * bs + j % bs
     for item in prange(T * H_kv):  # (row, kv head) pairs; each one's arithmetic is the same on any thread
         t, h = item // H_kv, item % H_kv
         n = n_past + t + 1  # keys visible to this row (causal)
         p = np.empty((G, n), np.float32)  # scores, then exponentials, of the G query heads sharing head h
         q0 = (t * H_kv + h) * G * d  # q[t, h, 0] and o[t, h, 0] in qf, of
         for j in range(n):
-            ko = (j * H_kv + h) * d  # keys[j, h] and values[j, h] in kf, vf
+            ko = (rows[j] * H_kv + h) * d  # key j of kv head h in kf (its value: the same offset in vf)
             for g in range(G):  # the key row is read once for the G query heads (no store in between)
                 if d == 256:  # Qwen3.5's head size: the whole row in registers
                     s = simd.dot256(qf, q0 + g * d, kf, ko)
@@ -64,7 +81,7 @@ def _attend(q, keys, values, n_past, scale, o):  # see the module docstring; o i
             of[qo:qo + d] = np.float32(0)
             for j in range(n):
                 w = np.float32(p[g, j] / total)
-                vo = (j * H_kv + h) * d
+                vo = (rows[j] * H_kv + h) * d
                 if d == 256:
                     simd.axpy256(of, qo, w, vf, vo)
                 else:
@@ -80,9 +97,50 @@ def attend(q, keys, values, n_past, scale):
     T, H_kv, G, d = q.shape
     if keys.shape[0] < n_past + T or keys.shape[1:] != (H_kv, d) or values.shape != keys.shape:
         raise ValueError(f"keys/values {keys.shape}/{values.shape} do not hold {n_past + T} positions of {(H_kv, d)}")
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    values = np.ascontiguousarray(values, dtype=np.float32)
     o = np.empty_like(q)
-    _attend(q, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32),
-            n_past, np.float32(scale), o)
+    # the whole cache as one block: table [0], block size = its capacity, so key j is row j
+    _attend(q, keys.reshape(1, *keys.shape), values.reshape(1, *values.shape), _ONE_BLOCK, n_past,
+            np.float32(scale), o)
+    return o
+
+
+_ONE_BLOCK = np.zeros(1, np.int64)
+
+
+def attend_paged(q, k_pool, v_pool, table, n_past, scale):
+    """tinyspec.attention.attend_paged on the cpu backend: q [T, H_kv, G, d]; k_pool, v_pool [n_blocks, block_size,
+    H_kv, d] (one layer's pool, float32); table: this sequence's block ids, at least ceil((n_past + T) / block_size)
+    of them (entries past those are not read). Reads the pool in place (a pool that is not C-contiguous float32 is
+    copied first); bit for bit attend over the gathered keys."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    if q.ndim != 4:
+        raise ValueError(f"q {q.shape}: expected [T, H_kv, G, d]")
+    T, H_kv, G, d = q.shape
+    if k_pool.ndim != 4 or k_pool.shape[2:] != (H_kv, d) or v_pool.shape != k_pool.shape:
+        raise ValueError(f"k_pool/v_pool {k_pool.shape}/{v_pool.shape}: expected the same "
+                         f"[n_blocks, block_size, {H_kv}, {d}]")
+    n_blocks, bs = k_pool.shape[:2]
+    if bs < 1:
+        raise ValueError(f"k_pool {k_pool.shape}: block size must be at least 1")
+    if int(n_past) != n_past or n_past < 0:
+        raise ValueError(f"n_past {n_past}: expected an integer >= 0")
+    n_past = int(n_past)
+    table = np.asarray(table)
+    if table.ndim != 1 or not (table.dtype.kind in "iu" or table.size == 0):
+        raise ValueError(f"table {table.dtype} {table.shape}: expected a 1-D array of integer block ids")
+    used = -(-(n_past + T) // bs)  # blocks holding positions 0 .. n_past + T - 1
+    if table.shape[0] < used:
+        raise ValueError(f"table too short: {table.shape[0]} block ids for {n_past + T} positions "
+                         f"of block size {bs} (need {used})")
+    table = np.ascontiguousarray(table[:used], dtype=np.int64)
+    if used and (table.min() < 0 or table.max() >= n_blocks):
+        bad = table[(table < 0) | (table >= n_blocks)][0]
+        raise ValueError(f"table: block id {bad} out of range for a pool of {n_blocks} blocks")
+    o = np.empty_like(q)
+    _attend(q, np.ascontiguousarray(k_pool, dtype=np.float32), np.ascontiguousarray(v_pool, dtype=np.float32),
+            table, n_past, np.float32(scale), o)
     return o
 
 
