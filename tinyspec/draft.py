@@ -19,18 +19,29 @@ Official implementation: llama.cpp common/speculative.cpp draft-simple (docs/qwe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .model import Model
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule
+from .speculate import Draft, StopRule, run_alone
 from .state import SnapshotRing
+
+
+@dataclass(frozen=True)
+class DraftPass:
+    """One draft-model pass a drafting sequence asks for: tokens into its state, the last row scored."""
+    tokens: list[int]
+    state: object  # the sequence's draft ModelState
+    scores: object  # the draft model's output weight, or a draft vocabulary's rows of it
 
 
 class DraftModelDrafter:
     stops_by_confidence = True  # it knows its law over each draft, and honours stop.keep_going
 
-    def __init__(self, draft_model: Model, target: Model | None = None, vocab: DraftVocabulary | None = None):
+    def __init__(self, draft_model: Model, target: Model | None = None, vocab: DraftVocabulary | None = None,
+                 scores=None):
         if target is not None and draft_model.cfg.n_vocab != target.cfg.n_vocab:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
@@ -40,7 +51,14 @@ class DraftModelDrafter:
         self.queue: list[int] = []  # kept tokens the draft model has not been fed yet (see commit)
         self.n_drafted = 0  # forwards made by the last propose
         self.vocab = vocab  # draft over these ids only (sampling.DraftVocabulary); None: the whole vocabulary
-        self.scores = draft_model.output if vocab is None else vocab.rows(draft_model.output)  # [N, D] or [n, D]
+        if scores is None:  # given by a batch whose sequences share it (another())
+            scores = draft_model.output if vocab is None else vocab.rows(draft_model.output)
+        self.scores = scores  # [N, D] or [n, D]
+
+    def another(self) -> "DraftModelDrafter":
+        """A drafter for another sequence of the same batch: its own state and ring, this one's draft model and
+        scores weight (so a batch's draft passes score every sequence with one product)."""
+        return DraftModelDrafter(self.model, None, self.vocab, self.scores)
 
     @property
     def state(self):  # the draft model's ModelState, every kept token fed
@@ -57,6 +75,13 @@ class DraftModelDrafter:
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None) -> Draft:
+        return run_alone(self.drafting(pending, k, params, rng, stop), self.draft_pass)
+
+    def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: StopRule | None = None):
+        """propose as a coroutine: yields each draft-model pass it needs (a DraftPass), is sent back the
+        scores of the pass's last row, returns the Draft. propose runs it alone; a batch runs every sequence's
+        together, one draft-model pass per draft depth for all of them (batch.py)."""
         if self.ring is None or k > self.ring.slots:
             raise ValueError(f"a draft of {k} exceeds the drafts start() was told of "
                              f"({0 if self.ring is None else self.ring.slots})")
@@ -64,11 +89,9 @@ class DraftModelDrafter:
         drafts, q_rows, probs = [], [], []
         tokens, self.queue = self.queue + [pending], []  # the first pass also feeds the queued kept tokens
         self.ring.filled = 0
-        dev, host = self.model.to_device, self.model.to_host
         for i in range(k):
-            _, hidden = self.model.forward(np.array(tokens), self._state, logits=False)
+            scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
             self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
-            scores = host(self.model.kernels.linear(dev(hidden[-1:]), self.scores))[0]  # the last row only
             token, q_draft = draft_token(scores, params, rng) if self.vocab is None else \
                 self.vocab.draw(scores, params, rng)
             drafts.append(token)
@@ -82,6 +105,20 @@ class DraftModelDrafter:
             self.queue = tokens[:-1]
         self.n_drafted = len(drafts)
         return Draft(drafts, q_rows, probs)
+
+    def draft_pass(self, asks: list["DraftPass"]) -> list[np.ndarray]:
+        """The draft-model passes several drafting sequences asked for, made as one (Model.forward_batch, each
+        into its own state), then each ask's last row scored (asks sharing a scores weight: one product)."""
+        model = self.model
+        _, hidden, bounds = model.forward_batch([a.tokens for a in asks], [a.state for a in asks], logits=False)
+        last = hidden[bounds[1:] - 1]  # [B, D]
+        out = [None] * len(asks)
+        for weight in {id(a.scores): a.scores for a in asks}.values():
+            rows = [b for b, a in enumerate(asks) if a.scores is weight]
+            scores = model.to_host(model.kernels.linear(model.to_device(last[rows]), weight))  # [b, n]
+            for j, b in enumerate(rows):
+                out[b] = scores[j]
+        return out
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         n = len(fed)

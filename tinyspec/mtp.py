@@ -19,12 +19,14 @@ transformers drops mtp.* weights on load, so tests build a reference from its de
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .attention import attention_layer
+from .attention import attention_layer_ragged
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule
+from .speculate import Draft, StopRule, run_alone
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -56,18 +58,54 @@ class MTPHead:
 
         logits=False skips the output projection (None instead of logits): feeding the cache with kept
         tokens needs only the KV rows, and the [N, D] head is most of the block's cost on a small model."""
-        cfg, w = self.cfg, self.w
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if hidden_prev.shape != (tokens.size, cfg.n_embd):
-            raise ValueError(f"hidden_prev has shape {hidden_prev.shape}, expected {(tokens.size, cfg.n_embd)}")
-        kern = self.model.kernels
-        e = kern.rms_norm(kern.to_device(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [T, D]
+        out, h_mtp, _ = self.forward_batch([tokens], [hidden_prev], [cache], logits)
+        return out, h_mtp
+
+    def forward_batch(self, tokens: list, hidden_prev: list, caches: list,
+                      logits: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """forward for several sequences in one pass (each its own cache): rows packed as in
+        Model.forward_batch, which bounds [B+1] locates; every row is the one that sequence computes alone."""
+        cfg, w, kern = self.cfg, self.w, self.model.kernels
+        tokens = [np.asarray(t, dtype=np.int64) for t in tokens]
+        for t, h in zip(tokens, hidden_prev):
+            if h.shape != (t.size, cfg.n_embd):
+                raise ValueError(f"hidden_prev has shape {h.shape}, expected {(t.size, cfg.n_embd)}")
+        bounds = np.cumsum([0] + [t.size for t in tokens])
+        tokens, hidden_prev = np.concatenate(tokens), np.concatenate(hidden_prev)  # [R], [R, D]
+        e = kern.rms_norm(kern.to_device(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
         h = kern.rms_norm(kern.to_device(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)
-        y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [T, 2D] -> [T, D]
-        y = y + attention_layer(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, cache, cfg, kern)
+        y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
+        y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
+                                       kern)
         y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
-        h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [T, D]
-        return (kern.to_host(kern.linear(h_mtp, self.head)) if logits else None), kern.to_host(h_mtp)
+        h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
+        return (kern.to_host(kern.linear(h_mtp, self.head)) if logits else None), kern.to_host(h_mtp), bounds
+
+    def draft_pass(self, asks: list["HeadPass"]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The head passes several drafting sequences asked for (MTPDrafter.drafting), made as one: each ask's
+        rows into its own cache, then only each ask's last row scored against its `scores` (asks that share
+        the scores weight share one product). -> per ask (h_mtp of its last row [1, D], its scores [n])."""
+        kern = self.model.kernels
+        _, h_mtp, bounds = self.forward_batch([a.tokens for a in asks], [a.rows for a in asks],
+                                              [a.cache for a in asks], logits=False)
+        last = h_mtp[bounds[1:] - 1]  # [B, D]: the rows that predict each sequence's next draft
+        scores = [None] * len(asks)
+        for weight in {id(a.scores): a.scores for a in asks}.values():
+            rows = [b for b, a in enumerate(asks) if a.scores is weight]
+            out = kern.to_host(kern.linear(kern.to_device(last[rows]), weight))  # [b, n]
+            for j, b in enumerate(rows):
+                scores[b] = out[j]
+        return [(last[b : b + 1], scores[b]) for b in range(len(asks))]
+
+
+@dataclass(frozen=True)
+class HeadPass:
+    """One head pass a drafting sequence asks for: tokens [T] with their h_{p-1} rows [T, D] into `cache`,
+    its last row scored against `scores` (the head, or a draft vocabulary's rows of it)."""
+    tokens: list[int]
+    rows: np.ndarray
+    cache: KVCache
+    scores: object
 
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
@@ -112,17 +150,24 @@ class MTPDrafter:
     stops_by_confidence = True  # propose reports each draft's probability and honours stop.keep_going
 
     def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
-                 p_min: float = 0.0, p_floor: float = 0.0):
+                 p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None):
         if not 0.0 <= p_min <= 1.0 or not 0.0 <= p_floor <= 1.0:
             raise ValueError(f"p_min and p_floor must be in [0, 1], got {p_min}, {p_floor}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
-        self.head = MTPHead(model)
+        self.head = head or MTPHead(model)  # head, scores: given by a batch whose sequences share them (batch.py)
         self._cache = self.head.new_cache()
         self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
         self.max_queue = max_queue
         self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
         self.vocab = vocab  # draft over these ids only; None: the whole vocabulary
-        self.scores = self.head.head if vocab is None else vocab.rows(self.head.head)  # [N, D] or [n, D]
+        if scores is None:
+            scores = self.head.head if vocab is None else vocab.rows(self.head.head)
+        self.scores = scores  # [N, D] or [n, D]
+
+    def another(self) -> "MTPDrafter":
+        """A drafter for another sequence of the same batch: its own cache and queue, this one's head, options
+        and scores weight (so a batch's head passes score every sequence with one product)."""
+        return MTPDrafter(self.head.model, self.vocab, self.max_queue, self.p_min, self.p_floor, self.head, self.scores)
 
     @property
     def cache(self) -> KVCache:  # the head's KV cache, every kept token fed
@@ -143,12 +188,19 @@ class MTPDrafter:
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None) -> Draft:
+        return run_alone(self.drafting(pending, k, params, rng, stop), self.head.draft_pass)
+
+    def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: StopRule | None = None):
+        """propose as a coroutine: yields each head pass it needs (a HeadPass), is sent back (h_mtp of the
+        pass's last row, its scores), returns the Draft. propose runs it alone; a batch runs every sequence's
+        together, one head pass per draft depth for all of them (batch.py)."""
         if not k:  # nothing to draft: the queued kept tokens stay queued for the next drafting step
             return Draft()
         stop = stop or StopRule()
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
-        cache, model = self._cache, self.head.model
+        cache = self._cache
         # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
         # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
         fed = [t for f, _ in self.queue for t in f]
@@ -158,9 +210,7 @@ class MTPDrafter:
         drafts, q_rows, probs, withdrawn = [], [], [], False
         tokens, hs = fed + [pending], np.concatenate(rows + [self.h_last[None, :]])
         for _ in range(k):
-            _, h_mtp = self.head.forward(tokens, hs, cache, logits=False)
-            h = h_mtp[-1:]  # [1, D]: the row that predicts the next draft
-            logits = model.to_host(model.kernels.linear(model.to_device(h), self.scores))[0]  # [N] or [n]
+            h, logits = yield HeadPass(tokens, hs, cache, self.scores)  # [1, D], [N] or [n]
             token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
                 self.vocab.draw(logits, params, rng)
             p = draft_probability(logits, token, q_draft) if wants_p else None

@@ -125,6 +125,18 @@ class Drafter(Protocol):
     def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
 
 
+def run_alone(drafting, step: Callable[[list], list]) -> Draft:
+    """Run a drafting coroutine (MTPDrafter.drafting, DraftModelDrafter.drafting) to the Draft it returns: each
+    pass it yields is made by step([ask]) -> [answer] and sent back. (batch.run_together makes the passes of
+    many sequences' coroutines as one pass per round.)"""
+    try:
+        ask = next(drafting)
+        while True:
+            ask = drafting.send(step([ask])[0])
+    except StopIteration as done:
+        return done.value
+
+
 class DraftPolicy(Protocol):
     k_max: int
 
