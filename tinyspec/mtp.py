@@ -188,7 +188,11 @@ class MTPDrafter:
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None) -> Draft:
-        return run_alone(self.drafting(pending, k, params, rng, stop), self.head.draft_pass)
+        return run_alone(self.drafting(pending, k, params, rng, stop), self.draft_pass)
+
+    def draft_pass(self, asks: list[HeadPass]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Several sequences' head passes as one (MTPHead.draft_pass)."""
+        return self.head.draft_pass(asks)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None):

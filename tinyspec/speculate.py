@@ -245,6 +245,22 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
     return emitted[:room]
 
 
+def accept(logits: np.ndarray, fed: list[int], draft: Draft, params: SamplingParams,
+           rng: np.random.Generator) -> tuple[int, int]:
+    """Step 3 on one sequence's verify rows (logits [k+1, N] for fed = [pending, d_1..d_k]): the number of drafts
+    the rule keeps and the target's own next token (a correction, or a bonus after all k)."""
+    if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
+        return verify_greedy(logits, fed[1:])
+    p_rows = [probs_from_logits(row, params) for row in logits]
+    return verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
+
+
+def token_marks(draft: Draft, n_accepted: int) -> list[str]:
+    """How each token of a step's run was produced: accepted drafts, then the target's own token."""
+    last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
+    return ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
+
+
 @dataclass
 class SpecResult:
     tokens: list[int]  # emitted after the prompt
@@ -288,11 +304,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None)  # [k+1, N], [k+1, D]
         clock.lap("verify")
         # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
-        if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
-            n_accepted, new_token = verify_greedy(logits, fed[1:])
-        else:
-            p_rows = [probs_from_logits(row, params) for row in logits]
-            n_accepted, new_token = verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
+        n_accepted, new_token = accept(logits, fed, draft, params, rng)
         emitted = cut_at_stop(fed[1 : 1 + n_accepted] + [new_token], stops, max_new - len(out))
         clock.lap("sample")
         # Step 4: rollback: keep pending + the emitted tokens but the last one (the next pending token)
@@ -304,8 +316,7 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         drafter.commit(fed[:n_keep], hidden[:n_keep])
         clock.lap("draft")  # the drafter's bookkeeping counts as drafting
         # Step 5: emit
-        last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
-        kinds = ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
+        kinds = token_marks(draft, n_accepted)
         out += emitted
         marks += kinds[:n_keep]
         pending = emitted[-1]
