@@ -227,6 +227,122 @@ def check_prompt(model: Model, prompt: list[int], max_new: int) -> str | None:
     return None
 
 
+class Batch:
+    """The engine: up to `slots` sequences decoding together, one step() at a time (batch_generate runs it).
+
+    add(prompt, max_new, seed) queues a sequence; step() admits waiting ones into free slots, then makes one
+    ragged verify pass for every active slot (the module docstring's steps); `active` maps slot -> _Slot, the
+    state a test or a notebook may look at between steps. drafter: None (plain decoding) or a BatchDrafter;
+    policy: a BatchPolicy (its k_max sizes the rings); n_blocks, block_size: the KV pool."""
+
+    def __init__(self, model: Model, slots: int, n_blocks: int, block_size: int = 16,
+                 drafter: BatchDrafter | None = None, policy: BatchPolicy | None = None,
+                 params: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
+                 on_finish: Callable[[SeqResult], None] | None = None):
+        if not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.model, self.slots, self.drafter, self.params, self.on_finish = model, int(slots), drafter, params, on_finish
+        self.policy = policy or SameDraftLength(0 if drafter is None else 3)
+        self.k_max, self.stops = self.policy.k_max, {int(t) for t in stop_ids}
+        self.pool = BlockPool(model.cfg, n_blocks, block_size, model.xp)
+        self.rings = [model.new_ring(self.k_max + 1) for _ in range(self.slots)]  # per slot, allocated once
+        self.waiting: deque[tuple[SeqResult, int, int]] = deque()  # (result, max_new, seed)
+        self.active: dict[int, _Slot] = {}
+        self.reserved = 0  # pool blocks promised to the active sequences' longest runs
+        self.steps = self.rows = self.emitted = 0
+        self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0}
+
+    def add(self, seq: SeqResult, max_new: int, seed: int) -> None:
+        self.waiting.append((seq, max_new, seed))
+
+    def done(self) -> bool:
+        return not self.waiting and not self.active
+
+    def step(self) -> None:
+        t = time.perf_counter()
+        self._join()
+        self.phase_s["prefill"] += time.perf_counter() - t
+        if self.active:
+            self._decode()
+
+    def _join(self) -> None:
+        """Free slots take waiting sequences, in order, while the pool can hold their longest runs."""
+        pool, model = self.pool, self.model
+        for b in range(self.slots):
+            while b not in self.active and self.waiting:
+                seq, max_new, seed = self.waiting[0]
+                need = pool.blocks_for(len(seq.prompt_tokens) + max_new + self.k_max + 1)
+                if need > pool.n_blocks:  # could never fit: reported, the others go on
+                    self.waiting.popleft()
+                    seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
+                    continue
+                if self.reserved + need > pool.n_blocks:
+                    return  # wait for a running sequence to give its blocks back
+                self.waiting.popleft()
+                t = time.perf_counter()
+                state, rng = model.new_state(pool), np.random.default_rng(seed)
+                logits, hidden = model.forward(np.array(seq.prompt_tokens), state)  # the sequence's own prefill
+                self.reserved += need
+                s = self.active[b] = _Slot(seq, state, rng, max_new, -1, SpecStats(self.k_max), need, t)
+                if self.drafter is not None:
+                    self.drafter.start(b, seq.prompt_tokens, hidden, self.k_max)
+                if max_new == 0:
+                    self._finish(b)
+                    continue
+                s.pending = pick(logits[-1], self.params, rng)
+                seq.tokens, seq.marks = [s.pending], ["target"]
+                if s.pending in self.stops or max_new == 1:
+                    self._finish(b)
+
+    def _decode(self) -> None:
+        """One step for every active slot: plan, draft, ONE verify pass, then accept / rollback / emit per slot."""
+        active, order, params = self.active, sorted(self.active), self.params  # order: where each slot's rows sit
+        t = time.perf_counter()
+        plans = self.policy.plan([min(self.k_max, active[b].max_new - len(active[b].seq.tokens) - 1) for b in order])
+        asks = [Ask(b, active[b].pending, plan.k, params, active[b].rng, plan.stop) for b, plan in zip(order, plans)]
+        drafts = self.drafter.propose(asks) if self.drafter is not None else [NO_DRAFT] * len(order)
+        t_draft = time.perf_counter() - t
+        t = time.perf_counter()
+        fed = [[active[b].pending] + [int(d) for d in draft.tokens] for b, draft in zip(order, drafts)]
+        rings = [self.rings[b] if draft.tokens else None for b, draft in zip(order, drafts)]
+        logits, hidden, bounds = self.model.forward_batch(fed, [active[b].state for b in order], rings)
+        t_verify = time.perf_counter() - t
+        t = time.perf_counter()
+        accepted = []
+        for j, (b, draft) in enumerate(zip(order, drafts)):
+            s, rows = active[b], slice(bounds[j], bounds[j + 1])
+            n_accepted, new_token = accept(logits[rows], fed[j], draft, params, s.rng)
+            run = cut_at_stop(fed[j][1 : 1 + n_accepted] + [new_token], self.stops, s.max_new - len(s.seq.tokens))
+            n_keep = len(run)  # the run's last token is the next pending one: fed next step
+            if n_keep < len(fed[j]):
+                self.rings[b].restore(s.state, n_keep - 1)
+                s.stats.rollbacks += 1
+            if self.drafter is not None:
+                self.drafter.commit(b, fed[j][:n_keep], hidden[rows][:n_keep])
+            s.seq.tokens += run
+            s.seq.marks += token_marks(draft, n_accepted)[:n_keep]
+            s.pending = run[-1]
+            s.stats.record(len(draft.tokens), n_accepted)
+            accepted.append(n_accepted)
+            self.emitted += n_keep
+            if run[-1] in self.stops or len(s.seq.tokens) >= s.max_new:
+                self._finish(b)
+        self.steps, self.rows = self.steps + 1, self.rows + int(bounds[-1])
+        self.policy.observe(drafts, accepted, t_draft, t_verify, int(bounds[-1]))
+        self.phase_s["draft"] += t_draft
+        self.phase_s["verify"] += t_verify
+        self.phase_s["accept"] += time.perf_counter() - t
+
+    def _finish(self, b: int) -> None:
+        s = self.active.pop(b)
+        s.state.release()  # every KV block back to the pool
+        self.reserved -= s.reserved
+        s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
+        s.seq.stats = s.stats.as_dict()
+        if self.on_finish:
+            self.on_finish(s.seq)
+
+
 def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int, slots: int = 4,
                    drafter: BatchDrafter | None = None, draft_n: int | None = None,
                    policy: BatchPolicy | None = None, params: SamplingParams = SamplingParams(),
@@ -237,9 +353,8 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     input order). drafter: None for plain decoding, else a BatchDrafter (EachAlone, Together) proposing draft_n
     drafts per slot and step (default 3), or as many as `policy` plans. seeds[i]: prompt i's random stream
     (default: i), the seed its solo run takes for the same tokens. n_blocks: the KV pool (default: room for
-    `slots` of the longest runs). on_finish(result): called as each sequence ends (streamed output)."""
-    if not isinstance(slots, (int, np.integer)) or slots < 1:
-        raise ValueError(f"slots must be at least 1, got {slots}")
+    `slots` of the longest runs). A prompt that cannot run (empty, too long, bad ids) is reported in its
+    SeqResult.error and the others run. on_finish(result): called as each sequence ends (streamed output)."""
     if not len(prompts):
         raise ValueError("no prompts: give at least one")
     if max_new < 0:
@@ -247,116 +362,32 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     policy = policy or SameDraftLength(0 if drafter is None else 3 if draft_n is None else draft_n)
     if draft_n is not None and draft_n != policy.k_max:
         raise ValueError(f"draft_n={draft_n} and a policy of k_max={policy.k_max} disagree: give one of them")
-    k_max, stops = policy.k_max, {int(t) for t in stop_ids}
     seeds = list(range(len(prompts))) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-
     results = [SeqResult(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
-    waiting = deque()
     for r in results:
         r.error = check_prompt(model, r.prompt_tokens, max_new)
-        if r.error is None:
-            waiting.append(r)
     runnable = [r for r in results if r.error is None]
-    longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new + k_max + 1
-    pool = BlockPool(model.cfg, n_blocks or slots * -(-longest // block_size), block_size, model.xp)
-    rings = [model.new_ring(k_max + 1) for _ in range(slots)]  # per slot, allocated once
-    active: dict[int, _Slot] = {}
-    reserved = steps = rows_total = emitted_total = 0
+    longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new + policy.k_max + 1
+    engine = Batch(model, slots, n_blocks or slots * -(-longest // block_size), block_size, drafter, policy, params,
+                   stop_ids, on_finish)
+    for r in runnable:
+        engine.add(r, max_new, seeds[r.index])
     t0 = time.perf_counter()
-    phase = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0}
-
-    def finish(b: int) -> None:
-        nonlocal reserved
-        s = active.pop(b)
-        s.state.release()  # every KV block back to the pool
-        reserved -= s.reserved
-        s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
-        s.seq.stats = s.stats.as_dict()
-        if on_finish:
-            on_finish(s.seq)
-
-    while waiting or active:
-        # join: free slots take waiting prompts while the pool can hold their longest runs
-        t = time.perf_counter()
-        for b in range(slots):
-            if b in active or not waiting:
-                continue
-            need = pool.blocks_for(len(waiting[0].prompt_tokens) + max_new + k_max + 1)
-            if need > pool.n_blocks:
-                seq = waiting.popleft()
-                seq.error = f"the KV pool ({pool.n_blocks} blocks of {block_size}) cannot hold this prompt's run"
-                continue
-            if reserved + need > pool.n_blocks:
-                break  # wait for a running sequence to give its blocks back
-            seq = waiting.popleft()
-            state, rng = model.new_state(pool), np.random.default_rng(seeds[seq.index])
-            logits, hidden = model.forward(np.array(seq.prompt_tokens), state)  # the sequence's own prefill
-            reserved += need
-            slot = active[b] = _Slot(seq, state, rng, max_new, -1, SpecStats(k_max), need, t)
-            if drafter is not None:
-                drafter.start(b, seq.prompt_tokens, hidden, k_max)
-            if max_new == 0:
-                finish(b)
-                continue
-            slot.pending = pick(logits[-1], params, rng)
-            seq.tokens, seq.marks = [slot.pending], ["target"]
-            if slot.pending in stops or max_new == 1:
-                finish(b)
-        phase["prefill"] += time.perf_counter() - t
-        if not active:
-            continue
-        order = sorted(active)  # slot order: where each slot's rows sit in the pass
-        # plan and draft
-        t = time.perf_counter()
-        plans = policy.plan([min(k_max, active[b].max_new - len(active[b].seq.tokens) - 1) for b in order])
-        asks = [Ask(b, active[b].pending, plan.k, params, active[b].rng, plan.stop) for b, plan in zip(order, plans)]
-        drafts = drafter.propose(asks) if drafter is not None else [NO_DRAFT] * len(order)
-        t_draft = time.perf_counter() - t
-        # verify: one pass over every slot's pending token and drafts
-        t = time.perf_counter()
-        fed = [[active[b].pending] + [int(d) for d in draft.tokens] for b, draft in zip(order, drafts)]
-        logits, hidden, bounds = model.forward_batch(
-            fed, [active[b].state for b in order], [rings[b] if draft.tokens else None for b, draft in zip(order, drafts)])
-        t_verify = time.perf_counter() - t
-        # accept, rollback, emit: per slot
-        t = time.perf_counter()
-        accepted = []
-        for j, (b, draft) in enumerate(zip(order, drafts)):
-            s, rows = active[b], slice(bounds[j], bounds[j + 1])
-            n_accepted, new_token = accept(logits[rows], fed[j], draft, params, s.rng)
-            run = cut_at_stop(fed[j][1 : 1 + n_accepted] + [new_token], stops, s.max_new - len(s.seq.tokens))
-            n_keep = len(run)
-            if n_keep < len(fed[j]):
-                rings[b].restore(s.state, n_keep - 1)
-                s.stats.rollbacks += 1
-            if drafter is not None:
-                drafter.commit(b, fed[j][:n_keep], hidden[rows][:n_keep])
-            s.seq.tokens += run
-            s.seq.marks += token_marks(draft, n_accepted)[:n_keep]
-            s.pending = run[-1]
-            s.stats.record(len(draft.tokens), n_accepted)
-            accepted.append(n_accepted)
-            emitted_total += n_keep
-            if run[-1] in stops or len(s.seq.tokens) >= s.max_new:
-                finish(b)
-        steps, rows_total = steps + 1, rows_total + int(bounds[-1])
-        policy.observe(drafts, accepted, t_draft, t_verify, int(bounds[-1]))
-        phase["draft"] += t_draft
-        phase["verify"] += t_verify
-        phase["accept"] += time.perf_counter() - t
-
+    while not engine.done():
+        engine.step()
     wall = time.perf_counter() - t0
-    decode_s = wall - phase["prefill"]
-    generated = sum(len(r.tokens) for r in results)
-    stats = {"sequences": len(results), "failed": sum(r.error is not None for r in results), "slots": slots,
-             "k_max": k_max, "generated": generated, "wall_s": wall, "tok_s": generated / wall if wall > 0 else 0.0,
-             "decode_tok_s": emitted_total / decode_s if decode_s > 0 else 0.0, "steps": steps,
-             "rows_per_pass": rows_total / steps if steps else 0.0,
-             "phase_ms": {k: 1000 * v for k, v in phase.items()},
-             "kv_block_size": block_size, "kv_blocks": pool.n_blocks, "kv_blocks_peak": pool.peak_used,
+    decode_s = wall - engine.phase_s["prefill"]
+    pool, generated = engine.pool, sum(len(r.tokens) for r in results)
+    stats = {"sequences": len(results), "failed": sum(r.error is not None for r in results), "slots": engine.slots,
+             "k_max": engine.k_max, "generated": generated, "wall_s": wall,
+             "tok_s": generated / wall if wall > 0 else 0.0,
+             "decode_tok_s": engine.emitted / decode_s if decode_s > 0 else 0.0, "steps": engine.steps,
+             "rows_per_pass": engine.rows / engine.steps if engine.steps else 0.0,
+             "phase_ms": {k: 1000 * v for k, v in engine.phase_s.items()},
+             "kv_block_size": pool.block_size, "kv_blocks": pool.n_blocks, "kv_blocks_peak": pool.peak_used,
              "kv_bytes_peak": pool.peak_used * pool.bytes_per_block()}
-    if policy.summary() is not None:
-        stats["policy"] = policy.summary()
+    if engine.policy.summary() is not None:
+        stats["policy"] = engine.policy.summary()
     return BatchResult(results, stats)
