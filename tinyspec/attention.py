@@ -77,20 +77,23 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
     function above or one with its contract, e.g. fast/numba_attention.py's); None: the oracle's."""
     kern = kern or _oracle()
     q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
-    o = attend_own(q, k, v, w, cache, cfg, kern)  # 2. norm, rope, cache, attention: this sequence's own
-    return output(o, gate, w, kern)  # 3. gate and out projection
+    q, k = norm_rope(q, k, np.arange(cache.n, cache.n + x.shape[0]), w, cfg, kern)  # 2. q/k norm and rope
+    o = attend_own(q, k, v, cache, cfg, kern)  # 3. into this sequence's cache, attention over it
+    return output(o, gate, w, kern)  # 4. gate and out projection
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
                            cfg: ModelConfig, kern: Kernels | None = None) -> np.ndarray:
     """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
-    cu_seqlens) -> [R, D]. The projections and the output read each weight once for all R rows; each
-    sequence's rows are normed, roped, cached and attended in its own cache, exactly as attention_layer
-    does them for that sequence alone (each row's numbers never see another sequence's)."""
+    cu_seqlens) -> [R, D]. The projections, norms, rope (each row at its own sequence's position) and output run
+    once over all R rows, so each weight is read once; each sequence's rows go into its own cache and attend
+    over it, exactly as attention_layer does for it alone (no row ever sees another sequence's keys)."""
     kern = kern or _oracle()
+    spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
     q, gate, k, v = project(x, w, cfg, kern)
-    o = np.concatenate([attend_own(q[a:b], k[a:b], v[a:b], w, cache, cfg, kern)
-                        for cache, a, b in zip(caches, bounds[:-1], bounds[1:])])
+    positions = np.concatenate([np.arange(c.n, c.n + r.stop - r.start) for c, r in zip(caches, spans)])
+    q, k = norm_rope(q, k, positions, w, cfg, kern)
+    o = np.concatenate([attend_own(q[r], k[r], v[r], cache, cfg, kern) for cache, r in zip(caches, spans)])
     return output(o, gate, w, kern)
 
 
@@ -103,13 +106,17 @@ def project(x, w, cfg: ModelConfig, kern: Kernels):  # [T, D] -> q [T, H, d], ga
     return q, gate, k, v
 
 
-def attend_own(q, k, v, w, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
-    """One sequence's T rows: q/k norm and rope at positions cache.n .., append to its cache, attend
-    -> [T, H*d]. cache: a state.KVCache or a paged.PagedKVCache (the cache picks the attend kernel)."""
-    T, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
-    positions = np.arange(cache.n, cache.n + T)
+def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern: Kernels):
+    """Per row: q/k RMSNorm, then rope at the row's position ([T] ints). -> q [T, H, d], k [T, H_kv, d]."""
     q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
+    return q, k
+
+
+def attend_own(q, k, v, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+    """One sequence's T rows (normed, roped): append k, v to its cache, attend over it -> [T, H*d].
+    cache: a state.KVCache or a paged.PagedKVCache (the cache picks the attend kernel)."""
+    T, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
     n_past = cache.n
     cache.append(k, v)
     o = cache.attend(kern, q.reshape(T, H_kv, cfg.n_head // H_kv, d), n_past, np.float32(cfg.attn_scale))

@@ -211,23 +211,28 @@ def gdn_layer(
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
     kern = kern or _oracle()
-    p = gdn_project(x, w, kern)  # 1. projections
-    o = gdn_mix(p, w, state, cfg, kern, chunked, ring)  # 2-4. conv and scan from this sequence's state
-    return gdn_output(o, p[1], w, cfg, kern)  # 5. gated norm, out projection
+    mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
+    c, conv_after = gdn_conv(mixed, w, state, kern, ring)  # 2. the conv over this sequence's window
+    q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
+    o = gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w, state, kern, chunked, ring)  # 4. the scan
+    return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
 
 
 def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray,
                      cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None) -> np.ndarray:
     """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
-    cu_seqlens) -> [R, D]. The projections and the out projection read each weight once for all R rows; the
-    conv and the scan run per sequence over its own rows from its own state into its own ring entry (rings[b],
-    None: no ring), exactly as gdn_layer does for that sequence alone."""
+    cu_seqlens) -> [R, D]. Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all
+    R rows, so each weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from
+    its own state into its own ring entry (rings[b], None: no ring), exactly as gdn_layer does for it alone."""
     kern = kern or _oracle()
     rings = rings or [None] * len(states)
-    p = gdn_project(x, w, kern)
-    o = np.concatenate([gdn_mix(tuple(a[lo:hi] for a in p), w, state, cfg, kern, ring=ring)
-                        for state, ring, lo, hi in zip(states, rings, bounds[:-1], bounds[1:])])
-    return gdn_output(o, p[1], w, cfg, kern)
+    spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    mixed, z, beta, log_decay = gdn_project(x, w, kern)
+    convs = [gdn_conv(mixed[r], w, state, kern, ring) for r, state, ring in zip(spans, states, rings)]
+    q, k, v = gdn_qkv(np.concatenate([c for c, _ in convs]), cfg, kern)
+    o = np.concatenate([gdn_memory(q[r], k[r], v[r], log_decay[r], beta[r], mixed[r], conv_after, w, state, kern,
+                                   ring=ring) for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])
+    return gdn_output(o, z, w, cfg, kern)
 
 
 def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tuple:
@@ -241,21 +246,20 @@ def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tu
     return mixed, z, beta, log_decay
 
 
-def gdn_mix(p: tuple, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
-            chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None) -> np.ndarray:
-    """Steps 2-4 for one sequence's T rows (p: gdn_project's) from its state: -> o [T, HV, V]; updates state."""
-    mixed, _, beta, log_decay = p
-    T = mixed.shape[0]
-    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
-        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
-    n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
-
-    # 2. causal conv over the raw projections, then SiLU; the state keeps the raw inputs
+def gdn_conv(mixed: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, kern: Kernels,
+             ring: SnapshotSlots | ReplayLog | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Step 2 for one sequence: causal conv of its raw projections over its window, then SiLU -> c [T, C] and
+    the window after them [C, w-1] (the state takes it in gdn_memory: a ReplayRing records the old one)."""
     conv_states = None if ring is None else ring.conv_states  # [>= T, C, w-1] or None
     c, conv_after = kern.causal_conv(mixed, state.conv, w["ssm_conv1d.weight"], conv_states)  # [T, C], [C, w-1]
-    c = kern.silu(c)  # [T, C]
+    return kern.silu(c), conv_after
 
-    # 3. split [q | k | v], normalise q and k per head, give each value head its key head
+
+def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern: Kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step 3, every row on its own: split [q | k | v], normalise q and k per head, give each value head its key
+    head. c [T, C] -> q, k [T, HV, K], v [T, HV, V]."""
+    T = c.shape[0]
+    n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
     q, k, v = np.split(c, [n_k * K, 2 * n_k * K], axis=1)
     q = kern.l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
     k = kern.l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
@@ -263,9 +267,18 @@ def gdn_mix(p: tuple, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelCo
     # GGUF tiles value heads: value head j uses key head j % n_k (HF groups them, j // (HV / n_k))
     q = np.tile(q, (1, HV // n_k, 1)) * np.float32(1.0 / np.sqrt(K))  # [T, HV, K], scaled after the norm
     k = np.tile(k, (1, HV // n_k, 1))  # [T, HV, K]
+    return q, k, v
 
-    # 4. the delta-rule memory, one scan (its chunked form for a long prefill). Without a ring the new memory
-    #    overwrites the old in place; with one, the ring says where the per-token states and the new memory go
+
+def gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w: Mapping[str, np.ndarray], state: GDNState,
+               kern: Kernels, chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None) -> np.ndarray:
+    """Step 4 for one sequence: the delta-rule memory, one scan from its state (its chunked form for a long
+    prefill) -> o [T, HV, V]; then the state takes the new window (conv_after) and memory. Without a ring the
+    new memory overwrites the old in place; with one, the ring says where the per-token states and the new
+    memory go, and records what a rollback needs (mixed: the conv's input, for a replay)."""
+    T = q.shape[0]
+    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
+        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
     scan = gdn_chunked if chunked else kern.gdn_scan
     states_out, memory_out = (None, state.ssm) if ring is None else (ring.ssm_states, ring.memory_out(state))
     o, ssm_after = scan(q, k, v, log_decay, beta, state.ssm, states_out=states_out, out=memory_out)  # [T, HV, V]
