@@ -333,3 +333,136 @@ def test_on_emit_sees_every_token_in_order(tiny_model):
         res = generate(model, [10, 20, 30, 10, 20, 30, 10, 20], 16, drafter=drafter,
                        on_emit=lambda t, m: (seen.extend(t), marks.extend(m)))
         assert seen == res.tokens and (marks == res.marks if drafter else set(marks) == {"target"})
+
+
+BATCH_PROMPTS = ["def main():", "class Stack:", "import os"]
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text(f"{BATCH_PROMPTS[0]}\n\n" + json.dumps({"prompt": BATCH_PROMPTS[1]}) + f"\n{BATCH_PROMPTS[2]}\n",
+                    encoding="utf-8")  # a blank line (skipped) and a JSON line among plain ones
+    return path
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp", "lookup", "draft"])
+def test_batch_json_tokens_equal_generate_alone(prompts_file, capsys, spec):
+    """batch --json on the shipped model (no --model; --spec draft: the shipped draft model), 3 prompts in 2 slots
+    (the third waits for a free slot): every sequence's tokens are exactly what `generate --json` reports for its
+    prompt alone, in input order."""
+    assert main(["batch", "--prompts", str(prompts_file), "--slots", "2", "--spec", spec, "--max-new", "12",
+                 "--backend", "numpy", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "[batch] model" in captured.err and "2 slots, 3 prompts" in captured.err
+    assert [s["index"] for s in out["sequences"]] == [0, 1, 2]
+    for prompt, seq in zip(BATCH_PROMPTS, out["sequences"]):
+        assert main(["generate", "--prompt", prompt, "--spec", spec, "--max-new", "12", "--backend", "numpy",
+                     "--json"]) == 0
+        alone = json.loads(capsys.readouterr().out)
+        assert seq["error"] is None and seq["tokens"] == alone["tokens"] and len(seq["tokens"]) > 0
+        assert (seq["prompt_tokens"], seq["text"]) == (alone["prompt_tokens"], alone["text"])
+        assert set(seq["stats"]) >= {"steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length"}
+    stats = out["stats"]
+    assert set(stats) >= {"tok_s", "decode_tok_s", "steps", "rows_per_pass", "kv_blocks_peak", "kv_bytes_peak",
+                          "generated", "failed", "slots"}
+    assert stats["slots"] == 2 and stats["failed"] == 0 and stats["spec"] == spec
+    assert stats["generated"] == sum(len(s["tokens"]) for s in out["sequences"])
+    assert stats["rows_per_pass"] > 1  # two slots shared passes
+    assert (stats["draft_n"], stats["k_max"]) == ((0, 0) if spec == "none" else (3, 3))
+
+
+def test_batch_sampled_sequence_i_is_generate_with_seed_s_plus_i(prompts_file, capsys):
+    """--seed S: sequence i draws from S + i, so it samples exactly `generate --seed S+i` with the same k."""
+    common = ["--spec", "mtp", "--draft-n", "2", "--max-new", "10", "--temperature", "0.9", "--backend", "numpy",
+              "--json"]
+    assert main(["batch", "--prompts", str(prompts_file), "--slots", "3", "--seed", "5", *common]) == 0
+    seqs = json.loads(capsys.readouterr().out)["sequences"]
+    for i, prompt in enumerate(BATCH_PROMPTS):
+        assert main(["generate", "--prompt", prompt, "--seed", str(5 + i), *common]) == 0
+        assert seqs[i]["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+
+
+def test_batch_text_output_streams_sequences_then_a_summary(prompts_file, monkeypatch, capsys):
+    """Without --json: "[i] text" as each sequence finishes, then the summary on stderr; '-' reads stdin."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(prompts_file.read_text(encoding="utf-8")))
+    assert main(["batch", "--prompts", "-", "--slots", "2", "--spec", "mtp", "--max-new", "8",
+                 "--backend", "numpy"]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(line[:3] for line in out.splitlines() if line[:1] == "[") == ["[0]", "[1]", "[2]"]
+    assert "tok/s" in err and "steps" in err and "rows per pass" in err and "KV peak" in err and "MB" in err
+    assert all(f"[batch] sequence {i}:" in err for i in range(3)) and "acceptance" in err
+
+
+def test_batch_bad_prompts_are_reported_and_the_others_run(tmp_path, capsys):
+    path = tmp_path / "p.txt"
+    path.write_text("def f():\n" + "a b " * 3000 + "\n{\"text\": \"no prompt field\"}\n{oops\nimport os\n",
+                    encoding="utf-8")  # fine, longer than the context, no "prompt", not JSON, fine
+    assert main(["batch", "--prompts", str(path), "--max-new", "4", "--backend", "numpy", "--json"]) == 0
+    captured = capsys.readouterr()
+    seqs = json.loads(captured.out)["sequences"]
+    assert [s["error"] is None for s in seqs] == [True, False, False, False, True]
+    assert "context length" in seqs[1]["error"] and '"prompt" field' in seqs[2]["error"]
+    assert "line 4: not a JSON object" in seqs[3]["error"]
+    assert seqs[1]["tokens"] == [] and len(seqs[4]["tokens"]) == 4
+    for i in (1, 2, 3):
+        assert f"[batch] prompt {i}: skipped:" in captured.err
+    assert json.loads(captured.out)["stats"]["failed"] == 3
+
+
+@pytest.mark.parametrize("content, args, message", [
+    ("\n  \n", [], "no prompts"),
+    ("hi\n", ["--slots", "0"], "--slots must be >= 1"),
+    ("hi\n", ["--spec", "mtp", "--draft-n", "65"], "--draft-n must be in 0..64"),
+    ("hi\n", ["--spec", "mtp", "--draft-n", "-1"], "--draft-n must be in 0..64"),
+    ("hi\n", ["--max-new", "-1"], "--max-new must be >= 0"),
+    ("hi\nthere\n", ["--max-new", "5000"], "no prompt can run: prompt 0: a prompt of"),
+    ('{"prompt": ""}\n', [], "no prompt can run"),
+])
+def test_batch_bad_input_exit_2(tmp_path, capsys, content, args, message):
+    path = tmp_path / "p.txt"
+    path.write_text(content, encoding="utf-8")
+    assert main(["batch", "--prompts", str(path), "--backend", "numpy", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("tinyspec batch: error") == 1
+    assert err.strip().splitlines()[-1].startswith("tinyspec batch: error:")
+    assert main(["batch", "--prompts", str(tmp_path / "absent.txt")]) == 2
+
+
+def test_batch_help_explains_every_flag():
+    run = subprocess.run([sys.executable, "-m", "tinyspec", "batch", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0
+    for flag in ("--model", "--prompts", "--slots", "--spec", "--draft-model", "--draft-n", "--max-new",
+                 "--temperature", "--seed", "--backend", "--json", "S + i"):
+        assert flag in run.stdout, flag
+
+
+def test_bench_slots_reports_batched_rates(capsys):
+    """bench --slots on the shipped model: per B the batched plain and MTP rates, plain passes of exactly B rows
+    (no stop ids: every sequence runs --max-new tokens), spec passes of more, outputs identical."""
+    from tinyspec.demo import TARGET
+
+    base = ["bench", "--model", str(TARGET), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
+            "--max-new", "10", "--drafters", ""]
+    assert main(base + ["--slots", "1,2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["slots"]) == {"1", "2"} and r["slots_setup"]["drafter"] == "mtp"
+    for B, s in r["slots"].items():
+        assert set(s) >= {"plain_tok_s", "spec_tok_s", "rows_per_pass", "spec_rows_per_pass", "speedup", "identical"}
+        assert s["identical"] is True and s["plain_tok_s"] > 0 and s["spec_tok_s"] > 0 and s["speedup"] > 0
+        assert s["rows_per_pass"] == int(B) and s["spec_rows_per_pass"] > s["rows_per_pass"]
+    assert r["slots"]["2"]["rows_per_pass"] > 1
+    assert main(base + ["--slots", "2", "--synth-len", "2.5"]) == 0  # text view, synthetic rate, real MTP cost
+    out = capsys.readouterr().out
+    assert "plain vs mtp_synth (k = 3, set 2.50 tokens/step)" in out and "B = 2" in out and "identical" in out
+
+
+def test_bench_without_slots_has_no_slots_block(tiny_model, capsys):
+    assert main(["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
+                 "--max-new", "4", "--drafters", "", "--json"]) == 0
+    assert "slots" not in json.loads(capsys.readouterr().out)
+    assert main(["bench", "--model", str(tiny_model), "--slots", "1,0"]) == 2
+    assert "--slots: slot counts must be >= 1" in capsys.readouterr().err

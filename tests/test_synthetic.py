@@ -176,3 +176,48 @@ def test_draws_hold_the_rate_over_few_steps(seed):
         assert np.array_equal(drafter.draws(2), drafter.draws(4)[:2])  # u_j does not depend on k
     assert not np.array_equal(SyntheticDrafter(reference, 0.5, seed=0).draws(3),
                               SyntheticDrafter(reference, 0.5, seed=1).draws(3))
+
+
+def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, reference):
+    """SyntheticBatch over 3 prompts in 2 slots (the third joins when a slot frees), paying real batched MTP
+    drafting: every sequence's tokens are its plain greedy ones, the inner drafter drafted exactly the tokens
+    proposed, and over a long run the tokens per step average (1 - a^(k+1)) / (1 - a) within 4 standard errors."""
+    from tinyspec.batch import Together, batch_generate
+    from tinyspec.fast.synthetic import SyntheticBatch
+    from tinyspec.mtp import MTPDrafter
+
+    a, k, n = 0.7, 3, 300
+    prompts = [PROMPT, [6] + PROMPT[1:], [7] + PROMPT[1:]]
+    references = {tuple(PROMPT): reference[:n]} | {tuple(p): generate(target, p, n).tokens for p in prompts[1:]}
+
+    class Counting(Together):
+        drafted = 0
+
+        def propose(self, asks):
+            drafts = super().propose(asks)
+            Counting.drafted += sum(len(d.tokens) for d in drafts)
+            return drafts
+
+    drafter = SyntheticBatch(references, a, 2, seed=1, inner=Counting(MTPDrafter(target), 2))
+    out = batch_generate(target, prompts, n, slots=2, drafter=drafter, draft_n=k)
+    plain = batch_generate(target, prompts, n, slots=2)
+    for p, seq, base in zip(prompts, out.sequences, plain.sequences):
+        assert seq.tokens == base.tokens == references[tuple(p)]
+    assert drafter.started == 3 and all(d.diverged_at is None for d in drafter.drafters)
+    assert Counting.drafted == sum(s.stats["drafted"] for s in out.sequences) > 0  # real cost, same drafts
+    lengths = np.array([kept + 1 for drafted, kept in drafter.history if drafted == k])
+    assert len(lengths) > 200
+    law, values = length_law(a, k), np.arange(1, k + 2)
+    mean, var = law @ values, law @ (values - law @ values) ** 2
+    assert abs(lengths.mean() - mean) < 4 * np.sqrt(var / len(lengths)), (lengths.mean(), mean)
+    assert k + 1 < out.stats["rows_per_pass"] <= 2 * (k + 1)  # two slots drafting k while both are busy
+
+
+def test_synthetic_batch_needs_a_reference_for_each_prompt(target):
+    from tinyspec.batch import batch_generate
+    from tinyspec.fast.synthetic import SyntheticBatch
+
+    with pytest.raises(ValueError, match="no reference continuation"):
+        batch_generate(target, [PROMPT], 4, slots=1, drafter=SyntheticBatch({}, 0.5, 1), draft_n=2)
+    with pytest.raises(ValueError, match="acceptance"):
+        SyntheticBatch({}, 1.5, 1)

@@ -4,9 +4,13 @@
     logits [--model FILE] --prompt TEXT --out X.npz logits / hidden / MTP logits of a prompt
     generate [--model FILE] --prompt TEXT           greedy or sampled decoding, plain or speculative (--spec)
                                                     (logits and generate: the shipped model without --model)
+    batch [--model FILE] --prompts FILE [--slots N] many prompts at once in N slots, plain or speculative (--spec),
+                                                    one verify pass per step for all; each prompt's tokens are
+                                                    those `generate` gives it alone (--seed S: prompt i's is S + i)
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
     bench --model FILE [--backend cpu] [--json]     decode tok/s, 1/2/4/8-token verify pass costs, bandwidth, speedups
+                                                    (--slots 1,2,4,8: also many sequences at once, plain vs MTP)
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 
@@ -329,6 +333,127 @@ def cmd_generate(args) -> int:
     return 0
 
 
+BATCH_DRAFT_N = 3  # batch --draft-n's default: the same k for every slot every step (batch.SameDraftLength)
+
+
+def read_prompts(source: str) -> list[tuple[str | None, str | None]]:
+    """batch --prompts FILE ('-': standard input) -> one (text, error) per prompt, in order. A line is a prompt;
+    blank lines are skipped; a line starting with '{' is a JSON object whose "prompt" field is the prompt text
+    (a bad one is that prompt's error, the others run). No prompt at all is an error of the whole file."""
+    try:
+        text = sys.stdin.read() if source == "-" else open(source, encoding="utf-8").read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompts {source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except IsADirectoryError:
+        raise ValueError(f"--prompts {source}: is a folder") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            prompts.append((line, None))
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            prompts.append((None, f"line {n}: not a JSON object ({e.msg} at column {e.colno})"))
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            prompts.append((None, f'line {n}: a JSON line needs a "prompt" field with the prompt text'))
+            continue
+        prompts.append((item["prompt"], None))
+    if not prompts:
+        raise ValueError(f"--prompts {source}: no prompts (give one per line, or JSON lines with a \"prompt\" field)")
+    return prompts
+
+
+def batch_drafter(args, model, tokenizer, slots: int):
+    """--spec for many sequences: lookup runs each slot's drafter alone (batch.EachAlone); mtp and draft make
+    every slot's drafting passes together, one per draft depth (batch.Together). None for --spec none."""
+    from .batch import EachAlone, Together
+
+    if args.spec == "none":
+        return None
+    if args.spec == "lookup":
+        return EachAlone(lambda: make_drafter(args, model, tokenizer), slots)
+    return Together(make_drafter(args, model, tokenizer), slots)
+
+
+def cmd_batch(args) -> int:
+    from .batch import batch_generate, check_prompt
+    from .sampling import SamplingParams
+    from .speculate import check_draft_length
+
+    shipped_model_default(args, draft=args.spec == "draft")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    if args.slots < 1:
+        raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
+    if args.max_new < 0:
+        raise ValueError(f"--max-new must be >= 0, got {args.max_new}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.draft_n is not None:
+        check_draft_length(args.draft_n, "--draft-n")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
+    if args.spec == "draft" and not args.draft_model:
+        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    texts = read_prompts(args.prompts)
+    ignored = [flag for flag, given, used in (
+        ("--draft-n", args.draft_n is not None, args.spec != "none"),
+        ("--draft-model", args.draft_model, args.spec == "draft"),
+        ("--draft-vocab", args.draft_vocab is not None, args.spec in ("mtp", "draft")),
+        ("--ranking", args.ranking, args.spec in ("mtp", "draft"))) if given and not used]
+    if ignored:
+        print(f"tinyspec batch: note: {', '.join(ignored)} ignored with --spec {args.spec}", file=sys.stderr)
+    model, tokenizer = load_model(args.model, args.backend)
+    prompts = [tokenizer.encode(text) if text is not None else [] for text, _ in texts]
+    errors = [error or check_prompt(model, p, args.max_new) for (_, error), p in zip(texts, prompts)]
+    if all(errors):
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(f"no prompt can run: prompt 0: {errors[0]}{more}")
+    k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
+    print(f"[batch] model {args.model} ({args.backend or model.backend}), {args.slots} slots, {len(prompts)} prompts"
+          f"{f' ({sum(map(bool, errors))} cannot run)' if any(errors) else ''}, --spec {args.spec}"
+          f"{f' k = {k}' if k is not None else ''}, up to {args.max_new} new tokens each", file=sys.stderr, flush=True)
+    for i, error in enumerate(errors):
+        if error:
+            print(f"[batch] prompt {i}: skipped: {error}", file=sys.stderr, flush=True)
+
+    def show(seq) -> None:  # as each sequence ends
+        print(f"[{seq.index}] {tokenizer.decode(seq.tokens)}", flush=True)
+
+    result = batch_generate(model, prompts, args.max_new, slots=args.slots,
+                            drafter=batch_drafter(args, model, tokenizer, args.slots), draft_n=k,
+                            params=params, seeds=[args.seed + i for i in range(len(prompts))],
+                            stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show)
+    sequences = []
+    for seq, error in zip(result.sequences, errors):
+        if seq.error and not error:  # the engine could not run it after all
+            print(f"[batch] prompt {seq.index}: skipped: {seq.error}", file=sys.stderr)
+        error = error or seq.error  # a bad JSON line's own message, not the engine's "the prompt is empty"
+        sequences.append({"index": seq.index, "prompt_tokens": seq.prompt_tokens, "tokens": seq.tokens,
+                          "text": tokenizer.decode(seq.tokens), "stats": seq.stats, "error": error})
+    stats = result.stats | {"sequences": len(sequences), "failed": sum(bool(s["error"]) for s in sequences),
+                            "spec": args.spec, "draft_n": k or 0}
+    if args.json:
+        print(json.dumps({"sequences": sequences, "stats": stats}))
+        return 0
+    s = stats
+    print(f"[batch] {s['generated']} tokens from {s['sequences'] - s['failed']} sequences in {s['wall_s']:.2f} s: "
+          f"{s['tok_s']:.1f} tok/s ({s['decode_tok_s']:.1f} after the prefills), {s['steps']} steps, "
+          f"{s['rows_per_pass']:.2f} rows per pass, KV peak {s['kv_blocks_peak']} of {s['kv_blocks']} blocks "
+          f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB)", file=sys.stderr)
+    if k is not None:
+        for seq in sequences:
+            if not seq["error"]:
+                q = seq["stats"]
+                acceptance = f"acceptance {q['acceptance_rate']:.2f}" if q["drafted"] else "no drafts made"
+                print(f"[batch] sequence {seq['index']}: {len(seq['tokens'])} tokens, {acceptance}, "
+                      f"{q['mean_accepted_length']:.2f} tokens/step", file=sys.stderr)
+    return 0
+
+
 def cmd_convert(args) -> int:
     from .convert import convert
 
@@ -351,6 +476,7 @@ def cmd_bench(args) -> int:
     from .speculate import check_draft_length
 
     check_draft_length(args.draft_n, "--draft-n", low=1)
+    slot_counts = parse_slot_counts(args.slots) if args.slots is not None else ()
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
     check_prompt_args(args, required=False)  # no prompt: random ids
@@ -372,6 +498,8 @@ def cmd_bench(args) -> int:
     if args.synth_len is not None and not 1 <= args.synth_len <= args.draft_n + 1:
         raise ValueError(f"--synth-len must be in 1..{args.draft_n + 1} (tokens per step with --draft-n "
                          f"{args.draft_n}), got {args.synth_len}")
+    if slot_counts and not model.cfg.n_nextn:
+        raise ValueError("--slots times batched MTP drafting: this model has no MTP head")
     if (args.synth_len is not None or args.adaptive or args.draft_vocab) and not model.cfg.n_nextn:
         raise ValueError("--synth-len, --adaptive and --draft-vocab time MTP drafting: this model has no MTP head")
     if args.draft_vocab is not None and args.draft_vocab < 1:
@@ -385,7 +513,7 @@ def cmd_bench(args) -> int:
     report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
-                   spec_repeats=args.spec_repeats, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+                   spec_repeats=args.spec_repeats, slot_counts=slot_counts, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report))
         return 0
@@ -403,7 +531,29 @@ def cmd_bench(args) -> int:
             print(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
                   f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step{expected}   "
                   f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
+    if "slots" in report:
+        setup = report["slots_setup"]
+        expected = (f", set {setup['expected_mean_accepted_length']:.2f} tokens/step"
+                    if "expected_mean_accepted_length" in setup else "")
+        print(f"slots           B sequences at once, {setup['max_new']} tokens each, plain vs {setup['drafter']} "
+              f"(k = {setup['draft_n']}{expected}); tok/s over all slots")
+        for B, s in report["slots"].items():
+            print(f"  B = {B:<3}  plain {s['plain_tok_s']:8.2f} tok/s ({s['rows_per_pass']:.2f} rows/pass)   spec "
+                  f"{s['spec_tok_s']:8.2f} tok/s ({s['spec_rows_per_pass']:.2f} rows/pass, "
+                  f"{s['mean_accepted_length']:.2f} tokens/step)   speedup {s['speedup']:.2f}x   "
+                  f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
     return 0
+
+
+def parse_slot_counts(text: str) -> tuple[int, ...]:
+    """bench --slots 1,2,4,8 -> (1, 2, 4, 8): distinct counts >= 1, in the order given."""
+    try:
+        counts = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ValueError(f"--slots must be comma-separated slot counts such as 1,2,4,8, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--slots: slot counts must be >= 1, got {text!r}")
+    return tuple(dict.fromkeys(counts))
 
 
 def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -490,6 +640,49 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_arg(p)
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("batch", help="generate for many prompts at once (slots, one verify pass per step for all)",
+                       description="Generate up to --max-new tokens after each prompt of a file, up to --slots "
+                                   "sequences at a time (continuous batching: a finished sequence's slot takes the "
+                                   "next prompt), plain or speculative; every step makes ONE target pass over every "
+                                   "active slot's rows (tinyspec/batch.py). Each prompt gets exactly the tokens it "
+                                   "gets alone: greedy, those of `generate` on that prompt; sampled, prompt i (0 "
+                                   "first) draws from seed S + i (--seed S), the tokens of `generate --seed S+i` with "
+                                   "the same --spec and --draft-n. A prompt that cannot run (too long for the "
+                                   "context, a bad JSON line) is reported and the others run; exit 2 if none can.")
+    p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help="one prompt per line (blank lines skipped), or JSON lines with a \"prompt\" field (a line "
+                        "starting with '{'); '-': standard input")
+    p.add_argument("--slots", type=int, default=4,
+                   help="sequences decoded at once; the other prompts wait for a free slot, in order (default 4)")
+    p.add_argument("--spec", choices=["none", "mtp", "lookup", "draft"], default="none",
+                   help="drafter for every slot: none (plain), mtp (the model's nextn head, all slots' drafts in one "
+                        "head pass per depth), lookup (n-grams from each prompt and output), draft (a small model, "
+                        "--draft-model, all slots in one pass per depth)")
+    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
+                                         "with the shipped model: the shipped draft model)")
+    p.add_argument("--draft-n", type=int, default=None,
+                   help=f"draft tokens per slot and verify pass, the same for every slot every step "
+                        f"(0..64, default {BATCH_DRAFT_N})")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="mtp/draft: score only the N most frequent tokens when drafting, as generate does (output "
+                        "unchanged greedy; default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
+    p.add_argument("--ranking", default=None, metavar="FILE.npy",
+                   help="token ids by frequency for --draft-vocab (default: as generate)")
+    p.add_argument("--max-new", type=int, default=32, help="tokens to generate per prompt at most (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed S: prompt i (0 first, blank lines not counted) uses S + i (default 0)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"sequences": [{"index", "prompt_tokens", "tokens", "text", "stats", "error"}], '
+                        '"stats": {"tok_s", "decode_tok_s", "steps", "rows_per_pass", "kv_blocks_peak", '
+                        '"kv_bytes_peak", ...}} as JSON, sequences in input order (default: each sequence\'s text '
+                        'as it finishes, "[index] text", then a summary on stderr)')
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_batch, draft_p_min=0.0)
+
     p = sub.add_parser("convert", help="convert a Hugging Face Qwen3.5 checkpoint to a qwen35 GGUF",
                        description="Convert a Hugging Face Qwen3.5 checkpoint folder (config.json, *.safetensors, "
                                    "tokenizer.json) into a qwen35 GGUF with the tensors, storage types and metadata "
@@ -557,6 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-repeats", type=int, default=1,
                    help="timed rounds of plain + every drafter, interleaved; medians, and speedup = the median of "
                         "the per-round ratios (1; use 3+ on a shared machine)")
+    p.add_argument("--slots", default=None, metavar="B,B,..",
+                   help="also decode B sequences at once for each B (the prompt with its first token changed per "
+                        "copy), plain vs batched MTP drafting at --draft-n (with --synth-len: at that synthetic "
+                        "rate, MTP drafting paid for real): aggregate tok/s, rows per pass, speedup, identical")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_bench)
 

@@ -12,6 +12,11 @@
                        (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
                        drafting at a synthetic acceptance, --synth-len; mtp_adaptive[_vocab]: k chosen per step, with
                        --draft-vocab what `generate --spec mtp` runs on a large vocabulary)
+    slots[B]           (bench --slots 1,2,4,8) many sequences at once (batch.py), B of them in B slots:
+                       plain_tok_s, spec_tok_s (aggregate tokens/s over all slots after the prefills),
+                       rows_per_pass / spec_rows_per_pass (verify rows per target pass: B for plain), speedup,
+                       identical (every sequence's spec tokens equal its plain ones); slots_setup: the drafter
+                       (mtp, or mtp_synth with --synth-len), k, tokens per sequence and how the B prompts differ
 
 Speculation pays when verify_cost_ratio[k + 1] stays well below the tokens a step emits (mean_accepted_length):
 decode is memory-bound, so a kernel that reads each weight once for all k + 1 rows makes the extra rows nearly free.
@@ -38,7 +43,7 @@ from ..generate import generate
 from ..lookup import LookupDrafter
 from ..model import Model
 from ..mtp import MTPDrafter
-from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
+from .synthetic import SyntheticBatch, SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -151,15 +156,90 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
     return out
 
 
+def slot_prompts(model: Model, prompt: list[int], n: int) -> list[list[int]]:
+    """n prompts that differ slightly: copy c is the prompt with its first token moved up by c (mod the
+    vocabulary), so copy 0 is the prompt itself and no two sequences of a batch are the same sequence."""
+    return [[(prompt[0] + c) % model.cfg.n_vocab] + list(prompt[1:]) for c in range(n)]
+
+
+def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draft_n: int,
+                synth_len: float | None = None, repeats: int = 1,
+                policy_factory: Callable[[int], object] | None = None) -> dict:
+    """Many sequences at once (batch.batch_generate): for each B in slot_counts, B prompts (slot_prompts: the
+    prompt with its first token changed per copy, so the sequences differ) decode max_new greedy tokens each
+    in B slots, plainly (drafter None: one row per slot per pass) and speculatively: batched MTP drafting
+    (batch.Together(MTPDrafter(model), B): one head pass per draft depth for every slot) at k = draft_n, or,
+    with synth_len L, SyntheticBatch at the per-position rate giving L tokens per step, drafting for real with
+    the same batched MTP head (its tokens discarded; reference per prompt: its plain greedy run).
+
+    Returns {B: {plain_tok_s, spec_tok_s, rows_per_pass, spec_rows_per_pass, speedup, identical,
+    mean_accepted_length, acceptance_rate, kv_blocks_peak}}: tokens/s are aggregate over all slots after the
+    prefills (batch stats decode_tok_s), medians over `repeats` rounds; speedup is the median of the per-round
+    spec / plain ratios (each pair taken back to back); identical: every sequence's spec tokens equal its plain
+    tokens. No stop ids, so every sequence runs max_new tokens and plain rows_per_pass is exactly B.
+    policy_factory(B) -> a batch policy (batch.BatchPolicy) for the spec runs, or None: the same k = draft_n for
+    every slot every step (batch.SameDraftLength)."""
+    from ..batch import Together, batch_generate
+
+    if not model.cfg.n_nextn:
+        raise ValueError("bench --slots times batched MTP drafting: this model has no MTP head")
+    synth_p = acceptance_for_mean_length(synth_len, draft_n) if synth_len is not None else None
+    references: dict[tuple, list[int]] = {}
+    for p in slot_prompts(model, prompt, max(slot_counts)):  # the plain greedy continuation of every copy
+        references[tuple(p)] = generate(model, p, max_new).tokens
+
+    def spec_drafter(B: int):
+        mtp = Together(MTPDrafter(model), B)
+        return mtp if synth_p is None else SyntheticBatch(references, synth_p, B, seed=0, inner=mtp)
+
+    def run(B: int, spec: bool, n_new: int = max_new):
+        policy = policy_factory(B) if spec and policy_factory is not None else None
+        prompts = slot_prompts(model, prompt, B)
+        return batch_generate(model, prompts, n_new, slots=B, drafter=spec_drafter(B) if spec else None,
+                              draft_n=None if policy is not None or not spec else draft_n, policy=policy)
+
+    for B in slot_counts:  # untimed: every pass shape once (a cold Numba cache compiles on first use)
+        run(B, False, min(max_new, 8)), run(B, True, min(max_new, 8))
+    rates: dict[int, dict[str, list[float]]] = {B: {"plain": [], "spec": []} for B in slot_counts}
+    last: dict[int, tuple] = {}
+    for _ in range(repeats):  # interleaved: plain then spec at each B, a pair back to back
+        for B in slot_counts:
+            plain, spec = run(B, False), run(B, True)
+            rates[B]["plain"].append(plain.stats["decode_tok_s"])
+            rates[B]["spec"].append(spec.stats["decode_tok_s"])
+            last[B] = plain, spec
+    out = {}
+    for B in slot_counts:
+        plain, spec = last[B]
+        seqs = [s.stats for s in spec.sequences]
+        steps, drafted, accepted = (sum(s[key] for s in seqs) for key in ("steps", "drafted", "accepted"))
+        out[B] = {"plain_tok_s": statistics.median(rates[B]["plain"]),
+                  "spec_tok_s": statistics.median(rates[B]["spec"]),
+                  "rows_per_pass": plain.stats["rows_per_pass"], "spec_rows_per_pass": spec.stats["rows_per_pass"],
+                  "speedup": statistics.median(s / p for s, p in zip(rates[B]["spec"], rates[B]["plain"])),
+                  "identical": all(a.tokens == b.tokens and a.error is None for a, b in
+                                   zip(plain.sequences, spec.sequences)),
+                  "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
+                  "acceptance_rate": accepted / drafted if drafted else 0.0,
+                  "steps": plain.stats["steps"], "spec_steps": spec.stats["steps"],
+                  "kv_blocks_peak": spec.stats["kv_blocks_peak"]}
+        if spec.stats.get("policy") is not None:
+            out[B]["policy"] = spec.stats["policy"]
+    return out
+
+
 def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4, 8), repeats: int = 5,
           max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
-          spec_repeats: int = 1, say: Callable[[str], None] = lambda msg: None) -> dict:
+          spec_repeats: int = 1, slot_counts: tuple[int, ...] = (), slots_policy: Callable[[int], object] | None = None,
+          say: Callable[[str], None] = lambda msg: None) -> dict:
     """The whole report as a dict (the --json output of `python -m tinyspec bench`).
 
     synth_len L (needs the MTP head): also "mtp_synth", real MTP drafting whose drafts are right with the
     per-position rate p solving (1 - p^(k+1)) / (1 - p) = L (llama.cpp's --spec-synth-len); draft_vocab:
-    also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step)."""
+    also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step);
+    slot_counts: also "slots" and "slots_setup", many sequences at once (bench_slots; slots_policy is its
+    policy_factory)."""
     makers: dict[str, Callable] = {}
     for name in drafters:
         if name == "mtp" and model.cfg.n_nextn:
@@ -203,14 +283,28 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     for name in ("mtp_vocab", "mtp_synth_vocab", "mtp_adaptive_vocab"):
         if name in spec:
             spec[name]["draft_vocab"] = len(draft_vocab)
+    slots = {}
+    if slot_counts:
+        say(f"many sequences: {', '.join(map(str, slot_counts))} slots, plain and "
+            f"{'mtp_synth' if synth_len is not None else 'mtp'} ({max_new} tokens each, k = {draft_n})")
+        slots = bench_slots(model, prompt, slot_counts, max_new, draft_n, synth_len, spec_repeats, slots_policy)
     wb = weight_bytes(model)
-    return {"model": str(model.path or ""), "backend": model.backend,
-            "rollback": model.kernels.rollback,
-            "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
-            "weight_bytes": wb, "prompt_tokens": len(prompt),
-            "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
-            "verify_ms": {k: 1e3 * v for k, v in costs.items()},
-            "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
-            "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
-            "spec": {k: v for k, v in spec.items() if k != "plain"},
-            "plain_tok_s": spec["plain"]["tok_s"] if spec else None}
+    report = {"model": str(model.path or ""), "backend": model.backend,
+              "rollback": model.kernels.rollback,
+              "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
+              "weight_bytes": wb, "prompt_tokens": len(prompt),
+              "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
+              "verify_ms": {k: 1e3 * v for k, v in costs.items()},
+              "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
+              "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
+              "spec": {k: v for k, v in spec.items() if k != "plain"},
+              "plain_tok_s": spec["plain"]["tok_s"] if spec else None}
+    if slot_counts:
+        report["slots"] = slots
+        report["slots_setup"] = {"drafter": "mtp_synth" if synth_len is not None else "mtp", "draft_n": draft_n,
+                                 "max_new": max_new, "prompts": "B copies, copy c's first token moved up by c"}
+        if synth_len is not None:
+            p = acceptance_for_mean_length(synth_len, draft_n)
+            report["slots_setup"] |= {"synth_len": synth_len, "acceptance_setting": p,
+                                      "expected_mean_accepted_length": expected_mean_accepted_length(p, draft_n)}
+    return report

@@ -56,6 +56,9 @@ Drafting costs: alone, this drafter drafts for free, so a measured speedup is th
 ceiling. With inner=<a real drafter> (e.g. MTPDrafter) every propose first runs the real drafter for
 the same k and discards its tokens, and start/commit reach it too, so the run pays exactly the real
 drafting cost (bench --synth-len, as llama.cpp's --spec-synth-len does with real drafting).
+Many sequences (batch.py): SyntheticBatch is the batch drafter of the same dial, one SyntheticDrafter per
+slot, each over the reference of the prompt its slot runs, and an inner BATCH drafter (Together(MTPDrafter))
+that makes every slot's real drafting as one pass per depth and whose tokens are discarded (bench --slots).
 Does NOT include: per-position rates other than p, p^2, .. (llama.cpp's --spec-synth-rates),
 content-dependent rates, sampled targets (a sampled run leaves the greedy reference at once), serial
 independence: step s + 1's draws are step s's turned by alpha (a drafter-side predictor could learn
@@ -64,12 +67,13 @@ that; the adaptive draft length's estimates only average, adaptive.py).
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import replace
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..sampling import SamplingParams
-from ..speculate import Draft, StopRule
+from ..speculate import NO_DRAFT, Draft, StopRule
 
 
 def kronecker_steps(n: int) -> np.ndarray:
@@ -134,6 +138,12 @@ class SyntheticDrafter:
         if self.diverged_at is None and index < len(self.reference) and self.reference[index] != token:
             self.diverged_at = index
 
+    def drafts_for(self, pending: int, k: int) -> int:
+        """How many drafts propose(pending, k) makes: k cut at the reference's end, 0 once the output has left
+        the reference (SyntheticBatch asks, to make its inner drafter pay for exactly these)."""
+        self._check(self.i, int(pending))
+        return 0 if self.diverged_at is not None else len(self.reference[self.i + 1:self.i + 1 + k])
+
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None) -> Draft:
         self._n_drafted = 0
@@ -163,3 +173,60 @@ class SyntheticDrafter:
         self.history.append((self._n_drafted, len(fed) - 1))
         self._n_drafted = 0  # a step without propose (k = 0: no room left, or an adaptive plain step) drafted 0
         self.i += len(fed)  # the next pending token sits right after the kept ones
+
+
+class SyntheticBatch:
+    """The synthetic dial for many sequences (batch.BatchDrafter, as batch.EachAlone): one SyntheticDrafter per
+    slot, without inner, plus an optional `inner` batch drafter (e.g. batch.Together(MTPDrafter(model), B))
+    whose cost is paid and whose tokens are discarded, as SyntheticDrafter's inner does for one sequence.
+
+    references: the target's plain greedy continuation of each prompt, as a mapping tuple(prompt) -> tokens or
+    a function prompt -> tokens; a slot looks its prompt up when a sequence starts in it (a slot runs several
+    sequences one after another under continuous batching). The j-th sequence started draws with seed + j
+    (sequences start in input order), so the slots do not accept in lockstep.
+
+    propose(asks) first runs inner.propose for the same asks with k capped to what each slot's synthetic drafter
+    will draft (its reference's end, or 0 once it has left it), so the real batched drafting cost is paid for
+    exactly the drafts proposed; then it returns the synthetic drafts. start and commit reach both.
+    history: (drafted, kept) per verify step of every sequence, in step order, sequences mixed."""
+
+    stops_by_confidence = False  # the synthetic drafts ignore a stop rule (the inner drafter sees it)
+
+    def __init__(self, references: Mapping[tuple, Sequence[int]] | Callable[[list[int]], Sequence[int]],
+                 acceptance: float, n_slots: int, seed: int = 0, inner=None):
+        if not 0.0 <= float(acceptance) <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+        self.references, self.acceptance, self.seed, self.inner = references, float(acceptance), seed, inner
+        self.drafters: list[SyntheticDrafter | None] = [None] * n_slots
+        self.started = 0
+        self.history: list[tuple[int, int]] = []
+
+    def reference_for(self, prompt: list[int]) -> list[int]:
+        if callable(self.references):
+            return list(self.references(prompt))
+        key = tuple(int(t) for t in prompt)
+        if key not in self.references:
+            raise ValueError(f"SyntheticBatch: no reference continuation for the prompt {list(key)[:8]}..")
+        return list(self.references[key])
+
+    def start(self, slot: int, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
+        drafter = self.drafters[slot] = SyntheticDrafter(self.reference_for(prompt), self.acceptance,
+                                                         seed=self.seed + self.started)
+        self.started += 1
+        drafter.start(prompt, hidden, k_max)
+        if self.inner is not None:
+            self.inner.start(slot, prompt, hidden, k_max)
+
+    def propose(self, asks: list) -> list[Draft]:
+        if self.inner is not None:  # pay the real drafting cost, for as many drafts as the dial makes
+            paid = [replace(a, k=self.drafters[a.slot].drafts_for(a.pending, a.k)) if a.k else a for a in asks]
+            self.inner.propose(paid)
+        return [self.drafters[a.slot].propose(a.pending, a.k, a.params, a.rng, a.stop) if a.k else NO_DRAFT
+                for a in asks]
+
+    def commit(self, slot: int, fed: list[int], hidden: np.ndarray) -> None:
+        drafter = self.drafters[slot]
+        drafter.commit(fed, hidden)
+        self.history.append(drafter.history[-1])
+        if self.inner is not None:
+            self.inner.commit(slot, fed, hidden)
