@@ -253,7 +253,12 @@ class Batch:
         self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "accept": 0.0}
 
     def add(self, seq: SeqResult, max_new: int, seed: int) -> None:
-        self.waiting.append((seq, max_new, seed))
+        """Queue a sequence; one that cannot run gets seq.error instead (the others are not affected)."""
+        seq.error = check_prompt(self.model, seq.prompt_tokens, max_new)
+        if seq.error is None and (not isinstance(seed, (int, np.integer)) or seed < 0):
+            seq.error = f"a seed must be a non-negative integer, got {seed}"
+        if seq.error is None:
+            self.waiting.append((seq, max_new, int(seed)))
 
     def done(self) -> bool:
         return not self.waiting and not self.active
@@ -365,14 +370,15 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     seeds = list(range(len(prompts))) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"seeds must be non-negative integers, got {min(seeds)}")
     results = [SeqResult(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
-    for r in results:
-        r.error = check_prompt(model, r.prompt_tokens, max_new)
-    runnable = [r for r in results if r.error is None]
+    runnable = [r for r in results if check_prompt(model, r.prompt_tokens, max_new) is None]
     longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new + policy.k_max + 1
-    engine = Batch(model, slots, n_blocks or slots * -(-longest // block_size), block_size, drafter, policy, params,
-                   stop_ids, on_finish)
-    for r in runnable:
+    if n_blocks is None:
+        n_blocks = slots * -(-longest // block_size)
+    engine = Batch(model, slots, n_blocks, block_size, drafter, policy, params, stop_ids, on_finish)
+    for r in results:
         engine.add(r, max_new, seeds[r.index])
     t0 = time.perf_counter()
     while not engine.done():

@@ -1,0 +1,540 @@
+"""The batch engine (tinyspec/batch.py) is exact per sequence, whatever else shares the batch.
+
+    greedy    every sequence's tokens == its solo plain greedy output (generate), for every drafter, batch
+              size, prompt length, stop ids (a stop inside a slot's accepted window included) and any mix of
+              draft lengths per slot and step
+    sampled   with its seed, every sequence's tokens == its solo speculative run (same k, same seed); a plain
+              batch == generate with the same seed; and a Monte-Carlo chi-square of one slot's first two
+              tokens against the target's exact law
+    schedules a hypothesis property over random arrival schedules (continuous batching): after EVERY step each
+              active slot's state is bitwise a fresh prefill of its committed tokens, no KV block is leaked or
+              owned twice, tables hold exactly ceil(pos / block_size) blocks, the rollback rings are never
+              reallocated, and a finished sequence's drafter (lookup history, MTP cache, draft-model state)
+              holds exactly its committed tokens
+    bad input slots=0, no prompts, too long / empty / out-of-vocabulary prompts, a run the pool cannot hold
+
+Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle and the cpu
+backend (numba; its ring is a ReplayRing, the oracle's a SnapshotRing), and a random tiny model from
+tiny_models.py for the law test.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from tiny_models import write_tiny_qwen35
+
+import tinyspec
+from tinyspec.backends import load_model, numba_available
+from tinyspec.batch import Batch, EachAlone, SeqResult, Together, batch_generate
+from tinyspec.draft import DraftModelDrafter
+from tinyspec.generate import generate
+from tinyspec.lookup import LookupDrafter
+from tinyspec.model import Model
+from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
+from tinyspec.sampling import SamplingParams, probs_from_logits
+from tinyspec.speculate import Plan, speculative_generate
+from tinyspec.state import GDNState, ReplayRing, SnapshotRing
+
+ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
+BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]
+DRAFTERS = ("none", "lookup", "mtp", "draft")
+
+# prompts of different lengths, some repetitive (so lookup finds matches); 5 of them: more than any slot count here
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [5, 6, 5, 6, 5, 6, 5]]
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_numba_thread():
+    """The cpu backend's kernels on the calling thread only, for this module (restored after). On a 2-core VM a
+    parallel call waits for both threads (LESSONS 18), and with Numba's OpenMP workers spinning between the many
+    small calls of these tiny models this file ran 3-6x slower than on one thread. Bits do not depend on the
+    thread count (test_numba_ops.py::test_thread_count_does_not_change_bits), so nothing checked here changes."""
+    if not numba_available():
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+@functools.cache
+def models(backend: str) -> tuple[Model, Model]:
+    """(target, draft model) on `backend`: loaded once per test run."""
+    return load_model(ASSETS / "tiny-target.gguf", backend), load_model(ASSETS / "tiny-draft.gguf", backend)
+
+
+_SOLO: dict = {}
+
+
+def solo_greedy(backend: str, prompt, max_new: int, stops=()) -> list[int]:
+    """The sequence's plain greedy output alone (generate), memoised: what every batch run must reproduce."""
+    key = (backend, tuple(prompt), max_new, tuple(sorted(stops)))
+    if key not in _SOLO:
+        _SOLO[key] = generate(models(backend)[0], list(prompt), max_new, stop_ids=tuple(sorted(stops))).tokens
+    return _SOLO[key]
+
+
+def batch_drafter(kind: str, target: Model, draft: Model, slots: int):
+    return {"none": lambda: None,
+            "lookup": lambda: EachAlone(lambda: LookupDrafter(n_max=3), slots),
+            "mtp": lambda: Together(MTPDrafter(target), slots),
+            "draft": lambda: Together(DraftModelDrafter(draft, target), slots)}[kind]()
+
+
+def solo_drafter(kind: str, target: Model, draft: Model):
+    return {"lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target),
+            "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
+
+
+class RandomK:
+    """A BatchPolicy that picks every slot's k at random each step (0 .. min(k_max, room), seeded), and checks
+    what the engine tells it: one room per active slot, one draft and one accepted count per slot, rows = R."""
+
+    def __init__(self, k_max: int, seed: int):
+        self.k_max, self.rng = k_max, np.random.default_rng(seed)
+        self.chosen: list[list[int]] = []  # per step, the k of each slot
+        self.n_slots = 0
+
+    def plan(self, rooms: list[int]) -> list[Plan]:
+        assert rooms and all(0 <= r <= self.k_max for r in rooms), rooms
+        ks = [int(self.rng.integers(0, min(self.k_max, r) + 1)) for r in rooms]
+        self.chosen.append(ks)
+        self.n_slots = len(rooms)
+        return [Plan(k) for k in ks]
+
+    def observe(self, drafts, accepted, draft_s, verify_s, rows) -> None:
+        ks = self.chosen[-1]
+        assert len(drafts) == len(accepted) == self.n_slots
+        assert all(len(d.tokens) <= k and 0 <= a <= len(d.tokens) for d, a, k in zip(drafts, accepted, ks))
+        assert rows == sum(len(d.tokens) + 1 for d in drafts)
+        assert draft_s >= 0 and verify_s >= 0
+
+    def summary(self):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ 1. greedy exactness
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_greedy_batch_equals_solo_plain_greedy(backend, kind, slots):
+    """A full batch (as many prompts as slots) and an over-full one (5 prompts: the rest wait and join as slots
+    free up): every sequence's tokens are its solo plain greedy tokens, in input order."""
+    target, draft = models(backend)
+    for prompts in (PROMPTS[:slots], PROMPTS):
+        result = batch_generate(target, prompts, MAX_NEW, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
+                                draft_n=None if kind == "none" else 3, block_size=4)
+        assert [s.index for s in result.sequences] == list(range(len(prompts)))
+        for seq, prompt in zip(result.sequences, prompts):
+            assert seq.error is None
+            assert seq.prompt_tokens == prompt
+            assert seq.tokens == solo_greedy(backend, prompt, MAX_NEW), (seq.index, seq.marks)
+            assert len(seq.marks) == len(seq.tokens) and seq.marks[0] == "target"
+            assert seq.stats["emitted"] == len(seq.tokens)
+        stats = result.stats
+        assert stats["sequences"] == len(prompts) and stats["failed"] == 0
+        assert stats["generated"] == len(prompts) * MAX_NEW
+        assert 0 < stats["kv_blocks_peak"] <= stats["kv_blocks"]
+        if kind in ("mtp", "draft"):  # the drafters did draft, and drafts were kept
+            assert sum(s.stats["accepted"] for s in result.sequences) > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_stop_ids_end_sequences_early_even_inside_an_accepted_window(backend, kind):
+    """Stop ids taken from the runs themselves: for each sequence, its first accepted draft (else its 3rd
+    token). A stop inside a slot's accepted window cuts the run there; the sequence equals solo greedy with the
+    same stops (generate: the stop is emitted, then nothing), and the sequences that do not stop are untouched."""
+    target, draft = models(backend)
+    slots, max_new = 2, 12
+    free = batch_generate(target, PROMPTS, max_new, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
+                          draft_n=None if kind == "none" else 3, block_size=4)
+    stops = set()
+    for seq in free.sequences:
+        js = [j for j, m in enumerate(seq.marks) if m == "accepted" and seq.tokens[j] not in seq.tokens[:j]] or [2]
+        stops.add(seq.tokens[js[0]])
+    result = batch_generate(target, PROMPTS, max_new, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
+                            draft_n=None if kind == "none" else 3, stop_ids=sorted(stops), block_size=4)
+    early = 0
+    for seq, prompt in zip(result.sequences, PROMPTS):
+        expected = solo_greedy(backend, prompt, max_new, stops)
+        assert seq.tokens == expected, seq.index
+        early += len(seq.tokens) < max_new
+        if len(seq.tokens) < max_new:
+            assert seq.tokens[-1] in stops
+    assert early >= 3
+    if kind in ("mtp", "draft"):  # some sequence's stop was an accepted draft: the window was cut after it
+        assert any(seq.marks[-1] == "accepted" and seq.tokens[-1] in stops for seq in result.sequences)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_new_zero_and_one_and_a_stop_as_first_token(backend):
+    target, _ = models(backend)
+    first = solo_greedy(backend, PROMPTS[0], 1)[0]
+    for max_new in (0, 1):
+        result = batch_generate(target, PROMPTS, max_new, slots=2, drafter=Together(MTPDrafter(target), 2))
+        assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, max_new) for p in PROMPTS]
+    result = batch_generate(target, PROMPTS, 6, slots=2, drafter=Together(MTPDrafter(target), 2), stop_ids=[first])
+    assert result.sequences[0].tokens == [first]
+    assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, 6, {first}) for p in PROMPTS]
+
+
+# ------------------------------------------------------------------------------------- 2. any mix of k per slot
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_random_k_per_slot_per_step_is_still_exact(backend, kind):
+    target, draft = models(backend)
+    slots = 3
+    for seed in (0, 1):
+        policy = RandomK(4, seed)
+        result = batch_generate(target, PROMPTS, MAX_NEW, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
+                                policy=policy, block_size=4)
+        assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, MAX_NEW) for p in PROMPTS]
+        ks = [k for step in policy.chosen for k in step]
+        assert 0 in ks and max(ks) > 0  # plain steps and drafting steps both happened
+        assert any(len(set(step)) > 1 for step in policy.chosen)  # slots with different k in the same pass
+        if kind in ("mtp", "draft"):
+            assert sum(s.stats["accepted"] for s in result.sequences) > 0
+
+
+# --------------------------------------------------------------------------------------------------- 3. sampled
+SAMPLED = SamplingParams(temperature=0.9, top_k=20)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["mtp", "draft", "lookup"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_sampled_batch_equals_solo_speculative_with_the_same_seed(backend, kind, k):
+    target, draft = models(backend)
+    seeds = [17, 4, 99, 1234, 5]
+    stops = [15]
+    result = batch_generate(target, PROMPTS, MAX_NEW, slots=2, drafter=batch_drafter(kind, target, draft, 2),
+                            draft_n=k, params=SAMPLED, seeds=seeds, stop_ids=stops, block_size=4)
+    drafted = 0
+    for seq, prompt, seed in zip(result.sequences, PROMPTS, seeds):
+        solo = speculative_generate(target, solo_drafter(kind, target, draft), prompt, MAX_NEW, draft_n=k,
+                                    params=SAMPLED, rng=np.random.default_rng(seed), stop_ids=stops)
+        assert seq.tokens == solo.tokens, seq.index
+        assert seq.marks == solo.marks
+        assert (seq.stats["drafted"], seq.stats["accepted"]) == (solo.stats.drafted, solo.stats.accepted)
+        drafted += seq.stats["drafted"]
+    if kind != "lookup":
+        assert drafted > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_plain_batch_equals_generate_with_the_same_seed(backend):
+    target, _ = models(backend)
+    seeds = [3, 1, 4, 1, 5]  # two sequences share a seed: each still has its own stream
+    result = batch_generate(target, PROMPTS, MAX_NEW, slots=3, params=SAMPLED, seeds=seeds)
+    outs = [generate(target, p, MAX_NEW, SAMPLED, rng=np.random.default_rng(s)).tokens for p, s in zip(PROMPTS, seeds)]
+    assert [s.tokens for s in result.sequences] == outs
+    # and the outputs are really sampled: another seed gives another output somewhere
+    other = batch_generate(target, PROMPTS, MAX_NEW, slots=3, params=SAMPLED, seeds=[s + 100 for s in seeds])
+    assert [s.tokens for s in other.sequences] != outs
+
+
+# chi-square critical values at p = 0.001 by degrees of freedom (standard tables)
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59,
+            11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70}
+
+
+@pytest.fixture(scope="module")
+def law_models(tmp_path_factory):
+    """A random tiny target (N = 272) and a draft model built from the same seed with one trunk layer fewer: the
+    same first three layers, so its law is close to the target's but not equal (drafts are accepted about half
+    the time: both the accept and the residual path are taken)."""
+    d = tmp_path_factory.mktemp("law")
+    write_tiny_qwen35(d / "target.gguf", seed=11, n_trunk=4, interval=2)
+    write_tiny_qwen35(d / "draft.gguf", seed=11, n_trunk=3, interval=2, mtp=False)
+    return Model.from_gguf(d / "target.gguf"), Model.from_gguf(d / "draft.gguf")
+
+
+def test_one_slot_of_a_batch_keeps_the_target_law(law_models):
+    """Monte-Carlo chi-square, as test_speculate.test_sampled_speculation_keeps_the_target_law for one sequence:
+    the joint law of the first two tokens of sequence 1 in a batch of 3 (its neighbours with seeds of their own
+    that change per run too, the second token through the accept / residual rule against the draft model's q)
+    equals the exact p(t1) p(t2 | t1) of the target, enumerated here. Seeded, so deterministic; the tolerance
+    is the chi-square critical value at p = 0.001 after pooling cells with expected count < 5."""
+    target, draft = law_models
+    params = SamplingParams(temperature=1.0, top_k=4)
+    prompts = [[5, 6, 7], [40, 41, 40, 41, 40], [9]]
+    state = target.new_state()
+    logits, _ = target.forward(np.array(prompts[1]), state)
+    p1 = probs_from_logits(logits[-1], params)
+    exact = {}
+    for t1 in np.flatnonzero(p1):
+        s = state.copy()
+        p2 = probs_from_logits(target.forward(np.array([t1]), s)[0][-1], params)
+        exact.update({(int(t1), int(t2)): p1[t1] * p2[t2] for t2 in np.flatnonzero(p2)})
+    assert abs(sum(exact.values()) - 1) < 1e-9
+
+    n_runs, counts, drafted, accepted = 700, {}, 0, 0
+    for seed in range(n_runs):
+        result = batch_generate(target, prompts, 3, slots=3, drafter=Together(DraftModelDrafter(draft, target), 3),
+                                draft_n=2, params=params, seeds=[seed + 10_000, seed, seed + 20_000])
+        seq = result.sequences[1]
+        counts[tuple(seq.tokens[:2])] = counts.get(tuple(seq.tokens[:2]), 0) + 1
+        drafted, accepted = drafted + seq.stats["drafted"], accepted + seq.stats["accepted"]
+    assert 0 < accepted < drafted, (drafted, accepted)  # both the accept and the residual path were taken
+    assert set(counts) <= set(exact), "a token pair the target gives probability 0"
+    cells = sorted(exact, key=lambda c: -exact[c])
+    big = [c for c in cells if exact[c] * n_runs >= 5]  # pool the rare cells so every expected count is >= 5
+    observed = [counts.get(c, 0) for c in big] + [n_runs - sum(counts.get(c, 0) for c in big)]
+    expected = [exact[c] * n_runs for c in big] + [n_runs * (1 - sum(exact[c] for c in big))]
+    if expected[-1] < 5:
+        observed[-2] += observed.pop()
+        expected[-2] += expected.pop()
+    assert len(expected) >= 4  # a test with some power: several cells
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    assert chi2 < CHI2_999[len(expected) - 1], (chi2, list(zip(observed, expected)))
+
+
+# ------------------------------------------------------------------------------- 4. random schedules, every step
+ALPHABET = [1, 2, 3, 4, 5, 9, 11, 15, 220, 353]  # few distinct ids: repeats, so lookup drafts
+COMMON_OUT = [15, 7, 2, 11, 91, 30, 8, 6, 12, 220, 508]  # tokens the tiny target often emits after such prompts
+
+
+class Watch:
+    """Everything the invariants compare against, recorded at setup: the rings (ReplayRing: every buffer that
+    may legitimately be a spare), the pool's arrays; new_ring / new_state calls counted from then on."""
+
+    def __init__(self, engine: Batch, model: Model):
+        self.engine, self.model = engine, model
+        self.pool_k, self.pool_v = list(engine.pool.k), list(engine.pool.v)
+        self.rings = list(engine.rings)
+        self.gdn = [i for i, r in enumerate(model.cfg.recurrent) if r]
+        # SnapshotRing: its per-token buffers, which must stay the same arrays for the whole run
+        self.snap = [[(r.conv[i], r.ssm[i]) for i in self.gdn] if isinstance(r, SnapshotRing) else None
+                     for r in engine.rings]
+        # ReplayRing: a pass scans into the ring's spare and swaps it with the state's memory, so buffers move
+        # between rings and states. No allocation means every spare is a buffer that existed at setup or was a
+        # joining state's own memory (recorded by the new_state wrapper below); kept alive here, so `is` is sound.
+        self.known_ssm = {i: [r.log[i].spare for r in engine.rings if isinstance(r, ReplayRing)] for i in self.gdn}
+        self.new_rings = 0
+        real_new_ring, real_new_state = model.new_ring, model.new_state
+
+        def new_ring(slots):
+            self.new_rings += 1
+            return real_new_ring(slots)
+
+        def new_state(pool=None):
+            state = real_new_state(pool)
+            for i in self.gdn:
+                self.known_ssm[i].append(state.layers[i].ssm)
+            return state
+
+        model.new_ring, model.new_state = new_ring, new_state  # model: this test's own Model object
+
+    def check_rings(self) -> None:
+        engine = self.engine
+        assert self.new_rings == 0, "a ring was allocated after setup"
+        assert len(engine.rings) == len(self.rings) and all(a is b for a, b in zip(engine.rings, self.rings))
+        states = [s.state for s in engine.active.values()]
+        for ring, snap in zip(engine.rings, self.snap):
+            if snap is not None:
+                for i, (conv, ssm) in zip(self.gdn, snap):
+                    assert ring.conv[i] is conv and ring.ssm[i] is ssm
+                    for state in states:  # a state never holds a ring buffer (restore copies out of it)
+                        assert not np.may_share_memory(state.layers[i].ssm, ssm)
+                        assert not np.may_share_memory(state.layers[i].conv, conv)
+        for i in self.gdn:
+            buffers = [r.log[i].spare for r in engine.rings if isinstance(r, ReplayRing)]
+            assert all(any(b is k for k in self.known_ssm[i]) for b in buffers), "a ring buffer nobody allocated"
+            buffers += [s.layers[i].ssm for s in states]
+            assert len({id(b) for b in buffers}) == len(buffers), "a memory buffer owned twice"
+            for a in range(len(buffers)):
+                for b in range(a + 1, len(buffers)):
+                    assert not np.may_share_memory(buffers[a], buffers[b])
+
+    def check_pool(self) -> None:
+        engine, pool = self.engine, self.engine.pool
+        assert all(a is b for a, b in zip(pool.k, self.pool_k)) and all(a is b for a, b in zip(pool.v, self.pool_v))
+        owned = [blk for s in engine.active.values() for blk in s.state.table.blocks]
+        assert len(owned) == len(set(owned)), "a block owned by two sequences (or twice by one)"
+        assert not set(owned) & set(pool.free), "a block both owned and free"
+        assert len(pool.free) == len(set(pool.free)), "a block twice on the free list"
+        assert sorted(owned + pool.free) == list(range(pool.n_blocks)), "a block leaked"
+        assert pool.used == len(owned) and pool.peak_used <= pool.n_blocks
+        for s in engine.active.values():
+            table = s.state.table
+            assert len(table.blocks) == -(-s.state.pos // pool.block_size)
+            assert list(table.ids()) == table.blocks
+            assert all(layer.n == s.state.pos for layer in s.state.layers if not isinstance(layer, GDNState))
+        assert engine.reserved == sum(s.reserved for s in engine.active.values()) <= pool.n_blocks
+
+
+@st.composite
+def schedules(draw):
+    n = draw(st.integers(1, 5))
+    seqs = [{"prompt": draw(st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=12)),
+             "max_new": draw(st.integers(0, 14)), "arrive": draw(st.integers(0, 5))} for _ in range(n)]
+    k_max = draw(st.sampled_from([0, 1, 2, 3, 4, 4, 5]))
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 16]))
+    need = max(-(-(len(s["prompt"]) + s["max_new"] + k_max + 1) // block_size) for s in seqs)
+    return {"seqs": seqs, "slots": draw(st.integers(1, 3)), "k_max": k_max, "block_size": block_size,
+            "n_blocks": need + draw(st.integers(0, 2 * need)),  # sometimes too few for all: sequences wait
+            "stops": draw(st.sets(st.sampled_from(COMMON_OUT), max_size=2)),
+            "policy_seed": draw(st.integers(0, 2**16))}
+
+
+HEAVY = {  # always run: late arrivals, a pool too small for all at once (sequences wait for blocks), stops
+    "seqs": [{"prompt": [1], "max_new": 14, "arrive": 0},
+             {"prompt": [9, 15, 9, 15, 9], "max_new": 9, "arrive": 0},
+             {"prompt": [220, 11, 1, 4, 220, 11, 1, 4, 3, 5, 2, 9], "max_new": 12, "arrive": 2},
+             {"prompt": [353, 4, 11], "max_new": 1, "arrive": 3},
+             {"prompt": [5, 5, 5, 1, 2, 3, 4], "max_new": 14, "arrive": 5}],
+    "slots": 3, "k_max": 4, "block_size": 2, "n_blocks": 17, "stops": {7}, "policy_seed": 3}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", DRAFTERS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sch=schedules())
+@example(sch=HEAVY)
+def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, sch):
+    """Continuous batching under a random schedule: sequences arrive between steps, slots free up and are
+    refilled, k varies per slot and step. After every step each active slot holds exactly the state of a
+    fresh prefill of its committed tokens (prompt + every emitted token but the pending last one), bitwise:
+    GDN conv windows and memories, KV contents and positions; its tokens so far are a prefix of its solo greedy
+    output; the block pool and the rings obey the invariants of Watch. At the end every sequence equals its
+    solo greedy output and every block is free."""
+    base, draft = models(backend)
+    model = base.with_kernels(base.kernels)  # the same weights, a Model object of this example's own (Watch wraps it)
+    slots, seqs, stops = sch["slots"], sch["seqs"], sch["stops"]
+    finished, slot_of = [], {}
+
+    def on_finish(seq: SeqResult):
+        """The sequence is done and its slot's drafter was told everything it kept (commit comes before finish):
+        the drafter holds exactly the committed tokens, as in a solo run (test_speculate checks the same)."""
+        finished.append(seq.index)
+        assert seq.tokens == solo_greedy(backend, seq.prompt_tokens, seqs[seq.index]["max_new"], stops)
+        committed = seq.prompt_tokens + seq.tokens[:-1]
+        if kind == "none" or not committed:
+            return
+        alone = engine.drafter.drafters[slot_of[seq.index]]
+        if kind == "lookup":
+            assert alone.history == committed
+        elif kind == "mtp":  # the head's cache: every committed token with the target's hidden rows (<= 26
+            # tokens: under max_queue, so never a windowed restart)
+            _, hidden = base.forward(np.array(committed), base.new_state())
+            head = MTPHead(base)
+            cache = head.new_cache()
+            head.forward(committed, shift_hidden(hidden), cache)
+            assert alone.cache.max_abs_diff(cache) == 0.0
+        else:  # the draft model's state: a prefill of the committed tokens, bitwise
+            ref = draft.new_state()
+            draft.forward(np.array(committed), ref)
+            assert alone.state.max_abs_diff(ref) == 0.0
+
+    policy = RandomK(sch["k_max"], sch["policy_seed"])
+    engine = Batch(model, slots, sch["n_blocks"], sch["block_size"], batch_drafter(kind, model, draft, slots),
+                   policy, stop_ids=stops, on_finish=on_finish)
+    assert engine.k_max == sch["k_max"] and len(engine.rings) == slots
+    if engine.drafter is not None:  # which sequence each slot's drafter serves (start: after the slot is filled)
+        real_start = engine.drafter.start
+
+        def start(slot, prompt, hidden, k_max):
+            slot_of[engine.active[slot].seq.index] = slot
+            assert prompt == engine.active[slot].seq.prompt_tokens and k_max == engine.k_max
+            real_start(slot, prompt, hidden, k_max)
+
+        engine.drafter.start = start
+    watch = Watch(engine, model)
+    results = [SeqResult(i, list(s["prompt"])) for i, s in enumerate(seqs)]
+    last_arrival, step = max(s["arrive"] for s in seqs), 0
+    while step <= last_arrival or not engine.done():
+        for r, s in zip(results, seqs):
+            if s["arrive"] == step:
+                engine.add(r, s["max_new"], seed=r.index)
+        engine.step()
+        step += 1
+        assert step < 200, "no progress"
+        assert len(engine.active) <= slots and set(engine.active) <= set(range(slots))
+        for b, s in engine.active.items():
+            seq = s.seq
+            committed = seq.prompt_tokens + seq.tokens[:-1]
+            assert s.pending == seq.tokens[-1] and len(seq.tokens) < seqs[seq.index]["max_new"]
+            assert seq.tokens == solo_greedy(backend, seq.prompt_tokens, seqs[seq.index]["max_new"], stops)[
+                : len(seq.tokens)]
+            ref = base.new_state()  # a solo sequence's own state (contiguous KV), prefilled in one pass
+            base.forward(np.array(committed), ref)
+            assert ref.max_abs_diff(s.state) == 0.0, (b, seq.index, len(committed))
+        watch.check_pool()
+        watch.check_rings()
+    assert sorted(finished) == [r.index for r in results]  # every sequence finished exactly once
+    for r, s in zip(results, seqs):
+        assert r.error is None
+        assert r.tokens == solo_greedy(backend, r.prompt_tokens, s["max_new"], stops)
+        assert r.stats["emitted"] == len(r.tokens)
+    assert sorted(engine.pool.free) == list(range(engine.pool.n_blocks)) and engine.reserved == 0
+    assert engine.pool.peak_used <= engine.pool.n_blocks
+
+
+# ------------------------------------------------------------------------------------------------ 5. bad input
+def test_bad_arguments_raise():
+    target, _ = models("numpy")
+    with pytest.raises(ValueError, match="slots"):
+        batch_generate(target, [[1, 2]], 4, slots=0)
+    with pytest.raises(ValueError, match="slots"):
+        Batch(target, 0, 8)
+    with pytest.raises(ValueError, match="no prompts"):
+        batch_generate(target, [], 4)
+    with pytest.raises(ValueError, match="max_new"):
+        batch_generate(target, [[1]], -1)
+    with pytest.raises(ValueError, match="seeds"):
+        batch_generate(target, [[1], [2]], 4, seeds=[1])
+    with pytest.raises(ValueError, match="disagree"):
+        batch_generate(target, [[1]], 4, drafter=Together(MTPDrafter(target), 1), draft_n=2, policy=RandomK(3, 0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prompts_that_cannot_run_are_reported_and_the_others_are_exact(backend):
+    target, draft = models(backend)
+    max_new, n_ctx = 8, target.cfg.n_ctx
+    too_long = [1] * (n_ctx - max_new + 1)
+    prompts = [PROMPTS[0], too_long, [], PROMPTS[2], [1, target.cfg.n_vocab], PROMPTS[4], [-1]]
+    finished = []
+    result = batch_generate(target, prompts, max_new, slots=2, drafter=Together(DraftModelDrafter(draft, target), 2),
+                            draft_n=3, on_finish=lambda s: finished.append(s.index))
+    seqs = result.sequences
+    assert [s.index for s in seqs] == list(range(len(prompts)))
+    assert "context length" in seqs[1].error
+    assert "empty" in seqs[2].error
+    assert "outside the vocabulary" in seqs[4].error and "outside the vocabulary" in seqs[6].error
+    for i in (1, 2, 4, 6):
+        assert seqs[i].tokens == []
+    for i in (0, 3, 5):
+        assert seqs[i].error is None and seqs[i].tokens == solo_greedy(backend, prompts[i], max_new)
+    assert sorted(finished) == [0, 3, 5]  # only the sequences that ran are streamed
+    assert result.stats["failed"] == 4 and result.stats["sequences"] == 7
+    # all prompts bad: every one reported, nothing runs, no exception
+    bad = batch_generate(target, [[], too_long], max_new, slots=2)
+    assert all(s.error for s in bad.sequences) and bad.stats["generated"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_the_pool_can_never_hold_is_reported_and_the_others_run(backend):
+    """n_blocks given too small for one sequence's longest run: that sequence is reported (never admitted, so
+    the pool cannot run out mid-step), the others run exactly, one at a time where the pool is tight."""
+    target, _ = models(backend)
+    long_prompt = [5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 7, 8]
+    prompts = [PROMPTS[1], long_prompt, PROMPTS[3], PROMPTS[0]]
+    # block_size 4, k_max 3, max_new 6: [7, 8] needs ceil(12 / 4) = 3 blocks, the long prompt ceil(24 / 4) = 6
+    result = batch_generate(target, prompts, 6, slots=3, drafter=EachAlone(LookupDrafter, 3), draft_n=3,
+                            block_size=4, n_blocks=5)
+    seqs = result.sequences
+    assert "KV pool" in seqs[1].error and seqs[1].tokens == []
+    for i in (0, 2, 3):
+        assert seqs[i].error is None and seqs[i].tokens == solo_greedy(backend, prompts[i], 6)
+    assert result.stats["kv_blocks_peak"] <= 5
