@@ -510,10 +510,15 @@ def cmd_bench(args) -> int:
         from dataclasses import replace
 
         model = model.with_kernels(replace(model.kernels, rollback=args.rollback))
+    slots_policy = None
+    if slot_counts and args.adaptive:  # the batch-aware draft length, a third run at every B
+        from .fast.batch_draft_length import BatchDraftLength
+
+        slots_policy = lambda B: BatchDraftLength(args.draft_n)  # noqa: E731
     report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
-                   spec_repeats=args.spec_repeats, slot_counts=slot_counts, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+                   spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report))
         return 0
@@ -542,6 +547,10 @@ def cmd_bench(args) -> int:
                   f"{s['spec_tok_s']:8.2f} tok/s ({s['spec_rows_per_pass']:.2f} rows/pass, "
                   f"{s['mean_accepted_length']:.2f} tokens/step)   speedup {s['speedup']:.2f}x   "
                   f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
+            if "policy_tok_s" in s:
+                chosen = (s["policy"] or {}).get("chosen_k", {})
+                print(f"          batch-aware k {s['policy_tok_s']:8.2f} tok/s   speedup {s['policy_speedup']:.2f}x   "
+                      f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
     return 0
 
 
@@ -742,7 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else id order)")
     p.add_argument("--adaptive", action="store_true",
                    help="also time MTP with k chosen per step (spec.mtp_adaptive; with --draft-vocab also "
-                        "spec.mtp_adaptive_vocab, what generate --spec mtp runs on a large vocabulary)")
+                        "spec.mtp_adaptive_vocab, what generate --spec mtp runs on a large vocabulary); with --slots, "
+                        "also the batch-aware draft length at every B (slots.B.policy_tok_s: one k for all slots "
+                        "from the measured cost of a pass of R rows, 0 where drafting would lose)")
     p.add_argument("--rollback", choices=["snapshot", "replay"], default=None,
                    help="how verify passes keep what a rollback needs: snapshot (a GDN state per token, copied back) "
                         "or replay (the state before the pass, the kept tokens rerun); default: the backend's "

@@ -164,7 +164,7 @@ def slot_prompts(model: Model, prompt: list[int], n: int) -> list[list[int]]:
 
 def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draft_n: int,
                 synth_len: float | None = None, repeats: int = 1,
-                policy_factory: Callable[[int], object] | None = None) -> dict:
+                policy_factory: Callable[[int], object] | None = None, draft_vocab: DraftVocab | None = None) -> dict:
     """Many sequences at once (batch.batch_generate): for each B in slot_counts, B prompts (slot_prompts: the
     prompt with its first token changed per copy, so the sequences differ) decode max_new greedy tokens each
     in B slots, plainly (drafter None: one row per slot per pass) and speculatively: batched MTP drafting
@@ -177,8 +177,9 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
     prefills (batch stats decode_tok_s), medians over `repeats` rounds; speedup is the median of the per-round
     spec / plain ratios (each pair taken back to back); identical: every sequence's spec tokens equal its plain
     tokens. No stop ids, so every sequence runs max_new tokens and plain rows_per_pass is exactly B.
-    policy_factory(B) -> a batch policy (batch.BatchPolicy) for the spec runs, or None: the same k = draft_n for
-    every slot every step (batch.SameDraftLength)."""
+    policy_factory(B) -> a batch policy (batch.BatchPolicy, e.g. fast.batch_draft_length.BatchDraftLength) for a
+    third run at each B, "policy_tok_s" / "policy_speedup" / "policy" beside the fixed k's; draft_vocab: the
+    MTP head drafts over it (cheaper drafting; the synthetic drafts are unchanged)."""
     from ..batch import Together, batch_generate
 
     if not model.cfg.n_nextn:
@@ -189,28 +190,32 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
         references[tuple(p)] = generate(model, p, max_new).tokens
 
     def spec_drafter(B: int):
-        mtp = Together(MTPDrafter(model), B)
+        mtp = Together(MTPDrafter(model, vocab=draft_vocab), B)
         return mtp if synth_p is None else SyntheticBatch(references, synth_p, B, seed=0, inner=mtp)
 
-    def run(B: int, spec: bool, n_new: int = max_new):
-        policy = policy_factory(B) if spec and policy_factory is not None else None
+    def run(B: int, spec: bool, n_new: int = max_new, adaptive: bool = False):
+        policy = policy_factory(B) if adaptive else None
         prompts = slot_prompts(model, prompt, B)
         return batch_generate(model, prompts, n_new, slots=B, drafter=spec_drafter(B) if spec else None,
                               draft_n=None if policy is not None or not spec else draft_n, policy=policy)
 
     for B in slot_counts:  # untimed: every pass shape once (a cold Numba cache compiles on first use)
         run(B, False, min(max_new, 8)), run(B, True, min(max_new, 8))
-    rates: dict[int, dict[str, list[float]]] = {B: {"plain": [], "spec": []} for B in slot_counts}
+    rates: dict[int, dict[str, list[float]]] = {B: {"plain": [], "spec": [], "policy": []} for B in slot_counts}
     last: dict[int, tuple] = {}
-    for _ in range(repeats):  # interleaved: plain then spec at each B, a pair back to back
+    for _ in range(repeats):  # interleaved: plain then spec (then the policy) at each B, back to back
         for B in slot_counts:
             plain, spec = run(B, False), run(B, True)
             rates[B]["plain"].append(plain.stats["decode_tok_s"])
             rates[B]["spec"].append(spec.stats["decode_tok_s"])
             last[B] = plain, spec
+            if policy_factory is not None:
+                chosen = run(B, True, adaptive=True)
+                rates[B]["policy"].append(chosen.stats["decode_tok_s"])
+                last[B] += (chosen,)
     out = {}
     for B in slot_counts:
-        plain, spec = last[B]
+        plain, spec = last[B][:2]
         seqs = [s.stats for s in spec.sequences]
         steps, drafted, accepted = (sum(s[key] for s in seqs) for key in ("steps", "drafted", "accepted"))
         out[B] = {"plain_tok_s": statistics.median(rates[B]["plain"]),
@@ -223,8 +228,12 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
                   "acceptance_rate": accepted / drafted if drafted else 0.0,
                   "steps": plain.stats["steps"], "spec_steps": spec.stats["steps"],
                   "kv_blocks_peak": spec.stats["kv_blocks_peak"]}
-        if spec.stats.get("policy") is not None:
-            out[B]["policy"] = spec.stats["policy"]
+        if policy_factory is not None:
+            chosen = last[B][2]
+            out[B] |= {"policy_tok_s": statistics.median(rates[B]["policy"]),
+                       "policy_speedup": statistics.median(c / p for c, p in zip(rates[B]["policy"], rates[B]["plain"])),
+                       "policy_identical": all(a.tokens == b.tokens for a, b in zip(plain.sequences, chosen.sequences)),
+                       "policy": chosen.stats.get("policy")}
     return out
 
 
@@ -287,7 +296,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     if slot_counts:
         say(f"many sequences: {', '.join(map(str, slot_counts))} slots, plain and "
             f"{'mtp_synth' if synth_len is not None else 'mtp'} ({max_new} tokens each, k = {draft_n})")
-        slots = bench_slots(model, prompt, slot_counts, max_new, draft_n, synth_len, spec_repeats, slots_policy)
+        slots = bench_slots(model, prompt, slot_counts, max_new, draft_n, synth_len, spec_repeats, slots_policy,
+                            draft_vocab)
     wb = weight_bytes(model)
     report = {"model": str(model.path or ""), "backend": model.backend,
               "rollback": model.kernels.rollback,
