@@ -17,9 +17,12 @@ throughput under load", docs/peers.md section 4). So the policy prices a whole s
     k*         = argmax_{0 <= k <= k_max} tokens(k) / seconds(k)       (k = 0: plain, every slot)
 
 Every slot drafts k* (less where its max_new leaves less room). The pass-cost line needs two row counts, so
-the first steps alternate plain and k_max; afterwards every probe_every-th step times the alternative to k*
-(plain while drafting, k* + 1 or 1 while not), so a cost or an acceptance that changes (slots join and leave)
-is followed. Lossless like every policy: k only decides how much is drafted (greedy output is unchanged; a
+the first steps are two plain ones (the first is not timed: warm-up) and one of a draft per slot (the
+cheapest drafting pass); afterwards every
+probe_every-th step times the alternative to k*: a plain step while the batch drafts, and while it does not,
+one draft in ONE slot (in turn), which measures acceptance and a pass of one more row for the price of a row,
+where a drafting step of every slot would also make every slot's drafter catch up on the tokens it skipped.
+So a cost or an acceptance that changes (slots join and leave) is followed. Lossless like every policy: k only decides how much is drafted (greedy output is unchanged; a
 sampled run keeps the target's law, but only a fixed k fixes its sample path).
 
 LESSONS 10 holds the measured curve (tok/s against B, plain and speculative) this policy was built for.
@@ -40,18 +43,19 @@ class BatchDraftLength:
     prior: float = 2.0
     memory: float = 200.0  # outcomes (per position) and passes the estimates remember: older ones fade
     probe_every: int = 8  # every probe_every-th step times the alternative
+    margin: float = 0.03  # drafting must beat plain by this fraction: near a tie, plain (speculation never loses)
     kept: list[float] = field(init=False)  # per position j = 1..k_max: kept outcomes (faded)
     seen: list[float] = field(init=False)  # per position: outcomes
     fit: list[float] = field(init=False, default_factory=lambda: [0.0] * 5)  # sums w, wR, ws, wR^2, wRs
     draft_per_depth: float | None = field(init=False, default=None)  # seconds per draft depth, moving average
     steps: int = field(init=False, default=0)
+    probes: int = field(init=False, default=0)  # drafting probes made (which slot probes next)
     chosen: dict[int, int] = field(init=False, default_factory=dict)  # k -> steps
 
     def __post_init__(self):
         self.k_max = check_draft_length(self.k_max)
         self.kept = [self.a0 * self.prior] * self.k_max
         self.seen = [self.prior] * self.k_max
-        self._last_k = 0
 
     # ---------------------------------------------------------------- the model
     def acceptance(self) -> list[float]:  # a_j, j = 1..k_max
@@ -77,22 +81,26 @@ class BatchDraftLength:
         e = _expected(self.acceptance())
         return [n_slots * e[k] / max(v0 + v1 * n_slots * (k + 1) + d * k, 1e-9) for k in range(self.k_max + 1)]
 
-    def choose(self, n_slots: int) -> int:
+    def choose(self, n_slots: int) -> tuple[int, bool]:
+        """(k for every slot, whether this step is a probe)."""
         self.steps += 1
         rates = self.rates(n_slots)
-        if rates is None:  # the line needs two row counts: plain, then k_max
-            k = self.k_max if self.steps % 2 == 0 else 0
-        else:
-            best = max(range(self.k_max + 1), key=lambda k: rates[k])
-            k = best
-            if self.steps % self.probe_every == 0:  # time the alternative: plain while drafting, else a draft
-                k = 0 if best else 1
-        self.chosen[k] = self.chosen.get(k, 0) + 1
-        return k
+        if rates is None:  # the line needs two row counts: plain steps (the first pays warm-up), then one draft
+            return (1 if self.steps >= 3 else 0), False
+        best = max(range(1, self.k_max + 1), key=lambda k: rates[k])
+        best = best if rates[best] > (1 + self.margin) * rates[0] else 0
+        if self.steps % self.probe_every:
+            return best, False
+        return (0 if best else 1), True  # time the alternative: plain while drafting, else a draft
 
     # ---------------------------------------------------------------- the BatchPolicy protocol (batch.py)
     def plan(self, rooms: list[int]) -> list[Plan]:
-        k = self._last_k = self.choose(len(rooms))
+        k, probe = self.choose(len(rooms))
+        self.chosen[k] = self.chosen.get(k, 0) + 1
+        if probe and k:  # a drafting probe while the batch decodes plainly: one slot drafts one token, in turn
+            self.probes += 1
+            one = self.probes % len(rooms)  # (cheap: one more row, and one drafter catching up, not all)
+            return [Plan(min(1, room) if b == one else 0) for b, room in enumerate(rooms)]
         return [Plan(min(k, room)) for room in rooms]
 
     def observe(self, drafts: list[Draft], accepted: list[int], draft_s: float, verify_s: float, rows: int) -> None:
@@ -103,7 +111,7 @@ class BatchDraftLength:
                     break  # positions past the first rejection were never tested
                 self.kept[j] = self.kept[j] * fade + (j < m)
                 self.seen[j] = self.seen[j] * fade + 1.0
-        if self.steps > 1:  # the first pass pays warm-up
+        if self.steps > 1:  # the first pass pays warm-up (a Numba compile of its shapes, a cold cache)
             self.fit = [a * fade for a in self.fit]
             for i, v in enumerate((1.0, rows, verify_s, rows * rows, rows * verify_s)):
                 self.fit[i] += v
