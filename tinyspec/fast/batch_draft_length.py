@@ -25,7 +25,7 @@ where a drafting step of every slot would also make every slot's drafter catch u
 So a cost or an acceptance that changes (slots join and leave) is followed. Lossless like every policy: k only decides how much is drafted (greedy output is unchanged; a
 sampled run keeps the target's law, but only a fixed k fixes its sample path).
 
-LESSONS 10 holds the measured curve (tok/s against B, plain and speculative) this policy was built for.
+LESSONS 23 holds the measured curve (tok/s against B, plain and speculative) this policy was built for.
 """
 
 from __future__ import annotations
