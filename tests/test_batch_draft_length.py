@@ -51,10 +51,13 @@ def test_compute_bound_passes_decode_plainly():
     policy = BatchDraftLength(3)
     counts = simulate(policy, n_slots=8, v0=0.020, v1=0.008, a=0.5, d=0.008)
     assert counts.get(0, 0) > 0.8 * sum(counts.values())
-    for _ in range(2 * policy.probe_every):  # decoding plainly, a probe drafts one token in one slot
+    probes = 0
+    for _ in range(2 * policy.probe_max):  # decoding plainly, a probe drafts one token in one slot
         ks = [p.k for p in policy.plan([8] * 8)]
         policy.observe([Draft(list(range(k))) for k in ks], [0] * 8, 0.0, 0.020 + 0.008 * (8 + sum(ks)), 8 + sum(ks))
         assert sum(ks) <= 1, ks
+        probes += sum(ks)
+    assert 1 <= probes <= 4  # the gap between probes doubled while they kept finding plain best
 
 
 def test_the_choice_follows_the_batch_size():

@@ -18,11 +18,13 @@ throughput under load", docs/peers.md section 4). So the policy prices a whole s
 
 Every slot drafts k* (less where its max_new leaves less room). The pass-cost line needs two row counts, so
 the first steps are two plain ones (the first is not timed: warm-up) and one of a draft per slot (the
-cheapest drafting pass); afterwards every
-probe_every-th step times the alternative to k*: a plain step while the batch drafts, and while it does not,
+cheapest drafting pass); afterwards a probe
+now and then times the alternative to k*: a plain step while the batch drafts, and while it does not,
 one draft in ONE slot (in turn), which measures acceptance and a pass of one more row for the price of a row,
 where a drafting step of every slot would also make every slot's drafter catch up on the tokens it skipped.
-So a cost or an acceptance that changes (slots join and leave) is followed. Lossless like every policy: k only decides how much is drafted (greedy output is unchanged; a
+Probes come every probe_every steps at first; each probe that finds the choice unchanged doubles the gap
+(up to probe_max), a changed choice resets it. So a cost or an acceptance that changes (slots join and leave) is
+followed, and a settled batch pays for few probes. Lossless like every policy: k only decides how much is drafted (greedy output is unchanged; a
 sampled run keeps the target's law, but only a fixed k fixes its sample path).
 
 LESSONS 23 holds the measured curve (tok/s against B, plain and speculative) this policy was built for.
@@ -42,7 +44,8 @@ class BatchDraftLength:
     a0: float = 0.7  # prior acceptance per position, counted as `prior` outcomes
     prior: float = 2.0
     memory: float = 200.0  # outcomes (per position) and passes the estimates remember: older ones fade
-    probe_every: int = 8  # every probe_every-th step times the alternative
+    probe_every: int = 8  # the gap between probes of the alternative, at first and after the choice changes
+    probe_max: int = 64  # the longest gap, reached while every probe finds the same choice
     margin: float = 0.03  # drafting must beat plain by this fraction: near a tie, plain (speculation never loses)
     kept: list[float] = field(init=False)  # per position j = 1..k_max: kept outcomes (faded)
     seen: list[float] = field(init=False)  # per position: outcomes
@@ -50,12 +53,16 @@ class BatchDraftLength:
     draft_per_depth: float | None = field(init=False, default=None)  # seconds per draft depth, moving average
     steps: int = field(init=False, default=0)
     probes: int = field(init=False, default=0)  # drafting probes made (which slot probes next)
+    gap: int = field(init=False, default=0)  # steps from this probe to the next
+    next_probe: int = field(init=False, default=0)  # the step that probes next
+    probed_best: int | None = field(init=False, default=None)  # the choice at the last probe
     chosen: dict[int, int] = field(init=False, default_factory=dict)  # k -> steps
 
     def __post_init__(self):
         self.k_max = check_draft_length(self.k_max)
         self.kept = [self.a0 * self.prior] * self.k_max
         self.seen = [self.prior] * self.k_max
+        self.gap = self.next_probe = self.probe_every
 
     # ---------------------------------------------------------------- the model
     def acceptance(self) -> list[float]:  # a_j, j = 1..k_max
@@ -89,9 +96,13 @@ class BatchDraftLength:
             return (1 if self.steps >= 3 else 0), False
         best = max(range(1, self.k_max + 1), key=lambda k: rates[k])
         best = best if rates[best] > (1 + self.margin) * rates[0] else 0
-        if self.steps % self.probe_every:
+        if self.steps < self.next_probe:
             return best, False
-        return (0 if best else 1), True  # time the alternative: plain while drafting, else a draft
+        # a probe: time the alternative (plain while drafting, else a draft). While the choice stays the same from
+        # probe to probe the gap doubles (each probe costs a little), and a changed choice brings it back
+        self.gap = min(2 * self.gap, self.probe_max) if best == self.probed_best else self.probe_every
+        self.probed_best, self.next_probe = best, self.steps + self.gap
+        return (0 if best else 1), True
 
     # ---------------------------------------------------------------- the BatchPolicy protocol (batch.py)
     def plan(self, rooms: list[int]) -> list[Plan]:
