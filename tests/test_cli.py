@@ -466,3 +466,15 @@ def test_bench_without_slots_has_no_slots_block(tiny_model, capsys):
     assert "slots" not in json.loads(capsys.readouterr().out)
     assert main(["bench", "--model", str(tiny_model), "--slots", "1,0"]) == 2
     assert "--slots: slot counts must be >= 1" in capsys.readouterr().err
+
+
+def test_batch_adaptive_keeps_each_sequences_greedy_tokens(prompts_file, capsys):
+    """batch --adaptive: the batch-aware draft length chooses k per step (fast/batch_draft_length.py); every
+    sequence still gets exactly its plain greedy tokens, and the stats carry the policy's choices."""
+    assert main(["batch", "--prompts", str(prompts_file), "--slots", "2", "--spec", "mtp", "--adaptive",
+                 "--max-new", "12", "--backend", "numpy", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for prompt, seq in zip(BATCH_PROMPTS, out["sequences"]):
+        assert main(["generate", "--prompt", prompt, "--max-new", "12", "--backend", "numpy", "--json"]) == 0
+        assert seq["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+    assert out["stats"]["policy"]["chosen_k"] and out["stats"]["k_max"] == 3

@@ -401,6 +401,7 @@ def cmd_batch(args) -> int:
     texts = read_prompts(args.prompts)
     ignored = [flag for flag, given, used in (
         ("--draft-n", args.draft_n is not None, args.spec != "none"),
+        ("--adaptive", args.adaptive, args.spec != "none"),
         ("--draft-model", args.draft_model, args.spec == "draft"),
         ("--draft-vocab", args.draft_vocab is not None, args.spec in ("mtp", "draft")),
         ("--ranking", args.ranking, args.spec in ("mtp", "draft"))) if given and not used]
@@ -423,8 +424,13 @@ def cmd_batch(args) -> int:
     def show(seq) -> None:  # as each sequence ends
         print(f"[{seq.index}] {tokenizer.decode(seq.tokens)}", flush=True)
 
+    policy = None
+    if args.adaptive and k is not None:  # one k for every slot, priced by the measured cost of a pass of R rows
+        from .fast.batch_draft_length import BatchDraftLength
+
+        policy, k = BatchDraftLength(k), None
     result = batch_generate(model, prompts, args.max_new, slots=args.slots,
-                            drafter=batch_drafter(args, model, tokenizer, args.slots), draft_n=k,
+                            drafter=batch_drafter(args, model, tokenizer, args.slots), draft_n=k, policy=policy,
                             params=params, seeds=[args.seed + i for i in range(len(prompts))],
                             stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show)
     sequences = []
@@ -435,7 +441,7 @@ def cmd_batch(args) -> int:
         sequences.append({"index": seq.index, "prompt_tokens": seq.prompt_tokens, "tokens": seq.tokens,
                           "text": tokenizer.decode(seq.tokens), "stats": seq.stats, "error": error})
     stats = result.stats | {"sequences": len(sequences), "failed": sum(bool(s["error"]) for s in sequences),
-                            "spec": args.spec, "draft_n": k or 0}
+                            "spec": args.spec, "draft_n": result.stats["k_max"], "adaptive": policy is not None}
     if args.json:
         print(json.dumps({"sequences": sequences, "stats": stats}))
         return 0
@@ -678,6 +684,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "unchanged greedy; default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
     p.add_argument("--ranking", default=None, metavar="FILE.npy",
                    help="token ids by frequency for --draft-vocab (default: as generate)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass of "
+                        "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
+                        "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
+                        "but no longer repeats a solo run's seed")
     p.add_argument("--max-new", type=int, default=32, help="tokens to generate per prompt at most (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
