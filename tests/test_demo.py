@@ -22,4 +22,5 @@ def test_demo_runs_and_says_outputs_are_identical():
     for method in ("plain", "mtp", "lookup", "draft"):
         assert f"\n  {method} " in out
     assert "identical to plain decoding for every method and prompt: yes" in out
+    assert "every sequence identical to its plain decoding alone: yes" in out  # the many-sequences section
     assert "One generation with --spec mtp" in out and "[" in out.split("One generation")[1]
