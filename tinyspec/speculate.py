@@ -39,6 +39,8 @@ Two objects are handed to the loop, and everything that crosses between them is 
         summary() -> dict | None           for the stats
 
 k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts).
+Many sequences at once: batch.py runs these steps for every slot of a batch in one verify pass (the same
+accept and token_marks per slot; MTPDrafter and DraftModelDrafter draft through coroutines, run_alone here).
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
 (docs/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
