@@ -496,6 +496,40 @@ def test_bad_arguments_raise():
         batch_generate(target, [[1], [2]], 4, seeds=[1])
     with pytest.raises(ValueError, match="disagree"):
         batch_generate(target, [[1]], 4, drafter=Together(MTPDrafter(target), 1), draft_n=2, policy=RandomK(3, 0))
+    with pytest.raises(ValueError, match="block_size"):
+        batch_generate(target, [[1, 2, 3]], 4, block_size=0)
+    with pytest.raises(ValueError, match="drafter holds 2"):  # fewer per-slot drafters than slots
+        batch_generate(target, [[1, 2], [3, 4], [5]], 4, slots=3, drafter=Together(MTPDrafter(target), 2))
+
+
+class TooMany:
+    """A policy that plans past its own k_max: refused before anything is drafted."""
+    k_max = 2
+
+    def plan(self, rooms):
+        return [Plan(3) for _ in rooms]
+
+    def observe(self, *args):
+        pass
+
+    def summary(self):
+        return None
+
+
+def test_a_plan_past_the_room_is_refused_before_drafting():
+    class Counting(LookupDrafter):
+        asked = 0
+
+        def propose(self, *args, **kwargs):
+            Counting.asked += 1
+            return super().propose(*args, **kwargs)
+
+    target, _ = models("numpy")
+    engine = Batch(target, 1, 16, 4, drafter=EachAlone(Counting, 1), policy=TooMany())
+    engine.add(SeqResult(0, [1, 2, 3]), 8, 0)
+    with pytest.raises(ValueError, match="planned"):
+        engine.step()
+    assert Counting.asked == 0  # refused before the drafter was asked
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

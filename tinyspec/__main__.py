@@ -416,7 +416,7 @@ def cmd_batch(args) -> int:
     k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
     print(f"[batch] model {args.model} ({args.backend or model.backend}), {args.slots} slots, {len(prompts)} prompts"
           f"{f' ({sum(map(bool, errors))} cannot run)' if any(errors) else ''}, --spec {args.spec}"
-          f"{f' k = {k}' if k is not None else ''}, up to {args.max_new} new tokens each", file=sys.stderr, flush=True)
+          f"{'' if k is None else f' k <= {k}, chosen per step' if args.adaptive else f' k = {k}'}, up to {args.max_new} new tokens each", file=sys.stderr, flush=True)
     for i, error in enumerate(errors):
         if error:
             print(f"[batch] prompt {i}: skipped: {error}", file=sys.stderr, flush=True)
@@ -450,7 +450,9 @@ def cmd_batch(args) -> int:
           f"{s['tok_s']:.1f} tok/s ({s['decode_tok_s']:.1f} after the prefills), {s['steps']} steps, "
           f"{s['rows_per_pass']:.2f} rows per pass, KV peak {s['kv_blocks_peak']} of {s['kv_blocks']} blocks "
           f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB)", file=sys.stderr)
-    if k is not None:
+    if policy is not None:
+        print(f"[batch] batch-aware draft length: steps per k {s['policy']['chosen_k']}", file=sys.stderr)
+    if args.spec != "none":
         for seq in sequences:
             if not seq["error"]:
                 q = seq["stats"]

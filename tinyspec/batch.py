@@ -69,6 +69,7 @@ class BatchDrafter(Protocol):
     """A drafter for every slot: start and commit per slot, propose for all slots of a step at once."""
 
     stops_by_confidence: bool
+    n_slots: int  # slots 0 .. n_slots-1 it holds a drafter for
 
     def start(self, slot: int, prompt: list[int], hidden: np.ndarray, k_max: int) -> None: ...
 
@@ -83,7 +84,7 @@ class EachAlone:
 
     def __init__(self, make: Callable[[], Drafter], n_slots: int):
         self.drafters = [make() for _ in range(n_slots)]
-        self.stops_by_confidence = self.drafters[0].stops_by_confidence
+        self.n_slots, self.stops_by_confidence = n_slots, self.drafters[0].stops_by_confidence
 
     def start(self, slot: int, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
         self.drafters[slot].start(prompt, hidden, k_max)
@@ -113,7 +114,7 @@ class Together:
 
     def __init__(self, first: PassDrafter, n_slots: int):
         self.drafters = [first] + [first.another() for _ in range(n_slots - 1)]
-        self.stops_by_confidence = first.stops_by_confidence
+        self.n_slots, self.stops_by_confidence = n_slots, first.stops_by_confidence
 
     def start(self, slot: int, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
         self.drafters[slot].start(prompt, hidden, k_max)
@@ -241,6 +242,8 @@ class Batch:
                  on_finish: Callable[[SeqResult], None] | None = None):
         if not isinstance(slots, (int, np.integer)) or slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        if drafter is not None and drafter.n_slots < slots:
+            raise ValueError(f"the drafter holds {drafter.n_slots} slots' drafters, the batch has {slots} slots")
         self.model, self.slots, self.drafter, self.params, self.on_finish = model, int(slots), drafter, params, on_finish
         self.policy = policy or SameDraftLength(0 if drafter is None else 3)
         self.k_max, self.stops = self.policy.k_max, {int(t) for t in stop_ids}
@@ -303,7 +306,10 @@ class Batch:
         """One step for every active slot: plan, draft, ONE verify pass, then accept / rollback / emit per slot."""
         active, order, params = self.active, sorted(self.active), self.params  # order: where each slot's rows sit
         t = time.perf_counter()
-        plans = self.policy.plan([min(self.k_max, active[b].max_new - len(active[b].seq.tokens) - 1) for b in order])
+        rooms = [min(self.k_max, active[b].max_new - len(active[b].seq.tokens) - 1) for b in order]
+        plans = self.policy.plan(rooms)
+        if len(plans) != len(rooms) or any(not 0 <= p.k <= room for p, room in zip(plans, rooms)):  # before drafting
+            raise ValueError(f"the policy planned k = {[p.k for p in plans]} for slots whose rooms are {rooms}")
         asks = [Ask(b, active[b].pending, plan.k, params, active[b].rng, plan.stop) for b, plan in zip(order, plans)]
         drafts = self.drafter.propose(asks) if self.drafter is not None else [NO_DRAFT] * len(order)
         t_draft = time.perf_counter() - t
@@ -343,7 +349,7 @@ class Batch:
         s.state.release()  # every KV block back to the pool
         self.reserved -= s.reserved
         s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
-        s.seq.stats = s.stats.as_dict()
+        s.seq.stats = {k: v for k, v in s.stats.as_dict().items() if k != "phase_ms"}  # phases: the batch's (one pass)
         if self.on_finish:
             self.on_finish(s.seq)
 
@@ -362,6 +368,8 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     SeqResult.error and the others run. on_finish(result): called as each sequence ends (streamed output)."""
     if not len(prompts):
         raise ValueError("no prompts: give at least one")
+    if not isinstance(slots, (int, np.integer)) or slots < 1 or block_size < 1:
+        raise ValueError(f"slots and block_size must be at least 1, got {slots} and {block_size}")
     if max_new < 0:
         raise ValueError(f"max_new (tokens to generate) must be >= 0, got {max_new}")
     policy = policy or SameDraftLength(0 if drafter is None else 3 if draft_n is None else draft_n)

@@ -18,7 +18,8 @@ throughput under load", docs/peers.md section 4). So the policy prices a whole s
 
 Every slot drafts k* (less where its max_new leaves less room). The pass-cost line needs two row counts, so
 the first steps are two plain ones (the first is not timed: warm-up) and one of a draft per slot (the
-cheapest drafting pass); afterwards a probe
+cheapest drafting pass; plain and one draft alternate until some draft is made: a lookup drafter may have
+none to offer); afterwards a probe
 now and then times the alternative to k*: a plain step while the batch drafts, and while it does not,
 one draft in ONE slot (in turn), which measures acceptance and a pass of one more row for the price of a row,
 where a drafting step of every slot would also make every slot's drafter catch up on the tokens it skipped.
@@ -92,8 +93,8 @@ class BatchDraftLength:
         """(k for every slot, whether this step is a probe)."""
         self.steps += 1
         rates = self.rates(n_slots)
-        if rates is None:  # the line needs two row counts: plain steps (the first pays warm-up), then one draft
-            return (1 if self.steps >= 3 else 0), False
+        if rates is None:  # the line needs two row counts: plain steps (the first pays warm-up), then one draft,
+            return (self.steps % 2 if self.steps >= 3 else 0), False  # alternating until a draft is made
         best = max(range(1, self.k_max + 1), key=lambda k: rates[k])
         best = best if rates[best] > (1 + self.margin) * rates[0] else 0
         if self.steps < self.next_probe:

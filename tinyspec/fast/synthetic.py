@@ -198,6 +198,7 @@ class SyntheticBatch:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         self.references, self.acceptance, self.seed, self.inner = references, float(acceptance), seed, inner
         self.drafters: list[SyntheticDrafter | None] = [None] * n_slots
+        self.n_slots = n_slots
         self.started = 0
         self.history: list[tuple[int, int]] = []
 
