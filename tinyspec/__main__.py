@@ -346,6 +346,8 @@ def read_prompts(source: str) -> list[tuple[str | None, str | None]]:
         raise ValueError(f"--prompts {source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except IsADirectoryError:
         raise ValueError(f"--prompts {source}: is a folder") from None
+    except FileNotFoundError:
+        raise ValueError(f"--prompts {source}: no such file") from None
     prompts = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
