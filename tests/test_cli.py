@@ -122,9 +122,9 @@ def test_generate_bad_input_exit_2(tiny_model, capsys, args, message):
 
 
 def test_other_architecture_is_named(tmp_path, capsys):
-    write_gguf(tmp_path / "llama.gguf", {"general.architecture": "qwen35moe"}, {"w": np.ones(4, np.float32)})
+    write_gguf(tmp_path / "llama.gguf", {"general.architecture": "qwen3next"}, {"w": np.ones(4, np.float32)})
     assert main(["generate", "--model", str(tmp_path / "llama.gguf"), "--tokens", "1"]) == 2
-    assert "qwen35moe" in capsys.readouterr().err
+    assert "qwen3next" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec", ["mtp", "lookup", "draft"])

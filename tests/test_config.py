@@ -28,7 +28,7 @@ def test_recurrent_layers_array_wins_over_interval():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"general.architecture": "qwen35moe"}, "'qwen35moe' .* not supported yet"),
+    ({"general.architecture": "qwen35moe"}, "missing metadata key qwen35moe.block_count"),
     ({"general.architecture": "qwen3next"}, "'qwen3next' .* not supported yet"),
     ({"general.architecture": "llama"}, "'llama' is not supported"),
     ({"qwen35.embedding_length": None}, "missing metadata key qwen35.embedding_length"),
@@ -50,3 +50,32 @@ def test_bad_metadata_is_named(change, message):
             meta[k] = v
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_gguf(meta)
+
+
+def moe_meta(**changes):
+    """plain_meta's model as qwen35moe: every key under the qwen35moe prefix, plus the expert keys."""
+    meta = {k.replace("qwen35.", "qwen35moe.", 1): v for k, v in plain_meta().items()}
+    meta["general.architecture"] = "qwen35moe"
+    meta.update({"qwen35moe.expert_count": 8, "qwen35moe.expert_used_count": 2,
+                 "qwen35moe.expert_feed_forward_length": 16, "qwen35moe.expert_shared_feed_forward_length": 24})
+    meta.update(changes)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_moe_keys():
+    cfg = ModelConfig.from_gguf(moe_meta())
+    assert (cfg.arch, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_ff_shexp) == ("qwen35moe", 8, 2, 16, 24)
+    assert ModelConfig.from_gguf(moe_meta(**{"qwen35moe.feed_forward_length": None})).n_ff == 0
+    assert ModelConfig.from_gguf(moe_meta(**{"qwen35moe.expert_shared_feed_forward_length": None})).n_ff_shexp == 0
+    assert ModelConfig.from_gguf(plain_meta()).n_expert == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"qwen35moe.expert_count": 0}, "expert_count must be a positive integer"),
+    ({"qwen35moe.expert_used_count": 9}, "expert_used_count = 9 exceeds expert_count = 8"),
+    ({"qwen35moe.expert_feed_forward_length": None}, "missing metadata key qwen35moe.expert_feed_forward_length"),
+    ({"qwen35moe.expert_shared_feed_forward_length": -1}, "expert_shared_feed_forward_length must be"),
+])
+def test_bad_moe_keys(change, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_gguf(moe_meta(**change))

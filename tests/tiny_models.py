@@ -30,8 +30,11 @@ def byte_vocab(N: int) -> tuple[list[str], np.ndarray, list[str]]:
 
 
 def tiny_qwen35_tensors(rng, *, D=32, F=48, N=272, n_trunk=4, interval=4, H=2, H_kv=1, d=16, n_k=2, n_v=4,
-                        K=8, V=8, w=4, mtp=True, tied=False) -> tuple[dict, dict]:
-    """(metadata, tensors) of a random qwen35 model; tensors in NumPy shape, float32."""
+                        K=8, V=8, w=4, mtp=True, tied=False, experts: tuple[int, int, int, int] | None = None
+                        ) -> tuple[dict, dict]:
+    """(metadata, tensors) of a random qwen35 model; tensors in NumPy shape, float32. experts = (E, k, F_e, F_s):
+    a qwen35moe model instead, every FFN (the MTP block's too) routed over E experts, k a token, plus a shared
+    expert of width F_s (0: none)."""
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
 
@@ -69,6 +72,13 @@ def tiny_qwen35_tensors(rng, *, D=32, F=48, N=272, n_trunk=4, interval=4, H=2, H
     }
     if mtp:
         meta["qwen35.nextn_predict_layers"] = GGUFValue(U32, 1)
+    if experts is not None:
+        E, k_used, Fe, Fs = experts
+        meta = {k.replace("qwen35.", "qwen35moe.", 1): v for k, v in meta.items() if k != "qwen35.feed_forward_length"}
+        meta["general.architecture"] = "qwen35moe"
+        meta.update({"qwen35moe.expert_count": GGUFValue(U32, E), "qwen35moe.expert_used_count": GGUFValue(U32, k_used),
+                     "qwen35moe.expert_feed_forward_length": GGUFValue(U32, Fe),
+                     "qwen35moe.expert_shared_feed_forward_length": GGUFValue(U32, Fs)})
     t = {"token_embd.weight": mat(N, D), "output_norm.weight": norm(D)}
     if not tied:
         t["output.weight"] = mat(N, D)
@@ -78,9 +88,20 @@ def tiny_qwen35_tensors(rng, *, D=32, F=48, N=272, n_trunk=4, interval=4, H=2, H
                   p + "attn_v.weight": mat(H_kv * d, D), p + "attn_output.weight": mat(D, H * d),
                   p + "attn_q_norm.weight": norm(d), p + "attn_k_norm.weight": norm(d)})
 
+    def stack(n, rows, cols):  # n matrices [rows, cols]: a 3-D expert tensor
+        return np.stack([mat(rows, cols) for _ in range(n)])
+
     def common(p):
-        t.update({p + "attn_norm.weight": norm(D), p + "post_attention_norm.weight": norm(D),
-                  p + "ffn_gate.weight": mat(F, D), p + "ffn_up.weight": mat(F, D), p + "ffn_down.weight": mat(D, F)})
+        t.update({p + "attn_norm.weight": norm(D), p + "post_attention_norm.weight": norm(D)})
+        if experts is None:
+            t.update({p + "ffn_gate.weight": mat(F, D), p + "ffn_up.weight": mat(F, D), p + "ffn_down.weight": mat(D, F)})
+            return
+        E, _, Fe, Fs = experts
+        t.update({p + "ffn_gate_inp.weight": mat(E, D), p + "ffn_gate_exps.weight": stack(E, Fe, D),
+                  p + "ffn_up_exps.weight": stack(E, Fe, D), p + "ffn_down_exps.weight": stack(E, D, Fe)})
+        if Fs:
+            t.update({p + "ffn_gate_inp_shexp.weight": mat(1, D)[0], p + "ffn_gate_shexp.weight": mat(Fs, D),
+                      p + "ffn_up_shexp.weight": mat(Fs, D), p + "ffn_down_shexp.weight": mat(D, Fs)})
 
     for i in range(n_trunk):
         p = f"blk.{i}."

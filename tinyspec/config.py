@@ -14,7 +14,12 @@ Keys and derivations follow llama.cpp (docs/qwen35.md section 1):
     attention:  H = attention.head_count, H_kv = attention.head_count_kv, d = attention.key_length,
                 n_rot = rope.dimension_count (first n_rot dims of each head are rotated)
 
-Does NOT include: qwen35moe / qwen3next (MoE FFNs, fused qkvz), rope scaling (YaRN), per-layer head counts.
+qwen35moe (the mixture-of-experts sibling, docs/qwen35.md section 8) has the same keys under its own prefix
+(feed_forward_length may be absent: every FFN is an MoE) and adds
+    E = expert_count, k_e = expert_used_count (experts per token), F_e = expert_feed_forward_length,
+    F_s = expert_shared_feed_forward_length (the shared expert; absent or 0: none)
+
+Does NOT include: qwen3next (fused qkvz), rope scaling (YaRN), per-layer head counts.
 """
 
 from __future__ import annotations
@@ -24,9 +29,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-SUPPORTED = ("qwen35",)
+SUPPORTED = ("qwen35", "qwen35moe")
 NOT_YET = {
-    "qwen35moe": "the MoE variant of Qwen3.5 (routed experts)",
     "qwen3next": "Qwen3-Next (fused qkvz projections, MoE)",
 }
 
@@ -58,6 +62,12 @@ class ModelConfig:
     ssm_n_v_heads: int  # n_v
     ssm_head_v_dim: int  # V
     recurrent: tuple[bool, ...]  # per trunk layer: True = Gated DeltaNet, False = full attention
+    # mixture of experts (qwen35moe; 0 for the dense qwen35)
+    arch: str = "qwen35"
+    n_expert: int = 0  # E
+    n_expert_used: int = 0  # experts per token
+    n_ff_exp: int = 0  # F_e, one routed expert's FFN width
+    n_ff_shexp: int = 0  # F_s, the shared expert's (0: none)
 
     @property
     def n_trunk(self) -> int:
@@ -140,10 +150,21 @@ class ModelConfig:
             interval = positive("full_attention_interval", 4, required=False)
             recurrent = tuple((i + 1) % interval != 0 for i in range(n_trunk))
 
+        moe = {}
+        if arch == "qwen35moe":
+            n_expert, n_used = positive("expert_count"), positive("expert_used_count")
+            if n_used > n_expert:
+                raise ConfigError(f"{arch}.expert_used_count = {n_used} exceeds expert_count = {n_expert}")
+            shexp = get("expert_shared_feed_forward_length", 0, required=False)
+            if isinstance(shexp, bool) or not isinstance(shexp, (int, np.integer)) or shexp < 0:
+                raise ConfigError(f"{arch}.expert_shared_feed_forward_length must be an integer >= 0, got {shexp!r}")
+            moe = dict(arch=arch, n_expert=n_expert, n_expert_used=n_used,
+                       n_ff_exp=positive("expert_feed_forward_length"), n_ff_shexp=int(shexp))
+
         return cls(
             n_vocab=int(n_vocab),
             n_embd=positive("embedding_length"),
-            n_ff=positive("feed_forward_length"),
+            n_ff=positive("feed_forward_length") if not moe else int(get("feed_forward_length", 0, required=False)),
             n_layer_all=n_layer_all,
             n_nextn=n_nextn,
             n_ctx=positive("context_length"),
@@ -160,4 +181,5 @@ class ModelConfig:
             ssm_n_v_heads=n_v,
             ssm_head_v_dim=inner // n_v,
             recurrent=recurrent,
+            **moe,
         )

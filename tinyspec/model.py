@@ -30,6 +30,7 @@ from .config import ModelConfig
 from .gdn import gdn_layer, gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
+from .moe import moe_ffn
 from .quants import dequantize
 from .state import ModelState, ReplayRing, SnapshotRing
 
@@ -38,15 +39,50 @@ GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_al
 ATTN_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight",
                 "attn_k_norm.weight")
 FFN_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+MOE_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+SHEXP_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
 
 
 class ModelError(ValueError):
     """The file's tensors do not form a qwen35 model (missing tensor, wrong shape)."""
 
 
-def ffn(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels = NUMPY) -> np.ndarray:  # [T, D] -> [T, D]
+def ffn(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels = NUMPY, n_used: int = 0) -> np.ndarray:
+    """[T, D] -> [T, D]: the SwiGLU FFN, or on a qwen35moe layer (it has a router) the experts' (moe.py; n_used:
+    experts per token)."""
+    if "ffn_gate_inp.weight" in w:
+        return moe_ffn(x, w, n_used, kern)
     gate, up = kern.linear(x, w["ffn_gate.weight"]), kern.linear(x, w["ffn_up.weight"])  # [T, F] each
     return kern.linear(kern.silu(gate) * up, w["ffn_down.weight"])
+
+
+def ffn_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The FFN tensors every layer (and the MTP block) must hold, with their NumPy shapes: dense, or the
+    router, the routed experts and the shared expert of qwen35moe."""
+    D = cfg.n_embd
+    if not cfg.n_expert:
+        return {"ffn_gate.weight": (cfg.n_ff, D), "ffn_up.weight": (cfg.n_ff, D), "ffn_down.weight": (D, cfg.n_ff)}
+    E, Fe, Fs = cfg.n_expert, cfg.n_ff_exp, cfg.n_ff_shexp
+    shapes = {"ffn_gate_inp.weight": (E, D), "ffn_gate_exps.weight": (E, Fe, D), "ffn_up_exps.weight": (E, Fe, D),
+              "ffn_down_exps.weight": (E, D, Fe)}
+    if Fs:
+        shapes |= {"ffn_gate_inp_shexp.weight": (D,), "ffn_gate_shexp.weight": (Fs, D), "ffn_up_shexp.weight": (Fs, D),
+                   "ffn_down_shexp.weight": (D, Fs)}
+    return shapes
+
+
+def check_ffn(tensors: Mapping[str, np.ndarray], prefix: str, cfg: ModelConfig) -> None:
+    """Raise ModelError naming the first FFN tensor under `prefix` that is missing or has the wrong shape."""
+    if cfg.n_expert and prefix + "ffn_gate_up_exps.weight" in tensors:
+        raise ModelError(f"tensor {prefix}ffn_gate_up_exps.weight: the fused gate/up expert layout is not supported "
+                         "yet (files with separate ffn_gate_exps and ffn_up_exps are)")
+    for name, shape in ffn_shapes(cfg).items():
+        t = tensors.get(prefix + name)
+        if t is None:
+            raise ModelError(f"missing tensor {prefix}{name}")
+        got = tuple(t.shape)
+        if got != shape and not (name == "ffn_gate_inp_shexp.weight" and got == (1,) + shape):
+            raise ModelError(f"tensor {prefix}{name} has shape {got}, expected {shape}")
 
 
 def load_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
@@ -94,8 +130,10 @@ class Model:
             raise ModelError(f"tensor output.weight has shape {self.output.shape}, expected {(N, D)}")
         self.layers: list[dict[str, np.ndarray]] = []
         for i, recurrent in enumerate(cfg.recurrent):
-            names = FFN_TENSORS + (GDN_TENSORS if recurrent else ATTN_TENSORS)
-            self.layers.append({n: need(f"blk.{i}.{n}") for n in names})
+            names = FFN_TENSORS[:2] + (GDN_TENSORS if recurrent else ATTN_TENSORS)
+            layer = {n: need(f"blk.{i}.{n}") for n in names}
+            check_ffn(tensors, f"blk.{i}.", cfg)
+            self.layers.append(layer | {n: tensors[f"blk.{i}.{n}"] for n in ffn_shapes(cfg)})
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike | GGUFFile, progress: Callable[[int, int], None] | None = None) -> "Model":
@@ -163,7 +201,7 @@ class Model:
                                   ring=ring.layer(i) if ring is not None else None)
             else:
                 x = x + attention_layer(u, w, layer_state, cfg, kern)
-            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
+            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
         state.pos += x.shape[0]
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
         return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden)
@@ -197,7 +235,7 @@ class Model:
                                          [r.layer(i) if r is not None else None for r in rings])
             else:
                 x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern)
-            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
+            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
         for state, t in zip(states, tokens):
             state.pos += len(t)
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]

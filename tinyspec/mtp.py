@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import attention_layer_ragged
-from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, ffn
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .speculate import Draft, StopRule, run_alone
 from .state import KVCache
@@ -40,9 +40,10 @@ class MTPHead:
         if cfg.n_nextn != 1:
             raise ModelError("this model has no MTP block (qwen35.nextn_predict_layers is 0 or absent)")
         prefix = f"blk.{cfg.n_trunk}."
-        missing = [prefix + n for n in NEXTN_TENSORS + ATTN_TENSORS + FFN_TENSORS if prefix + n not in model.tensors]
+        missing = [prefix + n for n in NEXTN_TENSORS + ATTN_TENSORS + FFN_TENSORS[:2] if prefix + n not in model.tensors]
         if missing:
             raise ModelError(f"MTP block is missing tensors: {', '.join(missing)}")
+        check_ffn(model.tensors, prefix, cfg)  # dense, or qwen35moe's experts
         self.w = {n[len(prefix):]: t for n, t in model.tensors.items() if n.startswith(prefix)}
         self.model = model  # its kernels: the functions, array module and host/device copies the head uses
         self.embed_tokens = self.w.get("nextn.embed_tokens.weight", model.token_embd)
@@ -77,7 +78,7 @@ class MTPHead:
         y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
         y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
                                        kern)
-        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern)
+        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
         h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
         return (kern.to_host(kern.linear(h_mtp, self.head)) if logits else None), kern.to_host(h_mtp), bounds
 

@@ -1,0 +1,124 @@
+"""qwen35moe on tinyspec's own terms (tinyspec/moe.py): the routing rule, batch invariance, exact speculation and
+batching on an MoE model, and files whose experts do not fit their metadata. (tests/test_moe.py checks the
+logits against HF transformers' Qwen3_5MoeForCausalLM through convert.)"""
+
+import numpy as np
+import pytest
+from tiny_models import tiny_qwen35_tensors, write_tiny_qwen35
+
+from tinyspec.backends import load_model, numba_available
+from tinyspec.batch import EachAlone, Together, batch_generate
+from tinyspec.draft import DraftModelDrafter
+from tinyspec.generate import generate
+from tinyspec.gguf import write_gguf
+from tinyspec.kernels import NUMPY
+from tinyspec.lookup import LookupDrafter
+from tinyspec.model import Model, ffn
+from tinyspec.moe import moe_ffn, route
+from tinyspec.mtp import MTPDrafter
+
+BACKENDS = ["numpy"] + (["cpu"] if numba_available() else [])
+EXPERTS = (8, 2, 16, 24)  # E, k a token, F_e, F_s
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    write_tiny_qwen35(d / "moe.gguf", seed=3, experts=EXPERTS)
+    write_tiny_qwen35(d / "draft.gguf", seed=4, n_trunk=2, interval=2, mtp=False)
+    return d
+
+
+def test_route_picks_the_top_k_and_renormalises():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((50, 8)).astype(np.float32)
+    experts, weights = route(logits, 3)
+    for row, chosen, w in zip(logits, experts, weights):
+        assert list(chosen) == list(np.argsort(-row, kind="stable")[:3])
+        p = np.exp(row - row.max())
+        assert np.allclose(w, p[chosen] / p[chosen].sum(), atol=1e-6) and abs(w.sum() - 1) < 1e-6
+    tied = np.zeros((1, 4), np.float32)  # a tie goes to the lower index
+    assert list(route(tied, 2)[0][0]) == [0, 1]
+
+
+def test_identical_experts_are_the_dense_ffn():
+    """Every expert the same FFN and no shared expert: the renormalised weights sum to 1, so the MoE is that FFN."""
+    rng = np.random.default_rng(1)
+    D, F, E = 16, 24, 6
+    gate, up, down = (rng.standard_normal(s).astype(np.float32) for s in ((F, D), (F, D), (D, F)))
+    w = {"ffn_gate_inp.weight": rng.standard_normal((E, D)).astype(np.float32),
+         "ffn_gate_exps.weight": np.stack([gate] * E), "ffn_up_exps.weight": np.stack([up] * E),
+         "ffn_down_exps.weight": np.stack([down] * E)}
+    x = rng.standard_normal((5, D)).astype(np.float32)
+    dense = ffn(x, {"ffn_gate.weight": gate, "ffn_up.weight": up, "ffn_down.weight": down})
+    assert np.allclose(moe_ffn(x, w, 3, NUMPY), dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_are_batch_invariant(files, backend):
+    """A T-token pass gives bitwise the logits of T one-token passes: rows grouped by expert never mix."""
+    model = load_model(files / "moe.gguf", backend)
+    tokens = [5, 9, 13, 40, 41, 42, 5, 9, 77, 3]
+    state = model.new_state()
+    model.forward(np.array(tokens[:4]), state)
+    one = state.copy()
+    together, _ = model.forward(np.array(tokens[4:]), state)
+    for i, t in enumerate(tokens[4:]):
+        row, _ = model.forward(np.array([t]), one)
+        assert np.array_equal(row[0], together[i])
+    layer = model.layers[0]
+    x = np.random.default_rng(2).standard_normal((7, model.cfg.n_embd)).astype(np.float32)
+    all_rows = moe_ffn(x, layer, model.cfg.n_expert_used, model.kernels)
+    for t in range(7):
+        assert np.array_equal(moe_ffn(x[t : t + 1], layer, model.cfg.n_expert_used, model.kernels)[0], all_rows[t])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["mtp", "lookup", "draft"])
+def test_greedy_speculation_and_batches_are_exact_on_moe(files, backend, kind):
+    model = load_model(files / "moe.gguf", backend)
+    draft = load_model(files / "draft.gguf", backend)
+    make = {"mtp": lambda: MTPDrafter(model), "lookup": lambda: LookupDrafter(),
+            "draft": lambda: DraftModelDrafter(draft, target=model)}[kind]
+    prompts = [[5, 9, 13, 40, 41, 42, 5, 9], [7, 7, 8], [100, 3, 5, 100, 3]]
+    plain = [generate(model, p, 16).tokens for p in prompts]
+    for p, want in zip(prompts, plain):
+        assert generate(model, p, 16, drafter=make(), draft_n=3).tokens == want
+    slots = 2
+    drafter = EachAlone(make, slots) if kind == "lookup" else Together(make(), slots)
+    out = batch_generate(model, prompts, 16, slots=slots, drafter=drafter, draft_n=3)
+    assert [s.tokens for s in out.sequences] == plain
+
+
+def moe_file(tmp_path, change):
+    meta, tensors = tiny_qwen35_tensors(np.random.default_rng(5), experts=EXPERTS, mtp=False)
+    change(meta, tensors)
+    write_gguf(tmp_path / "bad.gguf", meta, tensors)
+    return tmp_path / "bad.gguf"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m, t: m.update({"qwen35moe.expert_count": 0}), "expert_count must be a positive integer"),
+    (lambda m, t: m.update({"qwen35moe.expert_used_count": 9}), "expert_used_count = 9 exceeds expert_count = 8"),
+    (lambda m, t: t.update({"blk.0.ffn_gate_inp.weight": np.zeros((7, 32), np.float32)}),
+     r"blk.0.ffn_gate_inp.weight has shape \(7, 32\), expected \(8, 32\)"),
+    (lambda m, t: t.update({"blk.1.ffn_up_exps.weight": np.zeros((6, 16, 32), np.float32)}),
+     r"blk.1.ffn_up_exps.weight has shape \(6, 16, 32\), expected \(8, 16, 32\)"),
+    (lambda m, t: t.pop("blk.2.ffn_down_exps.weight"), "missing tensor blk.2.ffn_down_exps.weight"),
+    (lambda m, t: t.update({"blk.0.ffn_gate_up_exps.weight": np.zeros((8, 32, 32), np.float32)}),
+     "fused gate/up expert layout is not supported"),
+])
+def test_experts_that_do_not_fit_their_metadata_are_refused(tmp_path, change, message):
+    path = moe_file(tmp_path, change)
+    with pytest.raises(ValueError, match=message):
+        Model.from_gguf(path)
+    with pytest.raises(ValueError, match=message):
+        load_model(path, "cpu" if numba_available() else "numpy")
+
+
+def test_refused_on_the_command_line_with_exit_2(tmp_path, capsys):
+    from tinyspec.__main__ import main
+
+    path = moe_file(tmp_path, lambda m, t: m.update({"qwen35moe.expert_used_count": 9}))
+    assert main(["generate", "--model", str(path), "--tokens", "1,2", "--backend", "numpy"]) == 2
+    assert "expert_used_count = 9 exceeds expert_count = 8" in capsys.readouterr().err

@@ -1,0 +1,68 @@
+"""The mixture-of-experts FFN of qwen35moe: a router picks k of E expert FFNs per token, plus a shared expert.
+
+For one token x (the input after post_attention_norm; docs/qwen35.md section 8):
+
+    p      = softmax(ffn_gate_inp @ x)                          [E]  the router's probabilities
+    S      = the k = expert_used_count experts with the largest p (a tie: the lower index first)
+    w_e    = p_e / sum_{j in S} p_j                               renormalised over the chosen
+    moe    = sum_{e in S} w_e * down_e(silu(gate_e @ x) * (up_e @ x))    summed in rank order
+    shared = sigmoid(ffn_gate_inp_shexp . x) * down_s(silu(gate_s @ x) * (up_s @ x))
+    out    = moe + shared
+
+Weights (NumPy shapes of the GGUF tensors): ffn_gate_inp [E, D]; ffn_gate_exps, ffn_up_exps [E, F_e, D];
+ffn_down_exps [E, D, F_e]; the shared expert ffn_gate_shexp, ffn_up_shexp [F_s, D], ffn_down_shexp [D, F_s]
+and its gate ffn_gate_inp_shexp [D].
+
+Grouped by expert: the rows of a pass that chose expert e go through its three matrices together, so each chosen
+expert's weights are read once per pass however many rows chose it (a verify pass of T rows reads the union of
+the experts its rows chose: more than one token's k when rows disagree; LESSONS and bench measure it). Each
+row's product is kept apart and the row sums its own k products in its own rank order, so a row's numbers do not
+depend on the other rows (batch invariance, as ops.linear's).
+
+Official implementation: llama.cpp src/models/qwen35moe.cpp (build_moe_ffn with softmax gating and
+renormalised weights); HF transformers Qwen3_5MoeSparseMoeBlock (modeling_qwen3_5_moe.py).
+Does NOT include: the fused ffn_gate_up_exps layout (refused at load), expert_weights_scale, other gatings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from .ops import softmax
+
+if TYPE_CHECKING:
+    from .kernels import Kernels
+
+
+def route(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[T, E] router logits -> the k chosen experts per row [T, k] (largest first) and their weights [T, k]
+    (the router's probabilities renormalised over the chosen). Host NumPy in and out."""
+    p = softmax(np.asarray(router_logits, dtype=np.float32))  # [T, E]
+    experts = np.argsort(-p, axis=1, kind="stable")[:, :k]  # stable: a tie goes to the lower index
+    chosen = np.take_along_axis(p, experts, axis=1)  # [T, k]
+    return experts, (chosen / chosen.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def moe_ffn(x: np.ndarray, w: Mapping[str, np.ndarray], n_used: int, kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
+    """The module docstring's FFN for T rows: routed experts grouped by expert, then the shared expert."""
+    T, D = x.shape
+    experts, weights = route(kern.to_host(kern.linear(x, w["ffn_gate_inp.weight"])), n_used)  # [T, k] each
+    gate, up, down = w["ffn_gate_exps.weight"], w["ffn_up_exps.weight"], w["ffn_down_exps.weight"]
+    y = kern.xp.zeros((T, n_used, D), np.float32)  # y[t, j]: row t's j-th chosen expert's output
+    for e in np.unique(experts):  # each chosen expert once, with every row that chose it
+        rows, ranks = np.nonzero(experts == e)
+        xe = x[rows]  # [n_e, D]
+        h = kern.silu(kern.linear(xe, gate[e])) * kern.linear(xe, up[e])  # [n_e, F_e]
+        y[rows, ranks] = kern.linear(h, down[e])  # [n_e, D]
+    wts = kern.to_device(weights)
+    out = y[:, 0] * wts[:, :1]
+    for j in range(1, n_used):  # each row's own k products, in its rank order
+        out = out + y[:, j] * wts[:, j : j + 1]
+    if "ffn_gate_shexp.weight" in w:
+        shared = kern.linear(kern.silu(kern.linear(x, w["ffn_gate_shexp.weight"])) * kern.linear(x, w["ffn_up_shexp.weight"]),
+                             w["ffn_down_shexp.weight"])  # [T, D]
+        gate_s = kern.sigmoid(kern.linear(x, w["ffn_gate_inp_shexp.weight"].reshape(1, D)))  # [T, 1]
+        out = out + gate_s * shared
+    return out.astype(np.float32, copy=False)
