@@ -390,7 +390,7 @@ def test_errors_name_the_file_or_tensor(tmp_path):
     d.mkdir()
     with pytest.raises(ValueError, match="no config.json"):
         convert(d, tmp_path / "x.gguf")
-    for arch in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM"):
+    for arch in ("Qwen3NextForCausalLM",):  # Qwen3_5Moe: tests/test_moe.py
         (d / "config.json").write_text(json.dumps({"architectures": [arch]}))
         with pytest.raises(ValueError, match=f"{arch} is not supported yet"):
             convert(d, tmp_path / "x.gguf")

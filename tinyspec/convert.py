@@ -1,4 +1,4 @@
-"""Convert a Hugging Face Qwen3.5 checkpoint into a qwen35 GGUF, as llama.cpp's converter writes it.
+"""Convert a Hugging Face Qwen3.5 checkpoint into a qwen35 (or qwen35moe) GGUF, as llama.cpp's converter writes it.
 
     convert(hf_dir, out_path, outtype="f32" | "f16" | "q8_0", progress=None, mtp="include" | "exclude" | "only")
 
@@ -14,6 +14,18 @@ What llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint, and so what
               weights in the outtype; Q8_0 falls back to F16 when a row is not a multiple of 32
     metadata  qwen35.* keys with llama.cpp's exact value types (UINT32, FLOAT32, INT32 / BOOL arrays)
               and in its order; the byte-level BPE vocabulary (gpt2 model, qwen35 pre-tokenizer)
+    MoE       Qwen3_5MoeForCausalLM / ...ForConditionalGeneration -> arch qwen35moe (docs/qwen35.md section 8):
+              the same steps under the qwen35moe.* prefix, plus expert_count, expert_used_count (after the rms
+              epsilon), expert_feed_forward_length, expert_shared_feed_forward_length (after file_type). Per
+              layer (MTP block too), NumPy shapes: mlp.gate -> ffn_gate_inp [E, D]; the experts become 3-D
+              ffn_gate_exps, ffn_up_exps [E, F, D] and ffn_down_exps [E, D, F], from either checkpoint layout:
+              per expert (mlp.experts.{e}.{gate,up,down}_proj.weight, what transformers' save_pretrained writes),
+              stacked in expert order and written, as llama.cpp does, where the layer's last expert tensor was,
+              down / gate / up; or fused (mlp.experts.gate_up_proj [E, 2F, D] split in two, down_proj as is).
+              llama.cpp writes the fused ffn_gate_up_exps only with --fuse-gate-up-exps, tinyspec never.
+              mlp.shared_expert.{gate,up,down}_proj -> ffn_{gate,up,down}_shexp;
+              mlp.shared_expert_gate [1, D] -> ffn_gate_inp_shexp [1, D] (kept 2-D, as llama.cpp does). Both
+              routers stay F32 whatever the outtype; size_label is "{E}x{shared + one expert's params}".
 Safetensors are read without torch: u64 header length, JSON header, raw little-endian data.
 
 Glossary: n_k / n_v GDN key / value heads, R = n_v / n_k, dv value head dim, n_trunk trunk layers.
@@ -22,7 +34,7 @@ _LinearAttentionVReorderBase, Qwen3NextModel, _QwenMtpMixin), conversion/base.py
 set_gguf_parameters / prepare_tensors / get_vocab_base) and gguf-py vocab.py (SpecialVocab).
 Departs from it: ssm_a's exp is taken in float64 and rounded once (llama.cpp uses torch's float32 exp,
 1 ulp off in ~1% of values); pre is always "qwen35" (llama.cpp hashes a probe tokenization).
-Does NOT include: qwen3_5_moe / qwen3_next, rope scaling (yarn / linear), outtypes other than
+Does NOT include: qwen3_next, --fuse-gate-up-exps, rope scaling (yarn / linear), outtypes other than
 f32 / f16 / q8_0, pytorch .bin checkpoints, named extra chat templates, normalizer flags, general.*
 provenance beyond name and size_label, SpecialVocab's cls/sep fallbacks and TemplateProcessing parsing
 (BERT-style tokenizers), split output files.
@@ -45,10 +57,17 @@ from .mtp import NEXTN_TENSORS
 from .quants import GGMLType, quantize
 
 U32, F32, I32, BOOL = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32, GGUFValueType.BOOL
-SUPPORTED = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
-NOT_YET = ("Qwen3_5Moe", "Qwen3Next")  # architecture name prefixes: MoE variants
+SUPPORTED = {"Qwen3_5ForCausalLM": "qwen35", "Qwen3_5ForConditionalGeneration": "qwen35",  # -> GGUF architecture
+             "Qwen3_5MoeForCausalLM": "qwen35moe", "Qwen3_5MoeForConditionalGeneration": "qwen35moe"}
+NOT_YET = ("Qwen3Next",)  # architecture name prefixes
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "linear_conv_kernel_dim", "linear_key_head_dim",
             "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")  # config.json keys
+MOE_REQUIRED = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+# a qwen35moe layer's FFN tensors (replacing FFN_TENSORS' ffn_gate / ffn_up / ffn_down), and the shared expert's
+MOE_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate_inp.weight", "ffn_gate_exps.weight",
+               "ffn_up_exps.weight", "ffn_down_exps.weight")
+SHEXP_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
+ROUTERS = ("ffn_gate_inp", "ffn_gate_inp_shexp")  # always stored F32 (llama.cpp base.py prepare_tensors)
 OUTTYPES = {"f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "q8_0": (GGMLType.Q8_0, 7)}  # -> (type, file_type)
 ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}  # BF16 read as bits
 TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -60,8 +79,13 @@ LAYER_NAMES = {  # HF module inside model.layers.{i} -> GGUF name inside blk.{i}
     "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate", "linear_attn.in_proj_b": "ssm_beta",
     "linear_attn.in_proj_a": "ssm_alpha", "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm",
     "linear_attn.out_proj": "ssm_out", "eh_proj": "nextn.eh_proj", "enorm": "nextn.enorm", "hnorm": "nextn.hnorm",
-    "shared_head.norm": "nextn.shared_head_norm"}
-PARAM_NAMES = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}  # parameters, not modules
+    "shared_head.norm": "nextn.shared_head_norm",
+    "mlp.gate": "ffn_gate_inp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj":
+    "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps", "mlp.experts.down_proj": "ffn_down_exps"}  # (.weight spellings)
+PARAM_NAMES = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",  # parameters, not modules
+               "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+               "mlp.experts.gate_proj": "ffn_gate_exps.weight", "mlp.experts.up_proj": "ffn_up_exps.weight"}
 MTP_TOP = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
 SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",  # llama.cpp's spellings
                 "sep": "seperator_token_id", "pad": "padding_token_id", "mask": "mask_token_id"}
@@ -101,8 +125,20 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     return out
 
 
+class Stacked:
+    """E per-expert arrays [*shape] seen as one [E, *shape] array, stacked only when read (np.asarray)."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts, self.shape = parts, (len(parts), *parts[0].shape)
+        self.ndim = len(self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.stack(self.parts) if dtype is None else np.stack(self.parts).astype(dtype)
+
+
 def as_float(dtype: str, x: np.ndarray) -> np.ndarray:
     """F16 stays F16 (llama.cpp edits F16 sources in F16); BF16 -> F32 by a 16-bit shift; others -> F32."""
+    x = np.asarray(x)  # a memory map stays one; a Stacked is stacked here
     if dtype == "BF16":
         return (x.astype(np.uint32) << 16).view(np.float32)
     return np.array(x) if dtype in ("F16", "F32") else x.astype(np.float32)
@@ -115,12 +151,16 @@ def load_config(hf_dir: Path) -> dict:
     cfg = read_json(path)
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch.startswith(NOT_YET):
-        raise ValueError(f"{path}: architecture {arch} is not supported yet (tinyspec converts dense Qwen3.5)")
+        raise ValueError(f"{path}: architecture {arch} is not supported yet (tinyspec converts Qwen3.5 and Qwen3.5-MoE)")
     if arch not in SUPPORTED:
         raise ValueError(f"{path}: architecture {arch} is not supported; tinyspec converts {', '.join(SUPPORTED)}")
-    cfg = {**cfg, **cfg.get("text_config", {})}  # the multimodal layout nests the text model's config
-    if missing := [k for k in REQUIRED if k not in cfg]:
+    cfg = {**cfg, **cfg.get("text_config", {}), "gguf_arch": SUPPORTED[arch]}  # multimodal: text config nested
+    moe = cfg["gguf_arch"] == "qwen35moe"
+    if missing := [k for k in REQUIRED + MOE_REQUIRED * moe if k not in cfg]:
         raise ValueError(f"{path}: missing {', '.join(missing)}")
+    if moe and not 0 < cfg["num_experts_per_tok"] <= cfg["num_experts"]:
+        raise ValueError(f"{path}: num_experts_per_tok = {cfg['num_experts_per_tok']} must be in 1..num_experts "
+                         f"= {cfg['num_experts']}")
     if cfg["linear_num_value_heads"] % cfg["linear_num_key_heads"]:
         raise ValueError(f"{path}: linear_num_value_heads is not a multiple of linear_num_key_heads")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -168,7 +208,58 @@ def gguf_name(name: str, n_trunk: int) -> str | None:
     module, _, suffix = name.rpartition(".")
     if module in TOP_NAMES and suffix in ("weight", "bias"):
         return f"{TOP_NAMES[module]}.{suffix}"
+    if re.search(r"\.experts\.\d+\.", name):
+        raise ValueError(f"checkpoint tensor {name!r}: per-expert MoE weights are not supported yet "
+                         "(tinyspec converts the fused mlp.experts.gate_up_proj / down_proj layout)")
     raise ValueError(f"cannot map checkpoint tensor {name!r} to a qwen35 GGUF name")
+
+
+def stack_experts(tensors: list, n_expert: int) -> list:
+    """Per-expert checkpoint tensors `<layer>.mlp.experts.{e}.{proj}.weight` -> one [E, ...] tensor per layer and
+    proj, named `<layer>.mlp.experts.{proj}` (the fused layout's spelling), in llama.cpp's place and order: where
+    the layer's last expert tensor was, down_proj, gate_proj, up_proj (qwen.py Qwen2MoeModel.modify_tensors)."""
+    groups: dict[str, dict[str, dict[int, tuple[str, np.ndarray]]]] = {}  # layer -> proj -> expert -> tensor
+    last: dict[str, int] = {}
+    for i, (name, st) in enumerate(tensors):
+        if m := re.fullmatch(r"(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", name):
+            groups.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = st
+            last[m[1]] = i
+    if not groups:
+        return tensors
+    merged: dict[int, list] = {}
+    for layer, projs in groups.items():
+        for proj in ("down_proj", "gate_proj", "up_proj"):
+            found = projs.get(proj, {})
+            if sorted(found) != list(range(n_expert)):
+                missing = sorted(set(range(n_expert)) - set(found)) or sorted(set(found) - set(range(n_expert)))
+                raise ValueError(f"{layer}.*.{proj}: the checkpoint has {len(found)} experts, config.json num_experts "
+                                 f"is {n_expert} (expert {missing[0] if missing else '?'} missing or extra)")
+            dtypes, parts = {st[0] for st in found.values()}, [found[e][1] for e in range(n_expert)]
+            if len(dtypes) > 1 or len({p.shape for p in parts}) > 1:
+                raise ValueError(f"{layer}.*.{proj}: the experts differ in dtype or shape")
+            merged.setdefault(last[layer], []).append((f"{layer}.{proj}", (dtypes.pop(), Stacked(parts))))
+    out = []
+    for i, (name, st) in enumerate(tensors):
+        if not re.fullmatch(r".+\.mlp\.experts\.\d+\..+", name):
+            out.append((name, st))
+        out += merged.get(i, [])
+    return out
+
+
+def split_gate_up(tensors: list) -> list:
+    """ffn_gate_up_exps [E, 2F, D] (HF's fused gate_up_proj) -> ffn_gate_exps, ffn_up_exps [E, F, D] each, in
+    that order and in its place, as lazy views (qwen.py Qwen2MoeModel.modify_tensors)."""
+    out = []
+    for name, (dtype, data) in tensors:
+        if name is None or not name.endswith(".ffn_gate_up_exps.weight"):
+            out.append((name, (dtype, data)))
+            continue
+        if data.ndim != 3 or data.shape[1] % 2:
+            raise ValueError(f"{name}: expected a [E, 2F, D] gate_up_proj, got shape {tuple(data.shape)}")
+        n_ff, data = data.shape[1] // 2, np.asarray(data)
+        out += [(name.replace("gate_up", "gate"), (dtype, data[:, :n_ff])),
+                (name.replace("gate_up", "up"), (dtype, data[:, n_ff:]))]
+    return out
 
 
 def tile_v_heads(x: np.ndarray, axis: int, cfg: dict, head_dim: int, skip: int = 0) -> np.ndarray:
@@ -205,6 +296,8 @@ def storage_type(name: str, shape: tuple[int, ...], outtype: GGMLType) -> GGMLTy
     """llama.cpp's type choice for one converted tensor (base.py prepare_tensors)."""
     if len(shape) <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name or not name.endswith(".weight"):
         return GGMLType.F32
+    if name.startswith("blk.") and name.split(".")[2] in ROUTERS:
+        return GGMLType.F32
     if outtype == GGMLType.Q8_0 and shape[-1] % 32 == 0:
         return GGMLType.Q8_0
     return GGMLType.F32 if outtype == GGMLType.F32 else GGMLType.F16  # Q8_0 falls back to F16
@@ -222,8 +315,11 @@ def converted_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1) if ".ssm_conv1d." in name else tuple(shape)
 
 
-def size_label(n: int) -> str:
-    """gguf-py's model_weight_count_rounded_notation with min_digits=2: 67M, 1.5B, ..."""
+def size_label(n: int, n_expert: int = 0) -> str:
+    """gguf-py's model_weight_count_rounded_notation with min_digits=2: 67M, 1.5B, ...; a MoE model passes the
+    parameters of its shared part plus one expert, and gets "{n_expert}x..." (gguf-py utility.size_label)."""
+    if n_expert:
+        return f"{n_expert}x{size_label(n)}"
     scale, suffix = next((s, c) for s, c in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (0, "K")) if n > s)
     value = n * (1e-3 if suffix == "K" else 1 / scale)
     return f"{value:.{max(2 - len(str(round(value)).lstrip('0')), 0)}f}{suffix}"
@@ -289,9 +385,11 @@ def tokenizer_metadata(hf_dir: Path, cfg: dict) -> dict:
     return meta
 
 
-def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, n_params: int) -> dict:
-    """general.* and qwen35.* keys in the order and with the value types llama.cpp's converter writes them
-    (TextModel.set_gguf_parameters, then Qwen3NextModel's, then _Qwen35MRopeMixin's default sections)."""
+def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, label: str) -> dict:
+    """general.* and qwen35.* (qwen35moe.*) keys in the order and with the value types llama.cpp's converter
+    writes them (TextModel.set_gguf_parameters, then Qwen2MoeModel's expert widths, _QwenMtpMixin's nextn,
+    Qwen3NextModel's, then _Qwen35MRopeMixin's default sections)."""
+    arch = cfg["gguf_arch"]
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     for key in ("rope_theta", "partial_rotary_factor"):  # TextModel mirrors top-level rope keys into rope_parameters
         if key not in rope and key in cfg:
@@ -300,42 +398,49 @@ def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, n_params: i
     def u32(key: str) -> GGUFValue:
         return GGUFValue(U32, int(cfg[key]))
 
-    meta = {"general.architecture": "qwen35", "general.type": "model", "general.name": name,
-            "general.size_label": size_label(n_params), "qwen35.block_count": GGUFValue(U32, cfg["num_hidden_layers"] + n_mtp)}
+    meta = {"general.architecture": arch, "general.type": "model", "general.name": name,
+            "general.size_label": label, f"{arch}.block_count": GGUFValue(U32, cfg["num_hidden_layers"] + n_mtp)}
     for key, hf_key in (("context_length", "max_position_embeddings"), ("embedding_length", "hidden_size"),
                         ("feed_forward_length", "intermediate_size"), ("attention.head_count", "num_attention_heads"),
                         ("attention.head_count_kv", "num_key_value_heads")):
         if hf_key in cfg:
-            meta[f"qwen35.{key}"] = u32(hf_key)
+            meta[f"{arch}.{key}"] = u32(hf_key)
     if sections := list(rope.get("mrope_section", [])):
-        meta["qwen35.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, (sections + [0] * 4)[:4], I32)
+        meta[f"{arch}.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, (sections + [0] * 4)[:4], I32)
     if "rope_theta" in rope:
-        meta["qwen35.rope.freq_base"] = GGUFValue(F32, float(rope["rope_theta"]))
+        meta[f"{arch}.rope.freq_base"] = GGUFValue(F32, float(rope["rope_theta"]))
     if "rms_norm_eps" in cfg:
-        meta["qwen35.attention.layer_norm_rms_epsilon"] = GGUFValue(F32, float(cfg["rms_norm_eps"]))
+        meta[f"{arch}.attention.layer_norm_rms_epsilon"] = GGUFValue(F32, float(cfg["rms_norm_eps"]))
+    for key, hf_key in (("expert_count", "num_experts"), ("expert_used_count", "num_experts_per_tok")):
+        if hf_key in cfg:  # TextModel writes them for any config that has them
+            meta[f"{arch}.{key}"] = u32(hf_key)
     if "head_dim" in cfg:
-        meta["qwen35.attention.key_length"] = meta["qwen35.attention.value_length"] = u32("head_dim")
+        meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = u32("head_dim")
     meta["general.file_type"] = GGUFValue(U32, file_type)
+    for key, hf_key in (("expert_feed_forward_length", "moe_intermediate_size"),  # Qwen2MoeModel
+                        ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
+        if hf_key in cfg:
+            meta[f"{arch}.{key}"] = u32(hf_key)
     if n_mtp:
-        meta["qwen35.nextn_predict_layers"] = GGUFValue(U32, n_mtp)
-    meta |= {"qwen35.ssm.conv_kernel": u32("linear_conv_kernel_dim"), "qwen35.ssm.state_size": u32("linear_key_head_dim"),
-             "qwen35.ssm.group_count": u32("linear_num_key_heads"), "qwen35.ssm.time_step_rank": u32("linear_num_value_heads"),
-             "qwen35.ssm.inner_size": GGUFValue(U32, cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])}
+        meta[f"{arch}.nextn_predict_layers"] = GGUFValue(U32, n_mtp)
+    meta |= {f"{arch}.ssm.conv_kernel": u32("linear_conv_kernel_dim"), f"{arch}.ssm.state_size": u32("linear_key_head_dim"),
+             f"{arch}.ssm.group_count": u32("linear_num_key_heads"), f"{arch}.ssm.time_step_rank": u32("linear_num_value_heads"),
+             f"{arch}.ssm.inner_size": GGUFValue(U32, cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])}
     if cfg.get("layer_types"):  # one entry per block, MTP blocks included (full attention)
         recurrent = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * n_mtp
-        meta["qwen35.attention.recurrent_layers"] = GGUFValue(GGUFValueType.ARRAY, recurrent, BOOL)
-    meta["qwen35.full_attention_interval"] = GGUFValue(U32, cfg.get("full_attention_interval", 4))
+        meta[f"{arch}.attention.recurrent_layers"] = GGUFValue(GGUFValueType.ARRAY, recurrent, BOOL)
+    meta[f"{arch}.full_attention_interval"] = GGUFValue(U32, cfg.get("full_attention_interval", 4))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    meta["qwen35.rope.dimension_count"] = GGUFValue(U32, int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    meta[f"{arch}.rope.dimension_count"] = GGUFValue(U32, int(head_dim * rope.get("partial_rotary_factor", 0.25)))
     if not sections:  # llama.cpp's loader requires the key: Qwen3.5's default sections
-        meta["qwen35.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, [11, 11, 10, 0], I32)
+        meta[f"{arch}.rope.dimension_sections"] = GGUFValue(GGUFValueType.ARRAY, [11, 11, 10, 0], I32)
     meta["general.quantization_version"] = GGUFValue(U32, 2)
     return meta
 
 
 def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], None] | None = None,
             mtp: str = "include", metadata: Mapping[str, Any] | None = None) -> None:
-    """Write `out_path`, a qwen35 GGUF of the checkpoint in `hf_dir`. mtp: "include" the MTP block (llama.cpp's
+    """Write `out_path`, a qwen35 (qwen35moe) GGUF of the checkpoint in `hf_dir`. mtp: "include" the MTP block (llama.cpp's
     default), "exclude" it (--no-mtp), or write "only" it with token_embd / output_norm / output (--mtp sidecar).
     metadata: extra keys written after the converter's own (e.g. the `training.*` record of tools/train_tiny.py).
     Tensors are converted one at a time as the writer reaches them (the checkpoint is memory-mapped)."""
@@ -355,7 +460,10 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
         raise ValueError(f"{hf_dir / 'config.json'}: layer_types has {len(layer_types)} entries, num_hidden_layers is {n_trunk}")
 
     say(f"reading {hf_dir}")
-    tensors = [(gguf_name(hf, n_trunk), st) for hf, st in hf_tensors(hf_dir)]
+    checkpoint = hf_tensors(hf_dir)
+    if cfg["gguf_arch"] == "qwen35moe":
+        checkpoint = stack_experts(checkpoint, cfg["num_experts"])
+    tensors = split_gate_up([(gguf_name(hf, n_trunk), st) for hf, st in checkpoint])
 
     def in_mtp(name: str) -> bool:
         return name.startswith("blk.") and int(name.split(".")[1]) >= n_trunk
@@ -372,10 +480,12 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
         not in_mtp(name) if mtp == "exclude" else in_mtp(name) or name in top if mtp == "only" else True)]
 
     mixer = {"linear_attention": GDN_TENSORS, "full_attention": ATTN_TENSORS}
+    moe = cfg["gguf_arch"] == "qwen35moe"
+    ffn = (MOE_TENSORS + SHEXP_TENSORS * (cfg.get("shared_expert_intermediate_size", 0) > 0)) if moe else FFN_TENSORS
     need = ["token_embd.weight", "output_norm.weight"] + ([] if mtp == "only" else [
-        f"blk.{i}.{n}" for i, kind in enumerate(layer_types) for n in FFN_TENSORS + mixer.get(kind, ATTN_TENSORS)])
+        f"blk.{i}.{n}" for i, kind in enumerate(layer_types) for n in ffn + mixer.get(kind, ATTN_TENSORS)])
     if n_mtp:  # the first MTP layer also holds the nextn projection and norms
-        need += [f"blk.{i}.{n}" for i in range(n_trunk, n_trunk + n_mtp) for n in FFN_TENSORS + ATTN_TENSORS]
+        need += [f"blk.{i}.{n}" for i in range(n_trunk, n_trunk + n_mtp) for n in ffn + ATTN_TENSORS]
         need += [f"blk.{n_trunk}.{n}" for n in NEXTN_TENSORS]
     if missing := [n for n in need if n not in {name for name, _ in tensors}]:
         raise ValueError(f"{hf_dir}: the checkpoint lacks tensors for {', '.join(missing[:6])}"
@@ -394,8 +504,15 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
 
         out[name] = RawTensor(kind, shape, produce)
 
-    n_params = sum(int(np.prod(t.shape)) for t in out.values())
-    meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, n_params) | tokenizer_metadata(hf_dir, cfg)
+    if moe:  # gguf-py get_total_parameter_count: the shared part plus one expert's share of each _exps tensor
+        n_expert = cfg["num_experts"]
+        if bad := [n for n, t in out.items() if "_exps." in n and t.shape[0] != n_expert]:
+            raise ValueError(f"{hf_dir}: {bad[0]} has {out[bad[0]].shape[0]} experts, config.json num_experts is {n_expert}")
+        n_params = sum(int(np.prod(t.shape)) // (n_expert if "_exps." in n else 1) for n, t in out.items())
+        label = size_label(n_params, n_expert)
+    else:
+        label = size_label(sum(int(np.prod(t.shape)) for t in out.values()))
+    meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, label) | tokenizer_metadata(hf_dir, cfg)
     if clash := sorted(set(metadata or {}) & set(meta)):
         raise ValueError(f"extra metadata would overwrite the converter's keys: {', '.join(clash)}")
     meta |= dict(metadata or {})
