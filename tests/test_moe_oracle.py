@@ -122,3 +122,41 @@ def test_refused_on_the_command_line_with_exit_2(tmp_path, capsys):
     path = moe_file(tmp_path, lambda m, t: m.update({"qwen35moe.expert_used_count": 9}))
     assert main(["generate", "--model", str(path), "--tokens", "1,2", "--backend", "numpy"]) == 2
     assert "expert_used_count = 9 exceeds expert_count = 8" in capsys.readouterr().err
+
+
+def write_quantized_moe(path) -> None:
+    """A tiny qwen35moe file whose routed experts are Q8_0 (3-D tensors, as llama-quantize leaves them)."""
+    from tinyspec.gguf import RawTensor
+    from tinyspec.quants import GGMLType, quantize
+
+    meta, tensors = tiny_qwen35_tensors(np.random.default_rng(6), experts=(8, 2, 32, 24))
+    for name, t in list(tensors.items()):
+        if name.endswith("_exps.weight"):
+            tensors[name] = RawTensor(GGMLType.Q8_0, t.shape, quantize(t.reshape(-1, t.shape[-1]), GGMLType.Q8_0))
+    write_gguf(path, meta, tensors)
+
+
+@pytest.mark.skipif(not numba_available(), reason="the cpu backend needs numba")
+def test_cpu_multiplies_the_experts_from_their_quantized_bytes(tmp_path):
+    """On the cpu backend each expert is a PackedWeight over its slice of the file's bytes (never expanded), the
+    model agrees with the oracle of the same rounding, rows stay batch-invariant, and speculation stays exact."""
+    from test_backends import close_rows, q8_oracle
+
+    from tinyspec.backends import PackedExperts, PackedWeight
+
+    write_quantized_moe(tmp_path / "q.gguf")
+    model = load_model(tmp_path / "q.gguf", "cpu")
+    experts = model.layers[0]["ffn_up_exps.weight"]
+    assert isinstance(experts, PackedExperts) and experts.shape == (8, 32, 32)
+    assert isinstance(experts[3], PackedWeight) and np.shares_memory(experts[3].raw, experts.raw)
+    tokens = np.array([5, 9, 13, 40, 41, 42, 5, 9])
+    logits, _ = model.forward(tokens, model.new_state())
+    close_rows(logits, q8_oracle(tmp_path / "q.gguf").forward(tokens, model.new_state())[0])
+    state = model.new_state()
+    model.forward(tokens[:3], state)
+    one = state.copy()
+    together, _ = model.forward(tokens[3:], state)
+    for i, t in enumerate(tokens[3:]):
+        assert np.array_equal(model.forward(np.array([t]), one)[0][0], together[i])
+    plain = generate(model, list(tokens), 16).tokens
+    assert generate(model, list(tokens), 16, drafter=MTPDrafter(model), draft_n=3).tokens == plain

@@ -56,6 +56,7 @@ LINEAR_SUFFIXES = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "s
                    "ffn_up.weight", "ffn_down.weight", "nextn.eh_proj.weight", "nextn.embed_tokens.weight",
                    "nextn.shared_head_head.weight")
 PACKED_NAMES = ("token_embd.weight", "output.weight")
+EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")  # qwen35moe, 3-D
 
 
 class BackendError(RuntimeError):
@@ -132,6 +133,26 @@ class PackedWeight:
         return f"PackedWeight({self.ggml_type.name}, {self.shape})"
 
 
+class PackedExperts:
+    """A qwen35moe expert tensor [E, out, in] kept as its GGUF bytes: experts[e] is expert e's [out, in] weight as
+    a PackedWeight over its slice of the bytes (each expert's rows are whole blocks, stored one expert after the
+    other), bound when first used. moe.py multiplies experts[e] as it would a float32 expert."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int, int], kernels):
+        self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
+        self.nbytes, self._bound = raw.nbytes, {}
+
+    def __getitem__(self, e) -> PackedWeight:
+        e = int(e)
+        if e not in self._bound:
+            per = self.raw.size // self.shape[0]  # bytes of one expert
+            self._bound[e] = PackedWeight(self.raw[e * per : (e + 1) * per], self.ggml_type, self.shape[1:], self.kernels)
+        return self._bound[e]
+
+    def __repr__(self) -> str:
+        return f"PackedExperts({self.ggml_type.name}, {self.shape})"
+
+
 def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
                    progress: Callable[[int, int], None] | None = None) -> dict:
     """Matmul weights of a type `kernels` read -> PackedWeight over upload(bytes); every other tensor float32."""
@@ -140,6 +161,8 @@ def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
         packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and len(t.shape) == 2
         if packable and t.ggml_type in kernels.SUPPORTED:
             out[name] = PackedWeight(upload(g.raw(name)), t.ggml_type, t.shape, kernels)
+        elif name.endswith(EXPERT_SUFFIXES) and len(t.shape) == 3 and t.ggml_type in kernels.SUPPORTED:
+            out[name] = PackedExperts(upload(g.raw(name)), t.ggml_type, t.shape, kernels)
         else:
             out[name] = dequantize(g.raw(name), t.ggml_type, t.shape)
         if progress:
@@ -190,7 +213,7 @@ def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
     cp = kernels.cp
     out = packed_tensors(g, kernels, cp.asarray, progress)
     for name, t in out.items():
-        if isinstance(t, PackedWeight):
+        if isinstance(t, (PackedWeight, PackedExperts)):
             continue
         packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and t.ndim == 2
         if packable:
