@@ -144,3 +144,19 @@ def test_many_sequences_on_the_device_equal_each_alone(files, cuda, drafter):
                          draft_n=None if drafter == "none" else 3, block_size=4)
     for seq, prompt in zip(out.sequences, prompts):
         assert seq.error is None and seq.tokens == generate(target, prompt, 12).tokens
+
+
+def test_moe_on_the_device_equals_plain(tmp_path, cuda):
+    """qwen35moe on the device: experts as PackedExperts over device bytes, routing brought to the host, every
+    drafter's greedy output equal to plain."""
+    from test_moe_oracle import write_quantized_moe
+
+    from tinyspec.backends import PackedExperts
+
+    write_quantized_moe(tmp_path / "moe.gguf")
+    model = load_model(tmp_path / "moe.gguf", "cuda")
+    assert isinstance(model.layers[0]["ffn_gate_exps.weight"], PackedExperts)
+    prompt = [5, 9, 13, 40, 41, 42, 5, 9]
+    plain = generate(model, prompt, 12)
+    for drafter in (MTPDrafter(model), LookupDrafter(n_min=1)):
+        assert generate(model, prompt, 12, drafter=drafter, draft_n=3).tokens == plain.tokens

@@ -54,7 +54,8 @@ BACKENDS = ("numpy", "cpu", "cuda")
 LINEAR_SUFFIXES = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_out.weight",
                    "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                    "ffn_up.weight", "ffn_down.weight", "nextn.eh_proj.weight", "nextn.embed_tokens.weight",
-                   "nextn.shared_head_head.weight")
+                   "nextn.shared_head_head.weight", "ffn_gate_inp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                   "ffn_down_shexp.weight")
 PACKED_NAMES = ("token_embd.weight", "output.weight")
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")  # qwen35moe, 3-D
 

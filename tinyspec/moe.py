@@ -63,6 +63,6 @@ def moe_ffn(x: np.ndarray, w: Mapping[str, np.ndarray], n_used: int, kern: Kerne
     if "ffn_gate_shexp.weight" in w:
         shared = kern.linear(kern.silu(kern.linear(x, w["ffn_gate_shexp.weight"])) * kern.linear(x, w["ffn_up_shexp.weight"]),
                              w["ffn_down_shexp.weight"])  # [T, D]
-        gate_s = kern.sigmoid(kern.linear(x, w["ffn_gate_inp_shexp.weight"].reshape(1, D)))  # [T, 1]
+        gate_s = kern.sigmoid((x * w["ffn_gate_inp_shexp.weight"].reshape(D)).sum(axis=1, keepdims=True))  # [T, 1]
         out = out + gate_s * shared
     return out.astype(np.float32, copy=False)
