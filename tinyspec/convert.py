@@ -389,7 +389,7 @@ def model_metadata(cfg: dict, n_mtp: int, file_type: int, name: str, label: str)
     """general.* and qwen35.* (qwen35moe.*) keys in the order and with the value types llama.cpp's converter
     writes them (TextModel.set_gguf_parameters, then Qwen2MoeModel's expert widths, _QwenMtpMixin's nextn,
     Qwen3NextModel's, then _Qwen35MRopeMixin's default sections)."""
-    arch = cfg["gguf_arch"]
+    arch = cfg.get("gguf_arch", "qwen35")  # a synth config (fast/synth.py) is the dense model
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     for key in ("rope_theta", "partial_rotary_factor"):  # TextModel mirrors top-level rope keys into rope_parameters
         if key not in rope and key in cfg:
