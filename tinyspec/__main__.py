@@ -261,8 +261,9 @@ class StreamPrinter:
         sys.stdout.flush()
 
 
-def cmd_generate(args) -> int:
-    from .generate import generate
+def decoding_args(args):
+    """The flags generate and batch share, checked before a model loads (the shipped model when --model is
+    absent) -> their SamplingParams."""
     from .sampling import SamplingParams
     from .speculate import check_draft_length
 
@@ -274,16 +275,24 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.draft_n is not None:
         check_draft_length(args.draft_n, "--draft-n")
-    if args.draft_max is not None:
-        check_draft_length(args.draft_max, "--draft-max", low=1)
     if args.draft_vocab is not None and args.draft_vocab < 0:
         raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
+    if args.spec == "draft" and not args.draft_model:
+        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    return params
+
+
+def cmd_generate(args) -> int:
+    from .generate import generate
+    from .speculate import check_draft_length
+
+    params = decoding_args(args)
+    if args.draft_max is not None:
+        check_draft_length(args.draft_max, "--draft-max", low=1)
     if not 0 <= args.draft_p_min <= 1:
         raise ValueError(f"--draft-p-min must be in [0, 1], got {args.draft_p_min}")
     if args.draft_p_min and args.spec != "mtp":
         raise ValueError(f"--draft-p-min needs --spec mtp (got --spec {args.spec})")
-    if args.spec == "draft" and not args.draft_model:
-        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
     check_prompt_args(args)
     ignored = [flag for flag, given, used in (
         ("--draft-n", args.draft_n is not None, args.spec != "none"),
@@ -383,23 +392,10 @@ def batch_drafter(args, model, tokenizer, slots: int):
 
 def cmd_batch(args) -> int:
     from .batch import batch_generate, check_prompt
-    from .sampling import SamplingParams
-    from .speculate import check_draft_length
 
-    shipped_model_default(args, draft=args.spec == "draft")
-    params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
-    if args.max_new < 0:
-        raise ValueError(f"--max-new must be >= 0, got {args.max_new}")
-    if args.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    if args.draft_n is not None:
-        check_draft_length(args.draft_n, "--draft-n")
-    if args.draft_vocab is not None and args.draft_vocab < 0:
-        raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
-    if args.spec == "draft" and not args.draft_model:
-        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    params = decoding_args(args)
     texts = read_prompts(args.prompts)
     ignored = [flag for flag, given, used in (
         ("--draft-n", args.draft_n is not None, args.spec != "none"),

@@ -49,7 +49,7 @@ import numpy as np
 from .model import Model
 from .paged import BlockPool
 from .sampling import SamplingParams, pick
-from .speculate import (NO_DRAFT, Draft, Drafter, Plan, SpecStats, StopRule, accept, check_draft_length,
+from .speculate import (NO_DRAFT, Draft, Drafter, FixedDraftLength, Plan, SpecStats, StopRule, accept,
                         check_lengths, cut_at_stop, token_marks)
 
 
@@ -169,21 +169,15 @@ class BatchPolicy(Protocol):
 
 
 @dataclass
-class SameDraftLength:
-    """The textbook batch policy: k drafts for every slot every step (fewer where max_new leaves less room)."""
-    k_max: int
-
-    def __post_init__(self):
-        self.k_max = check_draft_length(self.k_max)
+class SameDraftLength(FixedDraftLength):
+    """The textbook batch policy: speculate.FixedDraftLength for every slot, k drafts every step (fewer where
+    max_new leaves less room)."""
 
     def plan(self, rooms: list[int]) -> list[Plan]:
-        return [Plan(min(self.k_max, room)) for room in rooms]
+        return [FixedDraftLength.plan(self, room) for room in rooms]
 
     def observe(self, drafts, accepted, draft_s, verify_s, rows) -> None:
         pass
-
-    def summary(self) -> None:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------ engine

@@ -139,9 +139,14 @@ class PagedKVCache:
         return self.pool.k[self.layer][blocks, rows], self.pool.v[self.layer][blocks, rows]
 
     def max_abs_diff(self, other) -> float:
-        if self.n != other.n:
-            return float("inf")
-        if self.n == 0:
-            return 0.0
-        (k, v), (k2, v2) = self.contents(), other.contents()
-        return float(max(np.abs(k - k2).max(), np.abs(v - v2).max()))
+        return kv_max_abs_diff(self, other)
+
+
+def kv_max_abs_diff(a, b) -> float:
+    """Largest difference between two caches' keys and values (contiguous or paged); inf when their lengths differ."""
+    if a.n != b.n:
+        return float("inf")
+    if a.n == 0:
+        return 0.0
+    (k, v), (k2, v2) = a.contents(), b.contents()
+    return float(max(np.abs(k - k2).max(), np.abs(v - v2).max()))

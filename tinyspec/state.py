@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .paged import BlockTable, PagedKVCache
+from .paged import BlockTable, PagedKVCache, kv_max_abs_diff
 
 
 def zeros_aligned(shape, xp=np, align: int = 64):
@@ -106,12 +106,7 @@ class KVCache:
         return out
 
     def max_abs_diff(self, other) -> float:  # another KVCache or a paged.PagedKVCache
-        if self.n != other.n:
-            return float("inf")
-        if self.n == 0:
-            return 0.0
-        (k, v), (k2, v2) = self.contents(), other.contents()
-        return float(max(np.abs(k - k2).max(), np.abs(v - v2).max()))
+        return kv_max_abs_diff(self, other)
 
 
 @dataclass
