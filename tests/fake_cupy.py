@@ -18,11 +18,38 @@ the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_ro
 oracles on the wrapped arrays, taking device arrays only, as the real kernels do) and `rows` for
 tinyspec.fast.cuda_rows. What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
 tools/check_cuda_kernels.py without one).
+
+Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() as ledger:` records what
+crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
+
+    sync     the host blocks until the device is done and bytes come back: asnumpy, .get(), float/int/bool/
+             item/tolist/__index__ of a device array, a device boolean mask (CuPy counts its True entries),
+             Device/Stream.synchronize, and the real get_rows's range check of device ids (`bool(... .any())`)
+    upload   host bytes go to the device: cupy.asarray(host), dev[...] = host array, a host index array
+    launch   a CuPy call that computes (a ufunc, a NumPy function, a method that makes an array, a kernel, a
+             memset of cupy.zeros), or one graph launch; views (reshape, slicing, .T) launch nothing
+    alloc    a device array made (from the pool, on a GPU)
+
+CUDA graphs, emulated with CuPy's API (cupy/cuda/stream.pyx): `s = cuda.Stream(non_blocking=True)`, `with s:`,
+`s.begin_capture()`, `g = s.end_capture()`, `g.launch(stream)`, `s.is_capturing()`. While the current stream
+captures, device work is recorded, not run: a call that only makes a new array runs at once (its shape is
+needed) and is recorded to run again, in place, into the same array; a call that writes into an array that
+exists (setitem, copyto, out=, fill, a kernel's in-place output) is only recorded. g.launch() reruns the record
+in order, on the same arrays: exactly a graph's semantics, so a Python int read during capture (a length, an
+offset) is baked in, and an array the code rebinds after capture is not the one the graph writes. A sync, an
+upload or a download inside a capture raises, as on a GPU (CuPy raises for synchronous transfers; an upload
+would bake in the staging buffer's address). Allocations are allowed, as in CuPy's default relaxed capture
+mode, and counted on the graph (g.n_allocs): the graph keeps them alive, as a graph-private pool must (PyTorch's
+CUDA graphs keep one per graph; with CuPy's shared pool a freed intermediate could be handed to other work).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import types
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
@@ -33,6 +60,148 @@ from tinyspec.quants import GGMLType
 
 def _leak(kind) -> TypeError:
     return TypeError(f"fake cupy: {kind} (CuPy refuses this: a host/device leak in the cuda backend)")
+
+
+# --- what crosses between host and device, and what runs (the counting half of this module)
+
+@dataclass(frozen=True)
+class Transfer:
+    kind: str  # "sync" (device -> host, the host waits) | "upload" (host -> device)
+    nbytes: int
+    what: str  # the CuPy call
+    where: str  # the tinyspec line that made it: "tinyspec/model.py:172 forward"
+
+
+@dataclass
+class Ledger:
+    """Everything recorded while a `counting()` block is open."""
+    transfers: list[Transfer] = field(default_factory=list)
+    launches: int = 0
+    allocs: int = 0
+
+    @property
+    def syncs(self) -> list[Transfer]:
+        return [t for t in self.transfers if t.kind == "sync"]
+
+    @property
+    def uploads(self) -> list[Transfer]:
+        return [t for t in self.transfers if t.kind == "upload"]
+
+    def snapshot(self) -> tuple[int, int, int, int, int]:
+        """(syncs, bytes synced, uploads, launches, allocs) so far: subtract two for what happened between."""
+        syncs = self.syncs
+        return len(syncs), sum(t.nbytes for t in syncs), len(self.uploads), self.launches, self.allocs
+
+    def causes(self, kind: str = "sync") -> dict[str, int]:
+        """How many transfers of `kind` each (call, line) made."""
+        out: dict[str, int] = {}
+        for t in self.transfers:
+            if t.kind == kind:
+                key = f"{t.what} at {t.where}"
+                out[key] = out.get(key, 0) + 1
+        return out
+
+
+_ledgers: list[Ledger] = []  # the open counting() blocks
+_capturing: list["_Capture"] = []  # the capture in progress (at most one)
+_HERE = os.path.abspath(__file__)
+_NUMPY = os.path.dirname(np.__file__)
+
+
+@contextlib.contextmanager
+def counting():
+    """A Ledger of every sync, upload, launch and allocation until the block ends."""
+    ledger = Ledger()
+    _ledgers.append(ledger)
+    try:
+        yield ledger
+    finally:
+        _ledgers.remove(ledger)
+
+
+def _caller() -> str:
+    f = sys._getframe(2)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if name != _HERE and not name.startswith(_NUMPY):
+            short = name.split(os.sep + "tinyspec" + os.sep, 1)[-1]
+            short = "tinyspec/" + short if "tinyspec" + os.sep in name else os.path.basename(name)
+            return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+        f = f.f_back
+    return "?"
+
+
+def _transfer(kind: str, nbytes: int, what: str) -> None:
+    if _capturing:
+        raise RuntimeError(f"fake cupy: {what} ({'a device-to-host sync' if kind == 'sync' else 'a host-to-device copy'})"
+                           " inside a CUDA graph capture (CuPy and CUDA refuse it)")
+    if _ledgers:
+        t = Transfer(kind, int(nbytes), what, _caller())
+        for ledger in _ledgers:
+            ledger.transfers.append(t)
+
+
+def _launched(n: int = 1) -> None:
+    for ledger in _ledgers:
+        ledger.launches += n
+
+
+def _allocated(n: int = 1) -> None:
+    for ledger in _ledgers:
+        ledger.allocs += n
+    if _capturing:
+        _capturing[-1].n_allocs += n
+
+
+def _run(fn, makes: bool, inputs=()):
+    """Run one piece of device work, or record it while a graph captures.
+
+    makes=True: fn() returns an array (or a tuple of them) and writes nowhere else. It runs now (its shape is
+    needed); an output that shares no memory with `inputs` is new work (a launch, an allocation) and, during
+    capture, is recorded to be computed again into the same array; an output that views an input (reshape,
+    a slice) is no work at all. makes=False: fn() writes into arrays that exist (one launch); during capture
+    it is only recorded, not run (a GPU does not run captured work)."""
+    if not makes:
+        _launched()
+        if _capturing:
+            _capturing[-1].work.append(fn)
+            return None
+        return fn()
+    out = fn()
+    outs = tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in (out if isinstance(out, tuple) else (out,)))
+    flat = [x for x in _arrays(inputs)]
+    fresh = [isinstance(a, np.ndarray) and not any(np.may_share_memory(a, x) for x in flat) for a in outs]
+    if any(fresh):
+        _launched()
+        _allocated(sum(fresh))
+        if _capturing:
+            def again(fn=fn, outs=outs, fresh=fresh):
+                new = fn()
+                for dst, src, f in zip(outs, new if isinstance(new, tuple) else (new,), fresh):
+                    if f:
+                        np.copyto(dst, src)
+            _capturing[-1].work.append(again)
+    return outs if isinstance(out, tuple) else outs[0]
+
+
+def _arrays(x):
+    if isinstance(x, np.ndarray):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _arrays(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _arrays(v)
+
+
+def _writes(func, kwargs) -> bool:
+    """A NumPy call that writes into an array it is given rather than making one."""
+    return kwargs.get("out") is not None or func in (np.copyto, np.put, np.place, np.putmask)
+
+
+_SYNCING = (np.nonzero, np.flatnonzero, np.argwhere, np.unique, np.compress, np.extract)  # output size from data
+_MUTATING_METHODS = ("fill", "put", "sort", "partition", "itemset", "resize")
 
 
 class ndarray(NDArrayOperatorsMixin):
@@ -50,11 +219,22 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         raw = _unwrap((inputs, kwargs), strict=True)
-        return _wrap(getattr(ufunc, method)(*raw[0], **raw[1]))
+        call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])  # noqa: E731
+        if method == "at" or kwargs.get("out") is not None:  # in place: x += y, np.add(x, y, out=...)
+            _run(call, makes=False)
+            out = kwargs.get("out")
+            return None if method == "at" else out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _wrap(_run(call, makes=True, inputs=raw))
 
     def __array_function__(self, func, types_, args, kwargs):
         raw = _unwrap((args, kwargs), strict=True)
-        return _wrap(func(*raw[0], **raw[1]))
+        call = lambda: func(*raw[0], **raw[1])  # noqa: E731
+        if func in _SYNCING:
+            _transfer("sync", 8, f"np.{func.__name__} of a device array (its size comes from the data)")
+        if _writes(func, kwargs):
+            _run(call, makes=False)
+            return kwargs.get("out")
+        return _wrap(_run(call, makes=True, inputs=raw))
 
     # --- what CuPy allows
     shape = property(lambda self: self._a.shape)
@@ -76,14 +256,23 @@ class ndarray(NDArrayOperatorsMixin):
 
         def method(*args, **kwargs):
             raw = _unwrap((args, kwargs), strict=True)
-            return _wrap(attr(*raw[0], **raw[1]))
+            if name == "nonzero":
+                _transfer("sync", 8, ".nonzero() of a device array")
+            if name in _MUTATING_METHODS:
+                return _run(lambda: attr(*raw[0], **raw[1]), makes=False)
+            return _wrap(_run(lambda: attr(*raw[0], **raw[1]), makes=True, inputs=(self._a, raw)))
         return method
 
     def __getitem__(self, key):
-        return _wrap(self._a[_unwrap(key, strict=False)])
+        raw = _index(key)
+        return _wrap(_run(lambda: self._a[raw], makes=True, inputs=(self._a,)))
 
     def __setitem__(self, key, value):
-        self._a[_unwrap(key, strict=False)] = _unwrap(value, strict=False)
+        raw_key = _index(key)
+        if isinstance(value, np.ndarray):
+            _transfer("upload", value.nbytes, "dev[...] = host array")
+        raw_value = _unwrap(value, strict=False)
+        _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False)
 
     def __len__(self):
         return len(self._a)
@@ -91,34 +280,52 @@ class ndarray(NDArrayOperatorsMixin):
     def __iter__(self):
         return (_wrap(row) for row in self._a)
 
+    def _fetch(self, what: str):
+        _transfer("sync", self._a.nbytes, what)
+        return self._a
+
     def __float__(self):
-        return float(self._a)
+        return float(self._fetch("float()"))
 
     def __int__(self):
-        return int(self._a)
+        return int(self._fetch("int()"))
 
     def __index__(self):
-        return self._a.__index__()
+        return self._fetch("an index (__index__)").__index__()
 
     def __bool__(self):
-        return bool(self._a)
+        return bool(self._fetch("bool()"))
 
     def item(self):
-        return self._a.item()
+        return self._fetch(".item()").item()
 
     def tolist(self):
-        return self._a.tolist()
+        return self._fetch(".tolist()").tolist()
 
     def get(self):
-        return self._a.copy()
+        return self._fetch(".get()").copy()
 
     def __repr__(self):
         return f"fake_cupy.ndarray({self._a!r})"
 
 
+def _index(key):
+    """An index into a device array, as NumPy takes it: a host index array is uploaded (CuPy copies it), a
+    device boolean mask costs a sync (CuPy counts its True entries to size the result)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            _transfer("upload", part.nbytes, "a host index array")
+        elif isinstance(part, ndarray) and part.dtype == np.bool_:
+            _transfer("sync", 8, "a device boolean mask")
+    return _unwrap(key, strict=False)
+
+
 def _wrap(x):
     if isinstance(x, np.ndarray):
         return ndarray(x)
+    if isinstance(x, np.generic):  # a reduction's scalar stays on the device (CuPy returns a 0-d array)
+        return ndarray(np.asarray(x))
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
@@ -148,34 +355,50 @@ def _unwrap(x, strict: bool):
 
 def asarray(x, dtype=None):
     if isinstance(x, ndarray):
-        return x if dtype is None or x.dtype == dtype else ndarray(x._a.astype(dtype))
-    return ndarray(np.array(x, dtype=dtype))  # an upload copies
+        if dtype is None or x.dtype == dtype:
+            return x
+        return ndarray(_run(lambda: x._a.astype(dtype), makes=True))
+    a = np.array(x, dtype=dtype)  # an upload copies
+    if isinstance(x, np.ndarray) or a.ndim:
+        _transfer("upload", a.nbytes, "cupy.asarray(host)")
+    _allocated()
+    return ndarray(a)
 
 
 def ascontiguousarray(x, dtype=None):
     if not isinstance(x, ndarray):
         raise _leak("cupy.ascontiguousarray of a host array")
-    return ndarray(np.ascontiguousarray(x._a, dtype=dtype))
+    return ndarray(_run(lambda: np.ascontiguousarray(x._a, dtype=dtype), makes=True, inputs=(x._a,)))
 
 
 def asnumpy(x):
-    return x._a.copy() if isinstance(x, ndarray) else np.asarray(x)
+    if isinstance(x, ndarray):
+        _transfer("sync", x.nbytes, "cupy.asnumpy")
+        return x._a.copy()
+    return np.asarray(x)
 
 
-def _alloc(fn):
-    return lambda *args, **kwargs: ndarray(fn(*args, **kwargs))
+def _alloc(fn, launches: bool):
+    def make(*args, **kwargs):
+        if not launches:  # cupy.empty: memory from the pool, nothing written
+            _allocated()
+            return ndarray(fn(*args, **kwargs))
+        return ndarray(_run(lambda: fn(*args, **kwargs), makes=True))
+    return make
 
 
-empty, zeros, ones, full, arange = (_alloc(f) for f in (np.empty, np.zeros, np.ones, np.full, np.arange))
+empty = _alloc(np.empty, False)
+zeros, ones, full, arange = (_alloc(f, True) for f in (np.zeros, np.ones, np.full, np.arange))
 float32, float64, int32, int64, uint8, uint32 = np.float32, np.float64, np.int32, np.int64, np.uint8, np.uint32
 
 
 def empty_like(x, dtype=None, shape=None):
+    _allocated()
     return ndarray(np.empty_like(x._a, dtype=dtype, shape=shape))
 
 
 def zeros_like(x, dtype=None, shape=None):
-    return ndarray(np.zeros_like(x._a, dtype=dtype, shape=shape))
+    return ndarray(_run(lambda: np.zeros_like(x._a, dtype=dtype, shape=shape), makes=True))
 
 
 class _Device:
@@ -184,11 +407,78 @@ class _Device:
         self.compute_capability = "90"
 
     def synchronize(self):
-        pass
+        _transfer("sync", 0, "Device.synchronize")
+
+
+class _Capture:
+    def __init__(self):
+        self.work, self.n_allocs = [], 0
+
+
+class Graph:
+    """cupy.cuda.Graph: the work a capture recorded; launch() reruns it in order on the same arrays."""
+
+    def __init__(self, work: list, n_allocs: int):
+        self.work, self.n_allocs = work, n_allocs
+
+    def launch(self, stream=None):
+        if _capturing:
+            raise RuntimeError("fake cupy: a graph launched inside a capture (not emulated)")
+        _launched()  # one cudaGraphLaunch, whatever the graph holds
+        for fn in self.work:
+            fn()
+
+
+class Stream:
+    """cupy.cuda.Stream: `with stream:` makes it current; begin_capture / end_capture / is_capturing as CuPy's."""
+
+    null: "Stream"
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        self.is_null, self._capture = null, None
+
+    def __enter__(self):
+        _streams.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _streams.pop()
+
+    def begin_capture(self, mode=None):
+        if self.is_null:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if get_current_stream() is not self:
+            raise RuntimeError("fake cupy: capture on a stream that is not current (the work would go elsewhere)")
+        if _capturing:
+            raise RuntimeError("fake cupy: a capture is already in progress")
+        self._capture = _Capture()
+        _capturing.append(self._capture)
+
+    def end_capture(self) -> Graph:
+        if self._capture is None:
+            raise RuntimeError("fake cupy: end_capture without begin_capture")
+        _capturing.remove(self._capture)
+        capture, self._capture = self._capture, None
+        return Graph(capture.work, capture.n_allocs)
+
+    def is_capturing(self) -> bool:
+        return self._capture is not None
+
+    def synchronize(self):
+        _transfer("sync", 0, "Stream.synchronize")
+
+
+Stream.null = Stream(null=True)
+_streams: list[Stream] = []
+
+
+def get_current_stream() -> Stream:
+    return _streams[-1] if _streams else Stream.null
 
 
 cuda = types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
-                             Stream=None)
+                             Stream=Stream, Graph=Graph, graph=types.SimpleNamespace(Graph=Graph),
+                             get_current_stream=get_current_stream)
 
 
 def module() -> types.ModuleType:
@@ -213,23 +503,42 @@ kernels.SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, G
                      GGMLType.Q6_K)
 
 
-def _quant_linear(x, raw, ggml_type, shape):
-    return ndarray(ops.quant_linear(_device(x, "x"), _device(raw, "a weight"), ggml_type, shape))
+def _quant_linear(x, raw, ggml_type, shape, out=None):
+    xa, wa = _device(x, "x"), _device(raw, "a weight")
+    if out is None:
+        return ndarray(_run(lambda: ops.quant_linear(xa, wa, ggml_type, shape), makes=True))
+    oa = _device(out, "out")
+    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False)
+    return out
 
 
 def _bind(raw, ggml_type, shape):
-    return lambda x: _quant_linear(x, raw, ggml_type, shape)
+    return lambda x, out=None: _quant_linear(x, raw, ggml_type, shape, out)
 
 
 def _get_rows(raw, ggml_type, shape, ids):
-    return ndarray(ops.get_rows(_device(raw, "a weight"), ggml_type, shape, _device(ids, "ids")))
+    """As cuda_ops.get_rows: host ids are checked on the host and uploaded; device ids are checked with one
+    small reduction brought to the host (`bool(... .any())`: a sync)."""
+    if isinstance(ids, ndarray):
+        _transfer("sync", 1, "get_rows: the range check of device ids")
+        ia = ids._a
+    else:
+        ia = np.asarray(ids, dtype=np.int64).reshape(-1)
+        _transfer("upload", ia.nbytes, "get_rows: host ids")
+    wa = _device(raw, "a weight")
+    return ndarray(_run(lambda: ops.get_rows(wa, ggml_type, shape, ia), makes=True))
 
 
 def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
     args = [_device(a, n) for a, n in zip((q, k, v, log_decay, beta, state), ("q", "k", "v", "g", "beta", "state"))]
     ring = _device(states_out, "the ring") if states_out is not None else None
-    out = _device(out_state, "out_state") if out_state is not None else None
-    o, final = gdn.gdn_scan(*args, states_out=ring, out=out)
+    final = _device(out_state, "out_state") if out_state is not None else np.empty_like(args[5])
+    o = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
+    _allocated(1 + (out_state is None))
+
+    def scan():  # one launch: o and the final state (and the ring) written in place
+        o[...] = gdn.gdn_scan(*args, states_out=ring, out=final)[0]
+    _run(scan, makes=False)
     return ndarray(o), (out_state if out_state is not None else ndarray(final))
 
 
@@ -237,8 +546,15 @@ kernels.quant_linear, kernels.bind, kernels.get_rows, kernels.gdn_scan = _quant_
 
 # --- tinyspec.fast.cuda_rows: the oracle's row functions, one call each
 rows = types.ModuleType("tinyspec.fast.cuda_rows")
-rows.rms_norm = lambda x, w, eps: ndarray(ops.rms_norm(_device(x, "x"), _device(w, "w"), eps))
-rows.l2_norm = lambda x, eps: ndarray(ops.l2_norm(_device(x, "x"), eps))
-rows.sigmoid = lambda x: ndarray(ops.sigmoid(_device(x, "x")))
-rows.silu = lambda x: ndarray(ops.silu(_device(x, "x")))
-rows.softplus = lambda x: ndarray(ops.softplus(_device(x, "x")))
+
+
+def _row(fn):
+    return lambda x, *args: ndarray(_run(lambda: fn(_device(x, "x"), *[_device(a, "w") if isinstance(a, ndarray)
+                                                                          else a for a in args]), makes=True))
+
+
+rows.rms_norm = lambda x, w, eps: _row(ops.rms_norm)(x, w, eps)
+rows.l2_norm = lambda x, eps: _row(ops.l2_norm)(x, eps)
+rows.sigmoid = _row(ops.sigmoid)
+rows.silu = _row(ops.silu)
+rows.softplus = _row(ops.softplus)
