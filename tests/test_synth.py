@@ -1,8 +1,8 @@
-"""tinyspec.fast.synth: random-weight qwen35 files at the published shapes, typed as llama-quantize types them.
+"""tinyspec.fast.synth: random-weight qwen35 / qwen35moe files at the published shapes, typed as llama-quantize types them.
 
 Small files (a few layers, and a 512-token vocabulary where the real 248320 is not the point) are
 read back by tinyspec and gguf-py, loaded by Model.from_gguf and run; one file has the real vocabulary
-and is made through the CLI. The type rules are pinned to llama.cpp's own snapshot for Qwen3.5-27B and
+and is made through the CLI. MoE files keep 8 of the 256 experts (n_expert, tests only). The type rules are pinned to llama.cpp's own snapshot for Qwen3.5-27B and
 to what llama-quantize chose for a full-depth 0.8B file (the llamacpp-marked test re-measures that).
 """
 
@@ -28,17 +28,25 @@ from tinyspec.tokenizer import Tokenizer
 
 Q4_K, Q6_K, Q8_0, F32 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F32
 SMALL = dict(n_vocab=512)
-CASES = {  # name -> (shape, quant, trunk layers): both quants, a tied and an untied shape
+CASES = {  # name -> (shape, quant, trunk layers): both quants, a tied and an untied shape, the MoE shape
     "0.8b-q8_0": ("0.8b", "q8_0", 4),
     "0.8b-q4_k_m": ("0.8b", "q4_k_m", 4),
     "9b-q4_k_m": ("9b", "q4_k_m", 1),
+    "35b-a3b-q4_k_m": ("35b-a3b", "q4_k_m", 4),
 }
+
+
+def small(shape: str) -> dict:
+    return SMALL | ({"n_expert": 8} if "num_experts" in SHAPES[shape] else {})
 
 # llama.cpp tests/snapshots/qwen3.6-27b.schema, section [Q4_K_M] ("Qwen3.5-27B", 64 layers, no MTP block):
 # the blocks whose attn_qkv / attn_v and ffn_down are Q6_K; everything else but output.weight is Q4_K.
 BUMPED_27B = [*range(0, 8), *range(10, 56, 3), *range(56, 64)]
 # llama-quantize --dry-run --allow-requantize <synth 0.8b q8_0 file> Q4_K_M (25 blocks with MTP), measured here
 BUMPED_08B = [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23, 24]
+# llama-quantize --dry-run --allow-requantize <synth 35b-a3b q8_0 file, 8 layers + MTP, n_vocab 512> Q4_K_M, measured
+# here: Q6_K attn_qkv / attn_v and ffn_down_exps (and ffn_down_shexp) in these blocks; all 169 types equal plan()'s
+BUMPED_MOE_8 = [0, 3, 6, 7, 8]
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +55,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, (shape, quant, layers) in CASES.items():
         out[name] = folder / f"{name}.gguf"
-        synth_model(out[name], shape, quant, seed=0, n_layers=layers, **SMALL)
+        synth_model(out[name], shape, quant, seed=0, n_layers=layers, **small(shape))
     return out
 
 
-def bumped_blocks(specs, kinds=("attn_qkv.weight", "attn_v.weight", "ffn_down.weight")) -> dict[str, list[int]]:
+def bumped_blocks(specs, kinds=("attn_qkv.weight", "attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                                 "ffn_down_shexp.weight")) -> dict[str, list[int]]:
     """Q6_K tensors of each kind -> their block numbers."""
     out = {k: [] for k in kinds}
     for s in specs:
@@ -87,7 +96,8 @@ def test_08b_q4_k_m_types_match_llama_quantize():
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_q8_0_and_f32_rules(shape):
     for s in plan(shape, "q8_0"):
-        small = len(s.shape) == 1 or s.name.endswith("_norm.weight") or "ssm_conv1d" in s.name or s.name.endswith("ssm_a")
+        small = (len(s.shape) == 1 or s.name.endswith("_norm.weight") or "ssm_conv1d" in s.name or s.name.endswith("ssm_a")
+                 or "ffn_gate_inp" in s.name)  # the MoE routers: never quantized
         assert s.ggml_type == (F32 if small else Q8_0), s.name
         assert s.ggml_type != F32 or s.init != "weight"
 
@@ -97,8 +107,12 @@ def test_shape_table():
     billions = {shape: sum(int(np.prod(s.shape)) for s in plan(shape, "q8_0")) / 1e9 for shape in SHAPES}
     assert 0.7 < billions["0.8b"] < 0.9 and 1.8 < billions["2b"] < 2.4
     assert 8.5 < billions["9b"] < 10 and 26 < billions["27b"] < 28.5
+    assert 35 < billions["35b-a3b"] < 36  # 34.7 B + the MTP block's 0.84 B
+    active = sum(int(np.prod(s.shape)) * (8 / 256 if "_exps." in s.name else 1) for s in plan("35b-a3b", "q8_0", 40)
+                 if s.name.startswith("blk.") and not s.name.startswith("blk.40."))
+    assert 2.3 < active / 1e9 < 2.6  # 2.44 B a token in the blocks + output's 0.51 B: "A3B"
     for shape in SHAPES:  # every row length is a multiple of 256: no llama-quantize fallback types
-        assert all(s.shape[-1] % 256 == 0 for s in plan(shape, "q4_k_m") if s.init == "weight")
+        assert all(s.shape[-1] % 256 == 0 for s in plan(shape, "q4_k_m", 4) if s.init == "weight")
     for shape in SHAPES:  # the CLI's choices are the table's
         for quant in QUANTS:
             args = build_parser().parse_args(["synth", "--shape", shape, "--quant", quant, "-o", "x.gguf"])
@@ -108,14 +122,15 @@ def test_shape_table():
 @pytest.mark.parametrize("case", list(CASES))
 def test_file_reads_back(files, case):
     shape, quant, layers = CASES[case]
-    specs = plan(shape, quant, layers, **SMALL)
+    specs = plan(shape, quant, layers, **small(shape))
     with read_gguf(files[case]) as g:
         assert [(t.name, t.ggml_type, t.shape) for t in g.tensors.values()] == [(s.name, s.ggml_type, s.shape) for s in specs]
         meta = g.metadata
         cfg = ModelConfig.from_gguf(meta)
-    assert meta["general.architecture"] == "qwen35" and meta["general.file_type"] == QUANTS[quant]
-    assert meta["qwen35.block_count"] == layers + 1 and meta["qwen35.nextn_predict_layers"] == 1
-    assert meta["qwen35.embedding_length"] == SHAPES[shape]["hidden_size"] and len(meta["tokenizer.ggml.tokens"]) == 512
+    arch = SHAPES[shape].get("gguf_arch", "qwen35")
+    assert meta["general.architecture"] == arch and meta["general.file_type"] == QUANTS[quant]
+    assert meta[f"{arch}.block_count"] == layers + 1 and meta[f"{arch}.nextn_predict_layers"] == 1
+    assert meta[f"{arch}.embedding_length"] == SHAPES[shape]["hidden_size"] and len(meta["tokenizer.ggml.tokens"]) == 512
     assert cfg.n_trunk == layers and cfg.recurrent == tuple((i + 1) % 4 != 0 for i in range(layers))
     assert cfg.n_rot == 64 and cfg.rope_base == 1e7 and cfg.head_dim == 256
     gguf = pytest.importorskip("gguf")
@@ -126,7 +141,24 @@ def test_file_reads_back(files, case):
     assert bytes(pre.parts[pre.data[0]]).decode() == "qwen35"
 
 
-@pytest.mark.parametrize("case", ["0.8b-q8_0", "0.8b-q4_k_m"])
+def test_35b_a3b_q4_k_m_types_match_llama_quantize():
+    """The MoE rules (synth.py's docstring): routers F32, experts typed per expert as 2-D weights, ffn_down_exps and
+    ffn_down_shexp bumped by block, as llama-quantize chose for an 8-layer file (BUMPED_MOE_8); then the full depth."""
+    specs = plan("35b-a3b", "q4_k_m", 8, n_vocab=512)
+    bumped = bumped_blocks(specs)
+    assert bumped["ffn_down_exps.weight"] == bumped["ffn_down_shexp.weight"] == BUMPED_MOE_8 and not bumped["ffn_down.weight"]
+    assert sorted(bumped["attn_qkv.weight"] + bumped["attn_v.weight"]) == BUMPED_MOE_8
+    types = {s.name: s.ggml_type for s in specs}
+    assert all(types[f"blk.{i}.{n}"] == F32 for i in range(9) for n in ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))
+    assert all(types[f"blk.{i}.{n}"] == Q4_K for i in range(9) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                                                         "ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
+    full = plan("35b-a3b", "q4_k_m")  # 40 layers + MTP: the 27b-style schedule over 41 blocks
+    want = [i for i in range(41) if i < 5 or i >= 35 or (i - 5) % 3 == 2]
+    assert bumped_blocks(full)["ffn_down_exps.weight"] == want
+    assert sum(s.nbytes for s in full) / 1e9 == pytest.approx(21.7, abs=0.05)  # the Q4_K_M files of the real model: ~21-22 GB
+
+
+@pytest.mark.parametrize("case", ["0.8b-q8_0", "0.8b-q4_k_m", "35b-a3b-q4_k_m"])
 def test_model_runs_with_finite_spread_logits(files, case):
     model = Model.from_gguf(files[case])
     tokens = Tokenizer.from_gguf(model.metadata).encode("Hello, world")
@@ -211,8 +243,8 @@ def test_api_errors(tmp_path):
 
 @pytest.mark.llamacpp
 def test_llama_cpp_agrees_and_runs(tmp_path):
-    """llama-quantize --dry-run from a synth Q8_0 file picks exactly our Q4_K_M types (its own rules, run
-    on our file), and llama-imatrix runs the file (loads it, tokenizes, finite perplexity)."""
+    """llama-quantize --dry-run from a synth Q8_0 file (dense, and MoE) picks exactly our Q4_K_M types (its own
+    rules, run on our file), and llama-imatrix runs the file (loads it, tokenizes, finite perplexity)."""
     build = os.environ.get("TINYSPEC_LLAMA_BUILD")
     if not build or not (Path(build) / "bin" / "llama-quantize").is_file():
         pytest.skip("set TINYSPEC_LLAMA_BUILD to a llama.cpp build with bin/llama-quantize and bin/llama-imatrix")
@@ -226,6 +258,14 @@ def test_llama_cpp_agrees_and_runs(tmp_path):
         if m := re.match(r"\[\s*\d+/\s*\d+\]\s+(\S+)\s+- .*type =\s+(\w+),.*?(?:\((\w+)\))?\s*$", line):
             chosen[m[1]] = (m[3] or m[2]).upper()
     assert chosen == {s.name: s.ggml_type.name for s in plan("0.8b", "q4_k_m", 8, n_vocab=512)}
+    moe = tmp_path / "moe-q8.gguf"  # 16 experts: llama-quant.cpp has rules of its own for exactly 8
+    synth_model(moe, "35b-a3b", "q8_0", n_layers=8, n_vocab=512, n_expert=16)
+    run = subprocess.run([Path(build) / "bin" / "llama-quantize", "--dry-run", "--allow-requantize", moe, "Q4_K_M", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    chosen = {m[1]: (m[3] or m[2]).upper() for line in (run.stdout + run.stderr).splitlines()
+              if (m := re.match(r"\[\s*\d+/\s*\d+\]\s+(\S+)\s+- .*type =\s+(\w+),.*?(?:\((\w+)\))?\s*$", line))}
+    assert chosen == {s.name: s.ggml_type.name for s in plan("35b-a3b", "q4_k_m", 8, n_vocab=512, n_expert=16)}
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     run = subprocess.run([Path(build) / "bin" / "llama-imatrix", "-m", source, "-f", text, "-o", tmp_path / "im.gguf",

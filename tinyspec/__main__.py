@@ -8,7 +8,7 @@
                                                     one verify pass per step for all; each prompt's tokens are
                                                     those `generate` gives it alone (--seed S: prompt i's is S + i)
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
-    synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape
+    synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape (35b-a3b: MoE)
     bench --model FILE [--backend cpu] [--json]     decode tok/s, 1/2/4/8-token verify pass costs, bandwidth, speedups
                                                     (--slots 1,2,4,8: also many sequences at once, plain vs MTP)
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
@@ -721,11 +721,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write a qwen35 GGUF with random weights at the published Qwen3.5 shapes, the MTP "
                                    "block included, each tensor in the type llama-quantize picks for --quant. Random "
                                    "quantized blocks are written directly, one tensor at a time. Progress goes to stderr.")
-    p.add_argument("--shape", choices=["0.8b", "2b", "9b", "27b"], required=True, help="published model size")
+    p.add_argument("--shape", choices=["0.8b", "2b", "9b", "27b", "35b-a3b"], required=True,
+                   help="published model size (35b-a3b: the qwen35moe mixture of experts, 256 experts, 8 routed + 1 shared)")
     p.add_argument("--quant", choices=["q8_0", "q4_k_m"], required=True, help="llama-quantize ftype to imitate")
     p.add_argument("-o", "--output", required=True, help="output .gguf path")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer)")
+    p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer). "
+                                              "35b-a3b at 40 layers is ~20 GB in q4_k_m: --layers 4 (~2.4 GB) fits a 24 GB machine")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("bench", help="measure decode tok/s, the cost of verify passes of T = 1, 2, 4, 8 tokens "

@@ -1,4 +1,4 @@
-"""Synthetic qwen35 GGUFs: random weights at the published Qwen3.5 shapes, typed as llama-quantize types them.
+"""Synthetic qwen35 / qwen35moe GGUFs: random weights at the published Qwen3.5 shapes, typed as llama-quantize types them.
 
     synth_model(path, shape="27b", quant="q4_k_m", seed=0)        # python -m tinyspec synth ...
 
@@ -20,7 +20,9 @@ include -128, which llama.cpp's quantizer never writes but every dequantizer rea
 std = 1 / sqrt(row length) so every projection keeps its input's scale and activations stay O(1)
 through any depth. The F32 tensors follow Hugging Face's initialisation: norms 1 + 0.1 N(0,1)
 (GGUF stores 1 + w), ssm_a = -A with A ~ U(1, 16) (A_log = log A), dt bias 1 + 0.1 N(0,1),
-conv taps U(-0.5, 0.5) (nn.Conv1d's default for 4 taps). Decays exp(ssm_a * softplus(a + dt)) then
+conv taps U(-0.5, 0.5) (nn.Conv1d's default for 4 taps), the MoE routers ffn_gate_inp and ffn_gate_inp_shexp
+N(0, 0.02) (initializer_range: router logits of std ~0.9, so a random router spreads the tokens over the
+experts far more evenly than a trained one does; expert-union numbers measured on these files are an upper bound). Decays exp(ssm_a * softplus(a + dt)) then
 lie in (0, 1) and the delta rule, with L2-normed keys and beta = sigmoid(b) < 1, cannot blow up.
 
 Per-tensor types, llama-quantize's choice for the ftype (llama.cpp src/llama-quant.cpp,
@@ -30,12 +32,17 @@ llama_tensor_get_type_impl, tensor_allows_quantization, init_quantize_state_coun
     q4_k_m (15)  base Q4_K, except
                  output.weight Q6_K, and token_embd.weight Q6_K when there is no output.weight (tied
                      embeddings take the output's type); an untied token_embd stays Q4_K
-                 attn_v.weight AND the GDN attn_qkv.weight (both "attention-v-like") and ffn_down:
-                     Q6_K when use_more_bits(i, n), else Q4_K, where i counts those tensors in file
-                     order (= the block index: each block has one) and n = their number = blocks
-                     including the MTP block;
+                 attn_v.weight AND the GDN attn_qkv.weight (both "attention-v-like"): Q6_K when
+                     use_more_bits(i, n), else Q4_K, where i counts those tensors in file order (= the
+                     block index: each block has one) and n = their number = blocks including the MTP block;
+                 every tensor whose name holds "ffn_down" (ffn_down, and on qwen35moe ffn_down_exps AND
+                     ffn_down_shexp): Q6_K when use_more_bits(block index, n_layer_all) (a dense file counts
+                     them in file order, an MoE file parses the block from the name: the same index here);
                      use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2  (integer /)
                  (the ATTENTION_QKV branch that would pick Q5_K is unreachable: attn_v-like wins first)
+    qwen35moe    the routers (ffn_gate_inp, never quantized: tensor_allows_quantization; ffn_gate_inp_shexp,
+                 [1, D], one dimension for ggml) stay F32; the 3-D experts take the 2-D rules above per
+                 expert (gate / up: the base type); no rule for 8-expert models applies to 256 experts.
     No fallback types occur: every row length of these shapes is a multiple of 256.
 Checked: llama-quantize --dry-run on synth files of all four shapes picks these types for every tensor
 (measured; tests/test_synth.py pins the 27b result to llama.cpp's snapshot tests/snapshots/qwen3.6-27b.schema
@@ -50,8 +57,8 @@ The vocabulary is byte-level BPE with no merges: the 256 byte tokens, <|endoftex
 
 Glossary: D hidden, F ffn, N vocab, H / H_kv attention heads, d head dim, n_k / n_v GDN key / value
 heads, K / V their dims, C = 2 n_k K + n_v V conv channels, w conv taps.
-Does NOT include: trained weights (logits are noise: use tinyspec.fast.synthetic for acceptance), imatrix
-types, MoE shapes, the 4B shape.
+Does NOT include: trained weights (logits are noise: use tinyspec.fast.synthetic for acceptance; routing is
+near-uniform), imatrix types, the 4B shape, the 122B / 397B MoE shapes.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..convert import model_metadata
+from ..convert import model_metadata, size_label
 from ..gguf import GGUFValue, GGUFValueType, RawTensor, write_gguf
 from ..quants import GGMLType
 from ..tokenizer import BYTE_TO_CHAR
@@ -88,8 +95,12 @@ from ..tokenizer import BYTE_TO_CHAR
 #   2b     2048  6144   24      8   2     16   16   yes    [LC] [HF] [2B]
 #   9b     4096  12288  32      16  4     16   32   no     [LC] [TF]
 #   27b    5120  17408  64      24  4     16   48   no     [LC] [HF]
+#   35b-a3b 2048 -      40      16  2     16   32   no     [MO]  qwen35moe: E 256 experts, 8 routed + 1 shared,
+#                                                                expert and shared FFN 512 (no dense FFN)
 #   all: d 256, K = V = 128, w 4, full attention every 4th layer, rope_theta 1e7 on 64 of 256 dims,
 #        eps 1e-6, context 262144, N 248320 [TF] [HF]; one MTP block (nextn_predict_layers 1) [HF]
+#   [MO]  transformers qwen3_5_moe/configuration_qwen3_5_moe.py Qwen3_5MoeTextConfig defaults (the 35B-A3B
+#         shape); its rope_theta 1e4 / context 32768 defaults are not the published checkpoint's, COMMON's are
 SHAPES = {
     "0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
                  num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True),
@@ -99,6 +110,9 @@ SHAPES = {
                num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=False),
     "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
                 num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=48, tie_word_embeddings=False),
+    "35b-a3b": dict(gguf_arch="qwen35moe", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                    num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=False,
+                    num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512),
 }
 COMMON = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
               linear_conv_kernel_dim=4, full_attention_interval=4, rms_norm_eps=1e-6, max_position_embeddings=262144,
@@ -106,6 +120,7 @@ COMMON = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_v
 QUANTS = {"q8_0": 7, "q4_k_m": 15}  # -> general.file_type (llama.h LLAMA_FTYPE_MOSTLY_Q8_0, _Q4_K_M)
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258
 Q4_K_MIN_OF_SCALE = np.rint(np.arange(64) * (7.5 / 4)).clip(0, 63).astype(np.uint8)  # sc -> m, see random_blocks
+ROUTER_STD = 0.02  # HF's initializer_range, the routers' init
 DISK_MARGIN = 64 << 20  # bytes kept free beyond the file (header estimate slack, filesystem metadata)
 
 
@@ -113,7 +128,7 @@ class TensorSpec(NamedTuple):
     name: str
     shape: tuple[int, ...]  # NumPy order: (rows, row length) for weights
     ggml_type: GGMLType
-    init: str  # "weight" (random blocks), "norm", "ssm_norm", "dt_bias", "ssm_a", "conv"
+    init: str  # "weight" (random blocks), "norm", "ssm_norm", "dt_bias", "ssm_a", "conv", "router"
 
     @property
     def nbytes(self) -> int:
@@ -121,9 +136,11 @@ class TensorSpec(NamedTuple):
         return n // self.ggml_type.block_size * self.ggml_type.type_size
 
 
-def model_config(shape: str, n_layers: int | None = None, n_vocab: int | None = None) -> dict:
+def model_config(shape: str, n_layers: int | None = None, n_vocab: int | None = None,
+                 n_expert: int | None = None) -> dict:
     """The HF-style text config of a shape (SHAPES + COMMON), trunk depth and vocab optionally overridden
-    (n_vocab is for tests: it must hold the 256 byte tokens and the control tokens)."""
+    (n_vocab and n_expert are for tests: the vocab must hold the 256 byte tokens and the control tokens, the
+    experts at least the 8 a token routes to)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cfg = {**COMMON, **SHAPES[shape]}
@@ -135,6 +152,10 @@ def model_config(shape: str, n_layers: int | None = None, n_vocab: int | None = 
         if n_vocab < 256 + len(CONTROL_TOKENS):
             raise ValueError(f"n_vocab must be at least {256 + len(CONTROL_TOKENS)} (bytes + control tokens), got {n_vocab}")
         cfg["vocab_size"] = n_vocab
+    if n_expert is not None:
+        if "num_experts" not in cfg or not cfg["num_experts_per_tok"] <= n_expert:
+            raise ValueError(f"n_expert applies to a MoE shape and must be at least its experts per token, got {n_expert}")
+        cfg["num_experts"] = n_expert
     interval = cfg["full_attention_interval"]  # HF's default pattern: layers 3, 7, 11, ... are full attention
     cfg["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention"
                           for i in range(cfg["num_hidden_layers"])]
@@ -144,7 +165,7 @@ def model_config(shape: str, n_layers: int | None = None, n_vocab: int | None = 
 
 def tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (NumPy shape, init kind) of every tensor the trunk, the head and the MTP block need."""
-    D, F, N = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    D, N = cfg["hidden_size"], cfg["vocab_size"]
     H, H_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     n_k, n_v = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     K, V, w = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
@@ -155,9 +176,17 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
 
     def block(i: int, kind: str) -> None:
         p = f"blk.{i}."
-        out.update({p + "attn_norm.weight": ((D,), "norm"), p + "post_attention_norm.weight": ((D,), "norm"),
-                    p + "ffn_gate.weight": ((F, D), "weight"), p + "ffn_up.weight": ((F, D), "weight"),
-                    p + "ffn_down.weight": ((D, F), "weight")})
+        out.update({p + "attn_norm.weight": ((D,), "norm"), p + "post_attention_norm.weight": ((D,), "norm")})
+        if "num_experts" in cfg:  # qwen35moe: router, 3-D experts [E, out, in], shared expert and its gate
+            E, Fe, Fs = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+            out.update({p + "ffn_gate_inp.weight": ((E, D), "router"), p + "ffn_gate_exps.weight": ((E, Fe, D), "weight"),
+                        p + "ffn_up_exps.weight": ((E, Fe, D), "weight"), p + "ffn_down_exps.weight": ((E, D, Fe), "weight"),
+                        p + "ffn_gate_inp_shexp.weight": ((1, D), "router"), p + "ffn_gate_shexp.weight": ((Fs, D), "weight"),
+                        p + "ffn_up_shexp.weight": ((Fs, D), "weight"), p + "ffn_down_shexp.weight": ((D, Fs), "weight")})
+        else:
+            F = cfg["intermediate_size"]
+            out.update({p + "ffn_gate.weight": ((F, D), "weight"), p + "ffn_up.weight": ((F, D), "weight"),
+                        p + "ffn_down.weight": ((D, F), "weight")})
         if kind == "linear_attention":
             out.update({p + "attn_qkv.weight": ((C, D), "weight"), p + "attn_gate.weight": ((n_v * V, D), "weight"),
                         p + "ssm_beta.weight": ((n_v, D), "weight"), p + "ssm_alpha.weight": ((n_v, D), "weight"),
@@ -197,11 +226,12 @@ def quant_types(names: list[str], shapes: dict[str, tuple[int, ...]], quant: str
         raise ValueError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
     tied = "output.weight" not in names
     n_attn_v = sum(n.endswith(("attn_v.weight", "attn_qkv.weight")) for n in names)
-    n_ffn_down = len({n.split(".")[1] for n in names if n.startswith("blk.")})  # hparams.n_layer_all
-    i_attn_v = i_ffn_down = 0
+    n_layer_all = len({n.split(".")[1] for n in names if n.startswith("blk.")})  # hparams.n_layer_all
+    i_attn_v = 0
     out = {}
     for name in names:
-        if len(shapes[name]) < 2 or name.endswith("_norm.weight") or "ssm_conv1d" in name or not name.endswith("weight"):
+        if (len(shapes[name]) < 2 or shapes[name][0] == 1 or name.endswith("_norm.weight") or "ssm_conv1d" in name
+                or "ffn_gate_inp" in name or not name.endswith("weight")):  # [1, D]: one dimension to ggml
             out[name] = GGMLType.F32
         elif quant == "q8_0":
             out[name] = GGMLType.Q8_0
@@ -211,16 +241,16 @@ def quant_types(names: list[str], shapes: dict[str, tuple[int, ...]], quant: str
             out[name] = GGMLType.Q6_K if use_more_bits(i_attn_v, n_attn_v) else GGMLType.Q4_K
             i_attn_v += 1
         elif "ffn_down" in name:
-            out[name] = GGMLType.Q6_K if use_more_bits(i_ffn_down, n_ffn_down) else GGMLType.Q4_K
-            i_ffn_down += 1
+            out[name] = GGMLType.Q6_K if use_more_bits(int(name.split(".")[1]), n_layer_all) else GGMLType.Q4_K
         else:
             out[name] = GGMLType.Q4_K
     return out
 
 
-def plan(shape: str, quant: str, n_layers: int | None = None, n_vocab: int | None = None) -> list[TensorSpec]:
+def plan(shape: str, quant: str, n_layers: int | None = None, n_vocab: int | None = None,
+         n_expert: int | None = None) -> list[TensorSpec]:
     """Every tensor of the synthetic file, in file order, with its type (nothing is generated)."""
-    cfg = model_config(shape, n_layers, n_vocab)
+    cfg = model_config(shape, n_layers, n_vocab, n_expert)
     shapes = tensor_shapes(cfg)
     names = file_order(shapes)
     types = quant_types(names, {n: s for n, (s, _) in shapes.items()}, quant)
@@ -281,6 +311,8 @@ def init_f32(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
         return (-rng.uniform(1, 16, shape)).astype(np.float32)
     if kind == "conv":
         return rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+    if kind == "router":
+        return (ROUTER_STD * rng.standard_normal(shape)).astype(np.float32)
     raise ValueError(f"unknown init {kind!r}")
 
 
@@ -289,8 +321,9 @@ def tensor_data(spec: TensorSpec, seed: int) -> np.ndarray:
     rng = tensor_rng(seed, spec.name)
     if spec.ggml_type == GGMLType.F32:
         return init_f32(spec.init, spec.shape, rng)
-    rows, cols = spec.shape
-    return random_blocks(spec.ggml_type, rows, cols, 1 / np.sqrt(cols), rng)
+    *outer, cols = spec.shape  # [rows, cols], or [E, rows, cols] for experts (each expert's rows whole blocks)
+    rows = int(np.prod(outer))
+    return random_blocks(spec.ggml_type, rows, cols, 1 / np.sqrt(cols), rng).reshape(*outer, -1)
 
 
 def vocab_metadata(n_vocab: int) -> dict:
@@ -309,15 +342,16 @@ def vocab_metadata(n_vocab: int) -> dict:
 
 
 def synth_model(path, shape: str, quant: str, seed: int = 0, n_layers: int | None = None,
-                progress: Callable[[str], None] | None = None, *, n_vocab: int | None = None) -> int:
-    """Write a random-weight qwen35 GGUF of `shape` ("0.8b" | "2b" | "9b" | "27b") typed as llama-quantize's
-    `quant` ("q8_0" | "q4_k_m"), with the MTP block. n_layers: trunk depth (default the shape's; the
-    attention every 4th layer is kept). n_vocab: tests only. Tensors are made one at a time as the writer
+                progress: Callable[[str], None] | None = None, *, n_vocab: int | None = None,
+                n_expert: int | None = None) -> int:
+    """Write a random-weight GGUF of `shape` ("0.8b" | "2b" | "9b" | "27b": qwen35; "35b-a3b": qwen35moe) typed
+    as llama-quantize's `quant` ("q8_0" | "q4_k_m"), with the MTP block. n_layers: trunk depth (default the shape's; the
+    attention every 4th layer is kept). n_vocab, n_expert: tests only. Tensors are made one at a time as the writer
     reaches them; progress(msg) gets one line per tensor. Returns the file size in bytes.
     Raises ValueError before writing anything if the disk lacks the space."""
     say = progress or (lambda msg: None)
-    cfg = model_config(shape, n_layers, n_vocab)
-    specs = plan(shape, quant, n_layers, n_vocab)
+    cfg = model_config(shape, n_layers, n_vocab, n_expert)
+    specs = plan(shape, quant, n_layers, n_vocab, n_expert)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"the seed must be an integer >= 0, got {seed!r}")
     path = Path(path)
@@ -332,7 +366,9 @@ def synth_model(path, shape: str, quant: str, seed: int = 0, n_layers: int | Non
                          f"{free / 1e9:.2f} GB are free in {folder.resolve()}")
 
     n_params = sum(int(np.prod(s.shape)) for s in specs)
-    meta = model_metadata(cfg, 1, QUANTS[quant], f"qwen35-{shape}-synth-{quant}-seed{seed}", n_params)
+    n_expert = cfg.get("num_experts", 0)  # a MoE label counts the shared part plus one expert (convert.size_label)
+    label = size_label(sum(int(np.prod(s.shape)) // (n_expert if "_exps." in s.name else 1) for s in specs), n_expert)
+    meta = model_metadata(cfg, 1, QUANTS[quant], f"{cfg.get('gguf_arch', 'qwen35')}-{shape}-synth-{quant}-seed{seed}", label)
     meta |= vocab_metadata(cfg["vocab_size"])
     written = 0
 
