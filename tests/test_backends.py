@@ -85,7 +85,10 @@ def q8_oracle(path, calls: list | None = None) -> Model:
     def bind(raw, kind, shape, q8):  # PackedWeight's interface to its weight kernels
         return lambda x: quant_linear(x, raw, kind, shape)
 
-    kernels = SimpleNamespace(SUPPORTED=numba_ops.SUPPORTED, bind=bind, get_rows=ops.get_rows)
+    def bind_experts(raw, kind, shape, q8):
+        return backends.bind_each_expert(bind, raw, kind, shape, q8, np)
+
+    kernels = SimpleNamespace(SUPPORTED=numba_ops.SUPPORTED, bind=bind, bind_experts=bind_experts, get_rows=ops.get_rows)
     g = read_gguf(path)
     cfg = ModelConfig.from_gguf(g.metadata, n_vocab=g.tensors["token_embd.weight"].shape[0])
     return Model(cfg, backends.packed_tensors(g, kernels), g.metadata)

@@ -160,3 +160,46 @@ def test_cpu_multiplies_the_experts_from_their_quantized_bytes(tmp_path):
         assert np.array_equal(model.forward(np.array([t]), one)[0][0], together[i])
     plain = generate(model, list(tokens), 16).tokens
     assert generate(model, list(tokens), 16, drafter=MTPDrafter(model), draft_n=3).tokens == plain
+
+
+@pytest.mark.skipif(not numba_available(), reason="the cpu backend needs numba")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_numba_experts_linear_is_each_experts_own_matmul(qtype):
+    """numba_ops.bind_experts (every chosen expert in one kernel call) against the oracle moe.experts_linear
+    (one matmul per expert): bitwise each expert's own bound kernel on its rows, and within float32 rounding of
+    the oracle of the same activation rounding; bad groupings are refused, not read out of bounds."""
+    from tinyspec import ops
+    from tinyspec.fast import numba_ops
+    from tinyspec.moe import experts_linear, group_by_expert
+    from tinyspec.quants import GGMLType, dequantize, quantize
+
+    kind = GGMLType[qtype]
+    rng = np.random.default_rng(1)
+    E, n_out, n_in, T, k = 6, 40, 512, 5, 3
+    raw = quantize(rng.standard_normal((E * n_out, n_in)).astype(np.float32), kind)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    experts = np.stack([rng.choice(E, k, replace=False) for _ in range(T)])
+    order, distinct, offsets = group_by_expert(experts)
+    assert list(distinct) == sorted(set(experts.ravel())) and offsets[-1] == T * k
+    assert all((experts.ravel()[order[offsets[i]:offsets[i + 1]]] == e).all() for i, e in enumerate(distinct))
+    xs = x[order // k]
+    got = numba_ops.bind_experts(raw, kind, (E, n_out, n_in), q8=True)(xs, distinct, offsets)
+    per = raw.size // E
+    for i, e in enumerate(distinct):
+        a, b = offsets[i], offsets[i + 1]
+        own = numba_ops.bind(raw.reshape(-1)[e * per:(e + 1) * per], kind, (n_out, n_in), q8=True)(xs[a:b])
+        assert np.array_equal(got[a:b], own)
+        assert np.array_equal(got[a:a + 1], own[:1])  # a row alone: the same bits (batch invariance)
+    q8 = kind in numba_ops.Q8_TYPES  # the cpu backend rounds x to Q8_K / Q8_0 for these: their oracle does too
+    same_rounding = np.concatenate([(ops.quant_linear_q8 if q8 else ops.quant_linear)(
+        xs[offsets[i]:offsets[i + 1]], raw.reshape(-1)[e * per:(e + 1) * per], kind, (n_out, n_in))
+        for i, e in enumerate(distinct)])
+    scale = np.abs(same_rounding).max()
+    assert np.abs(got - same_rounding).max() <= 1e-5 * scale
+    w = dequantize(raw, kind, (E * n_out, n_in)).reshape(E, n_out, n_in)
+    want = experts_linear(xs, w, distinct, offsets, NUMPY)  # the float oracle: within x's rounding
+    assert np.abs(got - want).max() <= (2e-2 if q8 else 1e-5) * scale
+    with pytest.raises(ValueError, match="offsets"):
+        numba_ops.bind_experts(raw, kind, (E, n_out, n_in))(xs, distinct, offsets[:-1])
+    with pytest.raises(IndexError, match="expert ids"):
+        numba_ops.bind_experts(raw, kind, (E, n_out, n_in))(xs, distinct + E, offsets)

@@ -14,8 +14,10 @@
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
             device. The model code is the oracle's own: its NumPy calls dispatch to CuPy on CuPy arrays
-            (NEP 18), the kernels' xp (CuPy) allocates the state, and only the token embeddings go up and
-            the logits and hidden rows come down per forward (the engine samples on the host). The
+            (NEP 18), the kernels' xp (CuPy) allocates the state. The token ids go up (checked on the host,
+            the embedding rows gathered on the device); a greedy step's logits and hidden rows stay on the
+            device (Model.forward(to_host=False)), where the greedy rule runs and brings back two ints
+            (fast/cuda_accept.py; tests/test_cuda_syncs.py counts the syncs per step). The
             delta-rule scan is cuda_ops.gdn_scan (writes the ring from registers); rollback is a
             device-to-device copy. The row functions (norms, gates) take one launch each
             (fast/cuda_rows.py) and every weight is bound once (cuda_ops.bind): at decode sizes a launch
@@ -112,7 +114,8 @@ class PackedWeight:
 
     kernels: the weight kernels (numba_ops, CudaWeightKernels), anything with SUPPORTED (the ggml types it
     reads), bind(raw, type, shape, q8) -> linear(x) [T, in] -> [T, out] (the weight checked and planned
-    once) and get_rows(raw, type, shape, ids) -> [n, in] float32 on the host.
+    once) and get_rows(raw, type, shape, ids host ints) -> [n, in] float32 where the kernels compute (the
+    host for numba_ops, the device for CUDA).
     """
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
@@ -135,13 +138,18 @@ class PackedWeight:
 
 
 class PackedExperts:
-    """A qwen35moe expert tensor [E, out, in] kept as its GGUF bytes: experts[e] is expert e's [out, in] weight as
-    a PackedWeight over its slice of the bytes (each expert's rows are whole blocks, stored one expert after the
-    other), bound when first used. moe.py multiplies experts[e] as it would a float32 expert."""
+    """A qwen35moe expert tensor [E, out, in] kept as its GGUF bytes (each expert's rows are whole blocks, stored
+    one expert after the other). experts_linear(x, experts, offsets) multiplies rows grouped by expert, each
+    expert's weights read once (moe.experts_linear is its oracle); experts[e] is expert e's [out, in] weight as a
+    PackedWeight over its slice of the bytes, bound when first used."""
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int, int], kernels):
         self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
         self.nbytes, self._bound = raw.nbytes, {}
+        self._grouped = kernels.bind_experts(raw, ggml_type, shape, q8=True)
+
+    def experts_linear(self, x, experts: np.ndarray, offsets: np.ndarray):  # [P, in] grouped by expert -> [P, out]
+        return self._grouped(x, experts, offsets)
 
     def __getitem__(self, e) -> PackedWeight:
         e = int(e)
@@ -152,6 +160,23 @@ class PackedExperts:
 
     def __repr__(self) -> str:
         return f"PackedExperts({self.ggml_type.name}, {self.shape})"
+
+
+def bind_each_expert(bind: Callable, raw, ggml_type, shape: tuple[int, int, int], q8: bool, xp) -> Callable:
+    """experts_linear (PackedExperts' contract) from weight kernels that bind one [out, in] weight at a time:
+    each expert bound when first chosen, over its slice of the bytes, and run on its own rows (the cuda
+    backend's; the cpu backend's numba_ops.bind_experts runs every chosen expert in one kernel call)."""
+    per, bound = raw.size // shape[0], {}
+
+    def experts_linear(x, experts, offsets):  # x [P, in] where the kernels compute; experts, offsets host ints
+        y = xp.empty((x.shape[0], shape[1]), dtype=np.float32)
+        for i, e in enumerate(int(e) for e in experts):
+            if e not in bound:
+                bound[e] = bind(raw[e * per : (e + 1) * per], ggml_type, tuple(shape[1:]), q8)
+            y[offsets[i] : offsets[i + 1]] = bound[e](x[offsets[i] : offsets[i + 1]])
+        return y
+
+    return experts_linear
 
 
 def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
@@ -182,7 +207,8 @@ class CudaWeightKernels:
     """bind / get_rows of tinyspec/fast/cuda_ops.py for PackedWeight; the weights live on the GPU (uploaded
     once). A bound linear answers where it was asked: a CuPy x stays on the device, a NumPy x (the
     draft-vocabulary scoring of a hidden row the engine holds) goes up and its result comes back. get_rows
-    returns host rows (embeddings: the model uploads them)."""
+    takes host ids (checked on the host and uploaded: no sync) and returns device rows, which the model
+    computes with where they are."""
 
     def __init__(self):
         import cupy
@@ -202,8 +228,11 @@ class CudaWeightKernels:
 
         return linear
 
+    def bind_experts(self, raw, ggml_type, shape, q8: bool = False):
+        return bind_each_expert(self.bind, raw, ggml_type, shape, q8, self.cp)
+
     def get_rows(self, raw, ggml_type, shape, ids):
-        return self.cp.asnumpy(self.ops.get_rows(raw, ggml_type, shape, self.cp.asarray(ids)))
+        return self.ops.get_rows(raw, ggml_type, shape, np.asarray(ids, dtype=np.int64))
 
 
 def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
@@ -265,11 +294,12 @@ def cuda_kernels() -> Kernels:
     one launch per norm or gate instead of four to six) and the snapshot ring."""
     import cupy
 
-    from .fast import cuda_rows
+    from .fast import cuda_accept, cuda_rows
 
     dev = cupy.ndarray
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
+        accept_greedy=cuda_accept.device_verify_greedy(cupy, cupy.asnumpy),  # two ints back per verify step
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),

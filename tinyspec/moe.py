@@ -13,11 +13,16 @@ Weights (NumPy shapes of the GGUF tensors): ffn_gate_inp [E, D]; ffn_gate_exps, 
 ffn_down_exps [E, D, F_e]; the shared expert ffn_gate_shexp, ffn_up_shexp [F_s, D], ffn_down_shexp [D, F_s]
 and its gate ffn_gate_inp_shexp [D].
 
-Grouped by expert: the rows of a pass that chose expert e go through its three matrices together, so each chosen
+Grouped by expert: the T * k (row, rank) pairs of a pass are sorted by the expert they chose, so the pairs of
+expert e are one contiguous slice, and experts_linear runs each chosen expert's matrix over its slice: each chosen
 expert's weights are read once per pass however many rows chose it (a verify pass of T rows reads the union of
 the experts its rows chose: more than one token's k when rows disagree; LESSONS and bench measure it). Each
-row's product is kept apart and the row sums its own k products in its own rank order, so a row's numbers do not
+pair's product is kept apart and the row sums its own k products in its own rank order, so a row's numbers do not
 depend on the other rows (batch invariance, as ops.linear's).
+
+    pairs   p = t * k + j  (row t's j-th choice)       order = the pairs sorted by expert (stable)
+    groups  experts [U] the distinct chosen experts,  offsets [U + 1]: pairs order[offsets[i]:offsets[i+1]]
+            chose experts[i]; U, the pass's expert union, is what its FFN reads (moe_routes reports it)
 
 Official implementation: llama.cpp src/models/qwen35moe.cpp (build_moe_ffn with softmax gating and
 renormalised weights); HF transformers Qwen3_5MoeSparseMoeBlock (modeling_qwen3_5_moe.py).
@@ -45,17 +50,38 @@ def route(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return experts, (chosen / chosen.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[T, k] chosen experts -> (order [T k]: the pairs p = t k + j sorted by expert, stable; the distinct experts
+    [U]; offsets [U + 1]: pairs order[offsets[i]:offsets[i + 1]] chose experts[i]). Host NumPy."""
+    flat = experts.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    distinct, starts = np.unique(flat[order], return_index=True)
+    return order, distinct, np.append(starts, flat.size).astype(np.int64)
+
+
+def experts_linear(x, w, experts: np.ndarray, offsets: np.ndarray, kern: Kernels):  # [P, in] -> [P, out]
+    """Rows grouped by expert times their expert: y[a:b] = x[a:b] @ w[experts[i]].T for a, b = offsets[i],
+    offsets[i + 1]. w: [E, out, in] float32 (the oracle: kern.linear per expert), or a backend's packed expert
+    tensor, which multiplies itself (backends.PackedExperts: one kernel call for all the experts)."""
+    if not isinstance(w, kern.xp.ndarray):
+        return w.experts_linear(x, experts, offsets)
+    y = kern.xp.empty((x.shape[0], w.shape[1]), np.float32)
+    for i, e in enumerate(experts):
+        y[offsets[i] : offsets[i + 1]] = kern.linear(x[offsets[i] : offsets[i + 1]], w[e])
+    return y
+
+
 def moe_ffn(x: np.ndarray, w: Mapping[str, np.ndarray], n_used: int, kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
     """The module docstring's FFN for T rows: routed experts grouped by expert, then the shared expert."""
     T, D = x.shape
     experts, weights = route(kern.to_host(kern.linear(x, w["ffn_gate_inp.weight"])), n_used)  # [T, k] each
-    gate, up, down = w["ffn_gate_exps.weight"], w["ffn_up_exps.weight"], w["ffn_down_exps.weight"]
-    y = kern.xp.zeros((T, n_used, D), np.float32)  # y[t, j]: row t's j-th chosen expert's output
-    for e in np.unique(experts):  # each chosen expert once, with every row that chose it
-        rows, ranks = np.nonzero(experts == e)
-        xe = x[rows]  # [n_e, D]
-        h = kern.silu(kern.linear(xe, gate[e])) * kern.linear(xe, up[e])  # [n_e, F_e]
-        y[rows, ranks] = kern.linear(h, down[e])  # [n_e, D]
+    order, distinct, offsets = group_by_expert(experts)
+    xs = x[order // n_used]  # [T k, D]: each pair's row, in expert order
+    h = kern.silu(experts_linear(xs, w["ffn_gate_exps.weight"], distinct, offsets, kern)) * \
+        experts_linear(xs, w["ffn_up_exps.weight"], distinct, offsets, kern)  # [T k, F_e]
+    y = kern.xp.empty((T * n_used, D), np.float32)
+    y[order] = experts_linear(h, w["ffn_down_exps.weight"], distinct, offsets, kern)
+    y = y.reshape(T, n_used, D)  # y[t, j]: row t's j-th chosen expert's output
     wts = kern.to_device(weights)
     out = y[:, 0] * wts[:, :1]
     for j in range(1, n_used):  # each row's own k products, in its rank order

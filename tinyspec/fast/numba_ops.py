@@ -766,6 +766,28 @@ def _quant_linear_q8_serial(x, raw, row_bytes, kind, n_in, y):
     _quant_linear_q8_one_thread(x, raw, row_bytes, kind, n_in, y)
 
 
+_quant_linear_one_thread = njit(error_model="numpy", boundscheck=False)(_quant_linear_parallel.py_func)
+_FLOAT, _INTEGER, _INTEGER_Q8_0 = 0, 1, 2  # _experts_linear's kernel families (which matmul each expert runs)
+
+
+@njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
+def _experts_linear(x, raw, expert_bytes, row_bytes, kind, n_in, family, experts, offsets, y):
+    """y[a:b] = expert experts[i]'s rows times x[a:b], a, b = offsets[i], offsets[i + 1]: the rows of a pass
+    grouped by the expert they chose (moe.py). One thread per expert, each running the one-row-at-a-time
+    kernel of its family on its rows, so a row's bits are those of a one-row call (batch invariance) and an
+    expert's weights are read once for all its rows. One parallel region per layer and projection instead of
+    one per expert: at T = 1 a decode's 8 small matmuls (0.6 MB each) would each pay a pool wake-up."""
+    for i in prange(experts.size):
+        a, b = offsets[i], offsets[i + 1]
+        w = raw[experts[i] * expert_bytes : (experts[i] + 1) * expert_bytes]
+        if family == _INTEGER:
+            _quant_linear_q8_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+        elif family == _INTEGER_Q8_0:
+            _quant_linear_q8_0_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+        else:
+            _quant_linear_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+
+
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _get_rows_kernel(raw, row_bytes, kind, n_in, ids, out):  # ids [n] int64 -> out [n, in]
     scratch = _aligned_zeros(LANES + 16)  # one thread: an embedding lookup is a few rows, memory-bound
@@ -853,6 +875,36 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8:
         return y
 
     return linear
+
+
+def bind_experts(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int, int], q8: bool = False):
+    """Check an [E, out, in] expert tensor once and return `experts_linear(x, experts, offsets)`: x [P, in] float32
+    rows grouped by expert (rows offsets[i]:offsets[i + 1] chose expert experts[i]) -> [P, out] float32, row p
+    bitwise what bind(expert's bytes, ...)(x[p:p + 1]) gives (the oracle: tinyspec.moe.experts_linear)."""
+    if len(shape) != 3 or min(shape) < 0:
+        raise ValueError(f"numba_ops: expert shape must be (E, out, in) >= 0, got {tuple(shape)}")
+    E, n_out, n_in = (int(v) for v in shape)
+    qtype, flat = _weight_blocks(raw, ggml_type, (E * n_out, n_in))
+    row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
+    family = (_INTEGER_Q8_0 if qtype in X_Q8_0 else _INTEGER) if q8 and qtype in Q8_TYPES else _FLOAT
+
+    def experts_linear(x: np.ndarray, experts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        experts, offsets = np.asarray(experts, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"numba_ops: x must be [P, {n_in}] for expert shape {tuple(shape)}, got {x.shape}")
+        if offsets.shape != (experts.size + 1,) or offsets[0] != 0 or offsets[-1] != x.shape[0] or (np.diff(offsets) < 0).any():
+            raise ValueError(f"numba_ops: offsets must rise from 0 to {x.shape[0]} in {experts.size + 1} steps")
+        if experts.size and (experts.min() < 0 or experts.max() >= E):
+            raise IndexError(f"numba_ops: expert ids must be in [0, {E}), got {experts.min()}..{experts.max()}")
+        y = np.empty((x.shape[0], n_out), dtype=np.float32)
+        if y.size and n_in == 0:
+            y[:] = 0
+        elif y.size:
+            _experts_linear(x, flat, n_out * row_bytes, row_bytes, kind, n_in, family, experts, offsets, y)
+        return y
+
+    return experts_linear
 
 
 def quant_linear(x: np.ndarray, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int]) -> np.ndarray:
