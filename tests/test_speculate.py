@@ -27,9 +27,10 @@ from tinyspec.speculate import Draft, FixedDraftLength, Plan, StopRule, speculat
 N_VOCAB = 272
 
 
-TARGETS = {  # two random hybrid targets: different head layouts, layer patterns, tied/untied output
+TARGETS = {  # random hybrid targets: different head layouts, layer patterns, tied/untied output, and a qwen35moe
     "gdn-attn-x2": dict(seed=11, n_trunk=4, interval=2),
     "tied-nk1-nv2": dict(seed=21, n_trunk=5, interval=3, n_k=1, n_v=2, H=4, H_kv=2, tied=True),
+    "moe-e8-k2": dict(seed=31, n_trunk=4, interval=2, experts=(8, 2, 16, 24)),  # the rollback invariants on MoE too
 }
 
 
