@@ -91,6 +91,8 @@ class DraftModelDrafter:
         self.ring.filled = 0
         for i in range(k):
             scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
+            if not params.greedy:  # a sampled draft reads the law on the host; a greedy one is an argmax where it is
+                scores = self.model.to_host(scores)
             self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
             token, q_draft = draft_token(scores, params, rng) if self.vocab is None else \
                 self.vocab.draw(scores, params, rng)
@@ -110,12 +112,13 @@ class DraftModelDrafter:
         """The draft-model passes several drafting sequences asked for, made as one (Model.forward_batch, each
         into its own state), then each ask's last row scored (asks sharing a scores weight: one product)."""
         model = self.model
-        _, hidden, bounds = model.forward_batch([a.tokens for a in asks], [a.state for a in asks], logits=False)
+        _, hidden, bounds = model.forward_batch([a.tokens for a in asks], [a.state for a in asks], logits=False,
+                                                to_host=False)
         last = hidden[bounds[1:] - 1]  # [B, D]
         out = [None] * len(asks)
         for weight in {id(a.scores): a.scores for a in asks}.values():
             rows = [b for b, a in enumerate(asks) if a.scores is weight]
-            scores = model.to_host(model.kernels.linear(model.to_device(last[rows]), weight))  # [b, n]
+            scores = model.kernels.linear(last[rows], weight)  # [b, n], where the model computes
             for j, b in enumerate(rows):
                 out[b] = scores[j]
         return out

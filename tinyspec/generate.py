@@ -51,7 +51,8 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
         rng = np.random.default_rng()
     state = model.new_state()
     t0 = time.perf_counter()
-    logits, _ = model.forward(np.array(prompt), state, chunked=chunked_prefill)
+    on_host = not params.greedy  # greedy: the argmax where the logits are, one int back (Model.forward's to_host)
+    logits, _ = model.forward(np.array(prompt), state, chunked=chunked_prefill, to_host=on_host)
     t_prefill = time.perf_counter() - t0
     out: list[int] = []
     t1 = time.perf_counter()
@@ -62,7 +63,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
             on_emit([token], ["target"])
         if token in stop_ids or len(out) == max_new:
             break
-        logits, _ = model.forward(np.array([token]), state)
+        logits, _ = model.forward(np.array([token]), state, to_host=on_host)
     t_decode = time.perf_counter() - t1
     stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
              "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0}

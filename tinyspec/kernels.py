@@ -25,6 +25,10 @@ by following an argument, not by searching for who patched what.
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host token embeddings -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
+    accept_greedy spec_sampling.verify_greedy   (logits [k+1, N] where the model computes, drafts: k host ints)
+                                         -> (n_accepted, token) host ints: the greedy rule (the argmax of each
+                                         row against the drafts, the kept prefix, the target's own token); the
+                                         cuda backend's runs on the device and brings back those two ints only
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
 
 What every replacement must keep:
@@ -55,6 +59,7 @@ import numpy as np
 from . import ops
 from .attention import attend, attend_paged
 from .gdn import causal_conv, gdn_scan
+from .spec_sampling import verify_greedy
 
 ROLLBACKS = ("snapshot", "replay")
 
@@ -83,6 +88,7 @@ class Kernels:
     xp: ModuleType = np
     to_device: Callable = same
     to_host: Callable = same
+    accept_greedy: Callable = verify_greedy
     rollback: str = "snapshot"
 
     def __post_init__(self):

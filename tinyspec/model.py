@@ -178,7 +178,7 @@ class Model:
         return self.token_embd[tokens]
 
     def forward(self, tokens, state: ModelState, chunked: bool = False, ring: SnapshotRing | ReplayRing | None = None,
-                logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+                logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
@@ -188,6 +188,9 @@ class Model:
         that keeps what a rollback needs to rescan the kept prefix (new_ring picks, state.py).
         logits=False skips the output projection (None instead of logits): for callers that score
         only some rows of it (a draft vocabulary, fast/draft_vocab.py) or need only the state.
+        to_host=False leaves logits and hidden where the model computes (CuPy arrays on the cuda backend, the
+        same NumPy arrays on the others): for a caller that reads them there (the greedy rule,
+        Kernels.accept_greedy; the MTP head) and brings back only what it needs.
         """
         cfg, kern = self.cfg, self.kernels
         x = kern.to_device(self.embed(tokens))  # [T, D]
@@ -204,10 +207,13 @@ class Model:
             x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
         state.pos += x.shape[0]
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
-        return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden)
+        out = kern.linear(hidden, self.output) if logits else None  # [T, N]
+        if to_host:
+            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
+        return out, hidden
 
     def forward_batch(self, tokens: list, states: list[ModelState], rings: list | None = None,
-                      logits: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+                      logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens) from states[b].
 
         The rows are packed, sequence after sequence, into one [R, D] (R = total tokens; bounds[b] is where
@@ -215,7 +221,8 @@ class Model:
         conv and scan and the attention run per sequence on its own rows and state (gdn_layer_ragged,
         attention_layer_ragged). Every row is the row that sequence computes alone (the matmul is
         batch-invariant), which is what makes a batch of speculative sequences exact. rings[b]: sequence b's
-        ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1].
+        ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1]
+        (host ints); to_host=False leaves logits and hidden where the model computes, as in forward.
         """
         cfg, kern = self.cfg, self.kernels
         if len(tokens) != len(states) or not tokens:
@@ -239,4 +246,7 @@ class Model:
         for state, t in zip(states, tokens):
             state.pos += len(t)
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]
-        return (kern.to_host(kern.linear(hidden, self.output)) if logits else None), kern.to_host(hidden), bounds
+        out = kern.linear(hidden, self.output) if logits else None  # [R, N]
+        if to_host:
+            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
+        return out, hidden, bounds

@@ -62,38 +62,45 @@ class MTPHead:
         out, h_mtp, _ = self.forward_batch([tokens], [hidden_prev], [cache], logits)
         return out, h_mtp
 
-    def forward_batch(self, tokens: list, hidden_prev: list, caches: list,
-                      logits: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    def forward_batch(self, tokens: list, hidden_prev: list, caches: list, logits: bool = True,
+                      to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """forward for several sequences in one pass (each its own cache): rows packed as in
-        Model.forward_batch, which bounds [B+1] locates; every row is the one that sequence computes alone."""
+        Model.forward_batch, which bounds [B+1] locates; every row is the one that sequence computes alone.
+        hidden_prev rows may be host or device arrays (the target's, where it left them); to_host=False leaves
+        logits and h_mtp where the head computes, as Model.forward does."""
         cfg, w, kern = self.cfg, self.w, self.model.kernels
         tokens = [np.asarray(t, dtype=np.int64) for t in tokens]
         for t, h in zip(tokens, hidden_prev):
             if h.shape != (t.size, cfg.n_embd):
                 raise ValueError(f"hidden_prev has shape {h.shape}, expected {(t.size, cfg.n_embd)}")
         bounds = np.cumsum([0] + [t.size for t in tokens])
-        tokens, hidden_prev = np.concatenate(tokens), np.concatenate(hidden_prev)  # [R], [R, D]
+        tokens = np.concatenate(tokens)  # [R]
+        hidden_prev = np.concatenate([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
         e = kern.rms_norm(kern.to_device(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
-        h = kern.rms_norm(kern.to_device(hidden_prev.astype(np.float32)), w["nextn.hnorm.weight"], cfg.rms_eps)
+        h = kern.rms_norm(hidden_prev, w["nextn.hnorm.weight"], cfg.rms_eps)
         y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
         y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
                                        kern)
         y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
         h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
-        return (kern.to_host(kern.linear(h_mtp, self.head)) if logits else None), kern.to_host(h_mtp), bounds
+        out = kern.linear(h_mtp, self.head) if logits else None  # [R, N]
+        if to_host:
+            out, h_mtp = (kern.to_host(out) if out is not None else None), kern.to_host(h_mtp)
+        return out, h_mtp, bounds
 
     def draft_pass(self, asks: list["HeadPass"]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The head passes several drafting sequences asked for (MTPDrafter.drafting), made as one: each ask's
         rows into its own cache, then only each ask's last row scored against its `scores` (asks that share
-        the scores weight share one product). -> per ask (h_mtp of its last row [1, D], its scores [n])."""
+        the scores weight share one product). -> per ask (h_mtp of its last row [1, D], its scores [n]), both
+        where the head computes (a greedy draft is an argmax there: one int comes back, not [n] scores)."""
         kern = self.model.kernels
         _, h_mtp, bounds = self.forward_batch([a.tokens for a in asks], [a.rows for a in asks],
-                                              [a.cache for a in asks], logits=False)
+                                              [a.cache for a in asks], logits=False, to_host=False)
         last = h_mtp[bounds[1:] - 1]  # [B, D]: the rows that predict each sequence's next draft
         scores = [None] * len(asks)
         for weight in {id(a.scores): a.scores for a in asks}.values():
             rows = [b for b, a in enumerate(asks) if a.scores is weight]
-            out = kern.to_host(kern.linear(kern.to_device(last[rows]), weight))  # [b, n]
+            out = kern.linear(last[rows], weight)  # [b, n]
             for j, b in enumerate(rows):
                 scores[b] = out[j]
         return [(last[b : b + 1], scores[b]) for b in range(len(asks))]
@@ -111,7 +118,7 @@ class HeadPass:
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
     """Pair row p with h_{p-1}: [T, D] -> [T, D], first row = h_before (zeros at the start of a sequence)."""
-    first = np.zeros((1, hidden.shape[1]), np.float32) if h_before is None else h_before.reshape(1, -1)
+    first = np.zeros_like(hidden[:1]) if h_before is None else h_before.reshape(1, -1)  # where hidden is
     return np.concatenate([first, hidden[:-1]], axis=0)
 
 
@@ -213,9 +220,11 @@ class MTPDrafter:
         self.queue = []
         n_kept = cache.n + len(fed)
         drafts, q_rows, probs, withdrawn = [], [], [], False
-        tokens, hs = fed + [pending], np.concatenate(rows + [self.h_last[None, :]])
+        tokens, hs = fed + [pending], np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]])
         for _ in range(k):
-            h, logits = yield HeadPass(tokens, hs, cache, self.scores)  # [1, D], [N] or [n]
+            h, logits = yield HeadPass(tokens, hs, cache, self.scores)  # [1, D], [N] or [n], where the head computes
+            if not params.greedy:  # a sampled draft reads the law on the host; a greedy one is an argmax where it is
+                logits = self.head.model.to_host(logits)
             token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
                 self.vocab.draw(logits, params, rng)
             p = draft_probability(logits, token, q_draft) if wants_p else None

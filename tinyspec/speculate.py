@@ -15,6 +15,11 @@ The loop (pending = the next token, already chosen but not yet fed to the target
                      the KV caches, tell the drafter which tokens were kept
     Step 5  emit     d_1..d_m and the new token, which becomes the next pending token
 
+Where the numbers are (issue 27): greedy, the target's logits and hidden rows stay where the model computes
+(Model.forward(to_host=False)): the rule of step 3 is the kernels' accept_greedy, which on the cuda backend
+runs on the device and brings back the run's two ints (fast/cuda_accept.py), and the drafters take the hidden
+rows where they are. Sampled, the laws are read on the host.
+
 Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the
 rollback keeps exactly the tokens before the cut, so every piece of state (target KV, GDN, MTP KV,
 drafter) always equals that of a sequence that plainly decoded the emitted tokens. The final
@@ -28,7 +33,8 @@ target's law by the rejection rule (spec_sampling.py).
 Two objects are handed to the loop, and everything that crosses between them is in these signatures:
 
     Drafter (lookup.LookupDrafter, mtp.MTPDrafter, draft.DraftModelDrafter)
-        start(prompt, hidden, k_max)       after the target prefilled the prompt (hidden [n, D] post-norm)
+        start(prompt, hidden, k_max)       after the target prefilled the prompt (hidden [n, D] post-norm,
+                                           where the model computes when greedy: a device array on cuda)
         propose(pending, k, params, rng, stop=None) -> Draft(tokens [<= k], q_rows, probs, withdrawn)
         commit(fed, hidden)                the target kept these tokens (fed[0] = pending) with hidden rows
         stops_by_confidence                True if propose honours stop.keep_going (it knows each draft's p)
@@ -54,9 +60,10 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .kernels import NUMPY, Kernels
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
-from .spec_sampling import verify_greedy, verify_step
+from .spec_sampling import verify_step
 
 # Drafts per verify pass, at most. The ring holds a state per draft (19 MB each at the 0.8B shape), and a
 # pass of more drafts never pays: at acceptance a a step emits at most 1 / (1 - a) tokens (20 at a = 0.95).
@@ -248,11 +255,12 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
 
 
 def accept(logits: np.ndarray, fed: list[int], draft: Draft, params: SamplingParams,
-           rng: np.random.Generator) -> tuple[int, int]:
+           rng: np.random.Generator, kern: Kernels = NUMPY) -> tuple[int, int]:
     """Step 3 on one sequence's verify rows (logits [k+1, N] for fed = [pending, d_1..d_k]): the number of drafts
-    the rule keeps and the target's own next token (a correction, or a bonus after all k)."""
+    the rule keeps and the target's own next token (a correction, or a bonus after all k). Greedy, the logits
+    may be where the model computes and kern.accept_greedy reads them there; sampled, they are host rows."""
     if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
-        return verify_greedy(logits, fed[1:])
+        return kern.accept_greedy(logits, fed[1:])
     p_rows = [probs_from_logits(row, params) for row in logits]
     return verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
 
@@ -286,7 +294,8 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
     stats = SpecStats(policy.k_max)
     clock = PhaseClock(stats.phase_s)
     state, ring = model.new_state(), model.new_ring(policy.k_max + 1)  # the ring: allocated once, k+1 slots
-    logits, hidden = model.forward(np.array(prompt), state)  # prefill: [n, N], [n, D]
+    on_host = not params.greedy  # greedy: logits and hidden stay where the model computes (the module docstring)
+    logits, hidden = model.forward(np.array(prompt), state, to_host=on_host)  # prefill: [n, N], [n, D]
     drafter.start(prompt, hidden, policy.k_max)
     clock.lap("prefill")
     out, marks = [], []
@@ -303,10 +312,11 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         clock.lap("draft")
         # Step 2: verify: one target pass over [pending, d_1..d_k]; the ring receives the state after each token
         fed = [pending] + [int(d) for d in draft.tokens]
-        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None)  # [k+1, N], [k+1, D]
+        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None,
+                                       to_host=on_host)  # [k+1, N], [k+1, D]
         clock.lap("verify")
         # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
-        n_accepted, new_token = accept(logits, fed, draft, params, rng)
+        n_accepted, new_token = accept(logits, fed, draft, params, rng, model.kernels)
         emitted = cut_at_stop(fed[1 : 1 + n_accepted] + [new_token], stops, max_new - len(out))
         clock.lap("sample")
         # Step 4: rollback: keep pending + the emitted tokens but the last one (the next pending token)
