@@ -142,6 +142,8 @@ def _transfer(kind: str, nbytes: int, what: str) -> None:
 
 
 def _launched(n: int = 1) -> None:
+    if _capturing:  # captured work is recorded, not launched
+        return
     for ledger in _ledgers:
         ledger.launches += n
 
@@ -472,13 +474,27 @@ Stream.null = Stream(null=True)
 _streams: list[Stream] = []
 
 
+class MemoryPool:
+    """cupy.cuda.MemoryPool: the fake allocates from NumPy, so a pool only hands out its malloc."""
+
+    def malloc(self, nbytes):
+        raise NotImplementedError("fake cupy: arrays are NumPy's; using_allocator only marks the block")
+
+
+@contextlib.contextmanager
+def using_allocator(allocator=None):
+    """cupy.cuda.using_allocator: where arrays made in the block come from (the fake: NumPy, as always)."""
+    yield
+
+
 def get_current_stream() -> Stream:
     return _streams[-1] if _streams else Stream.null
 
 
 cuda = types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
                              Stream=Stream, Graph=Graph, graph=types.SimpleNamespace(Graph=Graph),
-                             get_current_stream=get_current_stream)
+                             get_current_stream=get_current_stream, MemoryPool=MemoryPool,
+                             using_allocator=using_allocator)
 
 
 def module() -> types.ModuleType:

@@ -143,11 +143,11 @@ def test_syncs_per_verify_step_stay_in_budget(files, cuda, kind):
 def test_device_acceptance_equals_the_oracle(cuda, on):
     """cuda_accept.greedy_run (the device rule, NumPy functions that dispatch) against spec_sampling.verify_greedy
     on every prefix length, ties in the rows (argmax takes the first maximum on both) and k = 0."""
-    from tinyspec.fast.cuda_accept import device_verify_greedy
+    from tinyspec.fast.cuda_accept import DeviceGreedyRule
     from tinyspec.spec_sampling import verify_greedy
 
     xp = np if on == "numpy" else fake_cupy
-    accept = device_verify_greedy(xp, lambda a: a if xp is np else fake_cupy.asnumpy(a))
+    accept = DeviceGreedyRule(xp, lambda a: a if xp is np else fake_cupy.asnumpy(a))
     rng = np.random.default_rng(0)
     for k in range(0, 6):
         for _ in range(20):
@@ -156,6 +156,26 @@ def test_device_acceptance_equals_the_oracle(cuda, on):
             n_right = rng.integers(0, k + 1)
             drafts = [int(t) for t in top[:n_right]] + [int(rng.integers(0, 7)) for _ in range(k - n_right)]
             assert accept(xp.asarray(logits), drafts) == verify_greedy(logits, drafts)
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
+def test_graphs_on_and_off_give_the_same_tokens_with_fewer_launches(files, cuda, kind):
+    """The greedy rule replayed from a CUDA graph per verify length (fast/cuda_graphs.py) under the fake's capture
+    emulation: the same tokens as plain launches (and as the oracle), every shape captured (no sync, no host
+    copy inside a capture: those raise, and the key would be listed in .failed), fewer launches a step."""
+    loaded = load_model(files / "target.gguf", "cuda")
+    runs = {}
+    for graphs in (False, True):
+        target = loaded.with_kernels(backends.cuda_kernels(graphs=graphs))
+        drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
+        steps, tokens = count_steps(target, drafter)
+        runs[graphs] = steps, tokens, target.kernels.accept_greedy.graphs
+    (off, tokens_off, _), (on, tokens_on, graphed) = runs[False], runs[True]
+    assert tokens_on == tokens_off
+    if kind != "plain":  # plain decoding picks its token with one argmax, not the rule
+        assert graphed.graphs and not graphed.failed
+        assert sum(s.launches for s in on) < sum(s.launches for s in off)
+    assert [s.syncs for s in on] == [s.syncs for s in off]
 
 
 # --- the fake's graph capture: CuPy's API, a GPU's rules

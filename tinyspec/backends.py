@@ -289,9 +289,10 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
     return row
 
 
-def cuda_kernels() -> Kernels:
+def cuda_kernels(graphs: bool = True) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
-    one launch per norm or gate instead of four to six) and the snapshot ring."""
+    one launch per norm or gate instead of four to six), the greedy rule on the device (replayed from a CUDA
+    graph per verify length with graphs=True: fast/cuda_graphs.py) and the snapshot ring."""
     import cupy
 
     from .fast import cuda_accept, cuda_rows
@@ -299,7 +300,7 @@ def cuda_kernels() -> Kernels:
     dev = cupy.ndarray
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
-        accept_greedy=cuda_accept.device_verify_greedy(cupy, cupy.asnumpy),  # two ints back per verify step
+        accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),

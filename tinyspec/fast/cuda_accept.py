@@ -45,13 +45,19 @@ def greedy_run(logits, drafts):  # [k+1, N], [k] ints, where the logits are -> [
     return np.stack([n.astype(np.int64), np.take(top, n).astype(np.int64)])  # [2]
 
 
-def device_verify_greedy(xp, to_host: Callable) -> Callable:
+class DeviceGreedyRule:
     """Kernels.accept_greedy for the array module xp (CuPy): (logits [k+1, N] on the device, drafts k host ints)
-    -> (n_accepted, token) host ints, with one transfer of two ints."""
+    -> (n_accepted, token) host ints, with one transfer of two ints. graphs=True: greedy_run replayed from a
+    CUDA graph per (k+1, N, k) (cuda_graphs.GraphedCall: its ~10 launches become one, plus two input copies);
+    self.graphs says what was captured and why a shape fell back to plain launches."""
 
-    def accept_greedy(logits, drafts) -> tuple[int, int]:
-        drafts_dev = xp.asarray(np.asarray(drafts, dtype=np.int64))  # [k] up: an asynchronous copy
-        n, token = (int(v) for v in to_host(greedy_run(logits, drafts_dev)))  # the step's one sync
+    def __init__(self, xp, to_host: Callable, graphs: bool = False):
+        from .cuda_graphs import GraphedCall
+
+        self.xp, self.to_host = xp, to_host
+        self.graphs = GraphedCall(greedy_run, xp, enabled=graphs)
+
+    def __call__(self, logits, drafts) -> tuple[int, int]:
+        drafts_dev = self.xp.asarray(np.asarray(drafts, dtype=np.int64))  # [k] up: an asynchronous copy
+        n, token = (int(v) for v in self.to_host(self.graphs(logits, drafts_dev)))  # the step's one sync
         return n, token
-
-    return accept_greedy
