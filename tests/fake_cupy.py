@@ -221,7 +221,7 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         raw = _unwrap((inputs, kwargs), strict=True)
-        call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])  # noqa: E731
+        call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])
         if method == "at" or kwargs.get("out") is not None:  # in place: x += y, np.add(x, y, out=...)
             _run(call, makes=False)
             out = kwargs.get("out")
@@ -230,7 +230,7 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __array_function__(self, func, types_, args, kwargs):
         raw = _unwrap((args, kwargs), strict=True)
-        call = lambda: func(*raw[0], **raw[1])  # noqa: E731
+        call = lambda: func(*raw[0], **raw[1])
         if func in _SYNCING:
             _transfer("sync", 8, f"np.{func.__name__} of a device array (its size comes from the data)")
         if _writes(func, kwargs):
