@@ -234,7 +234,8 @@ def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
             "--max-new", "12", "--drafters", "", "--synth-len", "2.95", "--draft-vocab", "64", "--adaptive", "--json"]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
-    assert set(r["spec"]) == {"mtp", "mtp_vocab", "mtp_synth", "mtp_synth_vocab", "mtp_adaptive", "mtp_adaptive_vocab"}
+    assert set(r["spec"]) == {"mtp", "mtp_vocab", "mtp_synth", "mtp_synth_vocab", "mtp_adaptive", "mtp_adaptive_vocab",
+                              "mtp_synth_adaptive", "mtp_synth_adaptive_vocab"}
     for s in r["spec"].values():
         assert s["identical"] and s["tok_s"] > 0 and s["speedup"] > 0
     synth = r["spec"]["mtp_synth"]
@@ -243,6 +244,8 @@ def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
     assert synth["phase_ms"]["draft"] > 0  # the MTP head really drafted
     assert r["spec"]["mtp_vocab"]["draft_vocab"] == 64 and r["spec"]["mtp_adaptive"]["chosen_k"]
     assert r["spec"]["mtp_adaptive_vocab"]["draft_vocab"] == 64 and r["spec"]["mtp_adaptive_vocab"]["chosen_k"]
+    both = r["spec"]["mtp_synth_adaptive_vocab"]  # the synthetic acceptance, k chosen per step, the draft vocabulary
+    assert both["synth_len"] == 2.95 and both["draft_vocab"] == 64 and both["chosen_k"]
 
 
 @pytest.mark.parametrize("args, message", [

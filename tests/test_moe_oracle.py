@@ -203,3 +203,36 @@ def test_numba_experts_linear_is_each_experts_own_matmul(qtype):
         numba_ops.bind_experts(raw, kind, (E, n_out, n_in))(xs, distinct, offsets[:-1])
     with pytest.raises(IndexError, match="expert ids"):
         numba_ops.bind_experts(raw, kind, (E, n_out, n_in))(xs, distinct + E, offsets)
+
+
+def test_expert_union_counts_the_routing(files):
+    """expert_union.tallied: the same numbers as the model, and the distinct experts each pass reads per MoE layer:
+    exactly k for one token (a row's k choices differ), between k and min(E, T k) for T tokens; the bench reports
+    them with verify passes of k = 0..8, and the adaptive prior prices the extra experts."""
+    from tinyspec.fast.adaptive import AdaptiveDraftLength
+    from tinyspec.fast.bench import bench, weight_bytes
+    from tinyspec.fast.expert_union import expert_union, step_cost_curve, tallied, uniform_union
+
+    E, k = EXPERTS[:2]
+    model = Model.from_gguf(files / "moe.gguf")
+    counted, tally = tallied(model)
+    tokens = np.array([5, 9, 13, 40, 41])
+    assert np.array_equal(counted.forward(tokens, counted.new_state())[0], model.forward(tokens, model.new_state())[0])
+    assert [layer for layer, _ in tally.calls] == list(range(model.cfg.n_trunk))  # one grouped call per MoE layer
+    union = expert_union(model, [1, 2, 3], sizes=range(1, 6))
+    assert union[1] == k and all(k <= union[T] <= min(E, T * k) for T in union) and union[5] > union[1]
+    assert uniform_union(256, 8, 1) == pytest.approx(8) and uniform_union(256, 8, 4) == pytest.approx(30.5, abs=0.05)
+    curve = step_cost_curve(model, 4)
+    assert curve[0] == 1 and all(b > a + 0.3 - 1e-9 for a, b in zip(curve, curve[1:]))  # dearer than the dense prior
+    dense = Model.from_gguf(files / "draft.gguf")
+    assert step_cost_curve(dense, 4) == pytest.approx([1 + 0.3 * j for j in range(5)])
+    policy = AdaptiveDraftLength.for_drafter(MTPDrafter(model), 4, model)
+    assert policy.cost_curve == pytest.approx(curve) and policy._xs[1] == pytest.approx(1)
+    with pytest.raises(ValueError, match="cost_curve"):
+        AdaptiveDraftLength(3, cost_curve=(1.0, 1.0, 2.0, 3.0))
+    report = bench(model, [1, 2, 3], decode_n=2, repeats=1, drafters=())
+    assert sorted(report["verify_cost_ratio"]) == list(range(1, 10))  # k = 0..8
+    assert report["experts"]["distinct_per_layer"][1] == k and report["experts"]["n_expert"] == E
+    experts_read = sum(t.nbytes * k // E for layer in model.layers for t in layer.values() if t.ndim == 3)
+    rest = model.output.nbytes + sum(t.nbytes for layer in model.layers for t in layer.values() if t.ndim < 3)
+    assert weight_bytes(model) == rest + experts_read  # a decode step reads k of the E experts

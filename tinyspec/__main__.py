@@ -315,7 +315,7 @@ def cmd_generate(args) -> int:
     if adaptive and drafter is not None:
         from .fast.adaptive import AdaptiveDraftLength
 
-        policy = AdaptiveDraftLength.for_drafter(drafter, draft_n)
+        policy = AdaptiveDraftLength.for_drafter(drafter, draft_n, model)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
                       drafter=drafter, draft_n=None if adaptive else draft_n, policy=policy, on_emit=printer)
     text = tokenizer.decode(result.tokens)
@@ -534,6 +534,12 @@ def cmd_bench(args) -> int:
           f"({100 * report['weight_bw_fraction']:.0f}%)")
     print("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
                                          for T, r in report["verify_cost_ratio"].items()) + " a one-token pass")
+    if "experts" in report:
+        ex = report["experts"]
+        print(f"experts         distinct experts a pass of T tokens reads per MoE layer ({ex['n_expert_used']} of "
+              f"{ex['n_expert']} a token; uniform routing in brackets):")
+        print("                " + "  ".join(f"T={T}: {u:.1f} ({ex['uniform_union'][T]:.1f})"
+                                             for T, u in ex["distinct_per_layer"].items()))
     if report["spec"]:
         w = max(15, *(len(name) for name in report["spec"]))
         print(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
@@ -727,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .gguf path")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--layers", type=int, help="trunk layers (default: the shape's; attention stays every 4th layer). "
-                                              "35b-a3b at 40 layers is ~20 GB in q4_k_m: --layers 4 (~2.4 GB) fits a 24 GB machine")
+                                              "35b-a3b at 40 layers is 21.7 GB in q4_k_m; --layers 4 (3.2 GB) fits a small machine")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("bench", help="measure decode tok/s, the cost of verify passes of T = 1, 2, 4, 8 tokens "
@@ -764,7 +770,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else id order)")
     p.add_argument("--adaptive", action="store_true",
                    help="also time MTP with k chosen per step (spec.mtp_adaptive; with --draft-vocab also "
-                        "spec.mtp_adaptive_vocab, what generate --spec mtp runs on a large vocabulary); with --slots, "
+                        "spec.mtp_adaptive_vocab, what generate --spec mtp runs on a large vocabulary; with "
+                        "--synth-len also spec.mtp_synth_adaptive[_vocab]; on a MoE model the prior cost of k drafts "
+                        "counts the experts the extra verify rows read); with --slots, "
                         "also the batch-aware draft length at every B (slots.B.policy_tok_s: one k for all slots "
                         "from the measured cost of a pass of R rows, 0 where drafting would lose)")
     p.add_argument("--rollback", choices=["snapshot", "replay"], default=None,

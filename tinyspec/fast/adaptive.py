@@ -13,11 +13,15 @@ Estimates, per generation, updated after every step (update):
           later; after 1 / rate outcomes a moving average. A step sees no position past its first
           rejection or its k, so with a light prior one early rejection at position 2 would hold a good
           drafter at a short k for good (LESSONS 4).
-    T(k)  1 + cost_prior k plain steps, then averages per k (_estimate guesses unmeasured ones); once two
-          drafting sizes are timed, a line c0 + c1 k (k >= 1) fitted to every timed drafting step, older ones
-          weighing less: a k-draft step repeats one unit of work k times on a fixed part, and one line fed by
-          every step is far steadier than averages per k, whose differences set keep_drafting's thresholds
-          (LESSONS 19). T(0) stays an average. A step over `outlier` times its estimate counts as that (a busy
+    T(k)  the prior curve C(k) plain steps (1 + cost_prior k), then averages per k (_estimate guesses unmeasured
+          ones); once two drafting sizes are timed, a line c0 + c1 x(k) (k >= 1) fitted to every timed drafting
+          step, older ones weighing less, with x(k) = (C(k) - C(0)) / (C(1) - C(0)) (= k for the default curve):
+          a k-draft step repeats one unit of work k times on a fixed part, and one line fed by every step is far
+          steadier than averages per k, whose differences set keep_drafting's thresholds (LESSONS 19). On a
+          mixture of experts a verify row is not one unit of work: each may route to experts no other row read,
+          so the pass's cost follows the number of distinct experts it reads (expert_union.py), and
+          cost_curve carries that shape (expert_union.step_cost_curve: C(k) = 1 + cost_prior k + the extra
+          expert bytes of k + 1 rows over one row's); the line is then fitted in x(k), not in k. T(0) stays an average. A step over `outlier` times its estimate counts as that (a busy
           machine); T(k) never falls below a shorter step's; a first step (it pays the warm-up) is not timed.
 
 Exploration: an unchosen k is never re-timed and a plain step learns no a_j, so every probe_every-th step is a
@@ -70,6 +74,7 @@ class AdaptiveDraftLength:
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
     optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
     floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (StopRule.floor)
+    cost_curve: tuple[float, ...] | None = None  # prior T(k) in plain steps, k = 0..k_max (None: 1 + cost_prior k)
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
     step_s: dict[int, float] = field(init=False, default_factory=dict)  # k -> seconds of a step
@@ -90,6 +95,7 @@ class AdaptiveDraftLength:
     seen_bin: list[float] = field(init=False)
     _need: list[float] = field(init=False, default_factory=list)  # keep_drafting's thresholds for this step
     _chain: float = field(init=False, default=1.0)  # the product of the step's confidences so far
+    _xs: list[float] = field(init=False, default_factory=list)  # x(k), the T(k) line's abscissa, k = 0..k_max
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -104,6 +110,15 @@ class AdaptiveDraftLength:
             raise ValueError(f"kept_prior must lie in (0, 1] and prior_weight be > 0, got {self.kept_prior}, "
                              f"{self.prior_weight}")
         self.kept, self.seen_bin = [0.0] * len(self.kept_prior), [0.0] * len(self.kept_prior)
+        if self.cost_curve is None:  # x(k) = k exactly
+            self.cost_curve = tuple(1.0 + self.cost_prior * k for k in range(self.k_max + 1))
+            self._xs = [float(k) for k in range(self.k_max + 1)]
+        else:
+            c = self.cost_curve = tuple(float(v) for v in self.cost_curve)
+            if len(c) != self.k_max + 1 or c[0] <= 0 or c[1] <= c[0] or any(b < a for a, b in zip(c, c[1:])):
+                raise ValueError(f"cost_curve needs k_max + 1 = {self.k_max + 1} positive values rising from "
+                                 f"C(0) < C(1), got {c}")
+            self._xs = [(v - c[0]) / (c[1] - c[0]) for v in c]  # x(k): the line's abscissa
 
     # ------------------------------------------------------------------ the model
 
@@ -113,14 +128,14 @@ class AdaptiveDraftLength:
     def step_cost(self, k: int) -> float:  # T(k): never below the cost of a shorter step
         line = self._line()
         if line is not None and k >= 1:  # the line rises with k: only a plain step's time can floor it
-            return max(line[0] + line[1] * k, self._estimate(0))
+            return max(line[0] + line[1] * self._xs[k], self._estimate(0))
         return max([self._estimate(k)] + [v for m, v in self.step_s.items() if m < k])
 
     def _line(self) -> tuple[float, float] | None:
-        """(c0, c1) of T(k) = c0 + c1 k for k >= 1, least squares over the timed drafting steps (each weighted
-        (1 - rate / 2)^age); None until their k spread enough to fix a slope (variance >= 1/4)."""
+        """(c0, c1) of T(k) = c0 + c1 x(k) for k >= 1, least squares over the timed drafting steps (each weighted
+        (1 - rate / 2)^age); None until their x(k) spread enough to fix a slope (variance >= 1/4)."""
         w, wk, ws, wkk, wks = self.fit
-        det = w * wkk - wk * wk  # w^2 times the weighted variance of k
+        det = w * wkk - wk * wk  # w^2 times the weighted variance of x(k)
         if w <= 0 or det < 0.25 * w * w:
             return None
         c1 = max((w * wks - wk * ws) / det, 0.0)
@@ -130,7 +145,7 @@ class AdaptiveDraftLength:
     def _estimate(self, k: int) -> float:  # T(k) from the measurements, guessed where k was not measured
         known = sorted(self.step_s)
         if not known:
-            return 1.0 + self.cost_prior * k  # nothing timed yet: the prior, in plain steps
+            return self.cost_curve[k]  # nothing timed yet: the prior, in plain steps
         if k in self.step_s:
             return self.step_s[k]
         below = [m for m in known if m < k]
@@ -143,7 +158,7 @@ class AdaptiveDraftLength:
             # too optimistic: drafts failing at position 1 leave a_2.. at the prior, so a k = 3 step looked as
             # cheap as a measured k = 1 and was tried again; docs/performance-log.md old 22)
             m = below[-1]
-            return self.step_s[m] * (1 + self.cost_prior * k) / (1 + self.cost_prior * m)
+            return self.step_s[m] * self.cost_curve[k] / self.cost_curve[m]
         m = above[0]
         # below: halfway between flat and proportional to k + 1. Proportional made a good drafter leave k_max
         # just to measure a plain step (docs/performance-log.md old 18); flat made a failing one wait for a probe.
@@ -156,7 +171,7 @@ class AdaptiveDraftLength:
         expected = _expected(self.accept)
         if (line := self._line()) is not None:
             plain = self._estimate(0)
-            return expected, [plain] + [max(line[0] + line[1] * k, plain) for k in range(1, self.k_max + 1)]
+            return expected, [plain] + [max(line[0] + line[1] * self._xs[k], plain) for k in range(1, self.k_max + 1)]
         known = sorted(self.step_s)
         costs, floor, i = [], 0.0, 0  # floor: the largest measured T(m), m < k
         for k in range(self.k_max + 1):
@@ -250,19 +265,26 @@ class AdaptiveDraftLength:
         if self.updates == 1 or (withdrawn and not k):  # a generation's first step also pays its warm-up (first
             return  # passes of new shapes, allocations): its time would make that k look dear for good
         line, old = self._line(), self.step_s.get(k)
-        guess = line[0] + line[1] * k if line is not None and k >= 1 else old
+        guess = line[0] + line[1] * self._xs[k] if line is not None and k >= 1 else old
         if guess is not None:  # one slow step (another process took the core) moves an estimate a bounded step
             step_s = min(max(step_s, guess / self.outlier), guess * self.outlier)
         self.step_s[k] = step_s if old is None else old + r * (step_s - old)
         if k >= 1:
             f = 1.0 - r / 2
-            self.fit = [f * v + x for v, x in zip(self.fit, (1.0, k, step_s, k * k, k * step_s))]
+            x = self._xs[k]
+            self.fit = [f * v + d for v, d in zip(self.fit, (1.0, x, step_s, x * x, x * step_s))]
 
     # ------------------------------------------------------------------ the engine's view (speculate.DraftPolicy)
 
     @classmethod
-    def for_drafter(cls, drafter, k_max: int, **options) -> "AdaptiveDraftLength":
-        """The policy for this drafter: depth by confidence when the drafter can stop by it."""
+    def for_drafter(cls, drafter, k_max: int, model=None, **options) -> "AdaptiveDraftLength":
+        """The policy for this drafter: depth by confidence when the drafter can stop by it. model: the target,
+        whose verify cost shapes the prior T(k) (expert_union.step_cost_curve: a mixture of experts pays for the
+        experts each extra row reads; a dense model gets the default 1 + cost_prior k)."""
+        if model is not None and "cost_curve" not in options:
+            from .expert_union import step_cost_curve
+
+            options["cost_curve"] = step_cost_curve(model, k_max, options.get("cost_prior", cls.cost_prior))
         return cls(k_max, by_confidence=drafter.stops_by_confidence, **options)
 
     def plan(self, room: int) -> Plan:
@@ -280,7 +302,7 @@ class AdaptiveDraftLength:
         out = {"chosen_k": {str(k): v for k, v in sorted(self.chosen.items())},
                "accept_estimates": [round(a, 4) for a in self.accept],
                "step_ms": {str(k): round(1000 * v, 3) for k, v in sorted(self.step_s.items())}}
-        if (line := self._line()) is not None:  # T(k) = c0 + c1 k, k >= 1, what choose() uses
+        if (line := self._line()) is not None:  # T(k) = c0 + c1 x(k), k >= 1, what choose() uses
             out["step_ms_line"] = [round(1000 * line[0], 3), round(1000 * line[1], 3)]
         if self.by_confidence:  # the calibrated rate of each probability bin, from its lower edge
             out["kept_by_confidence"] = {str(e): round(self.confidence(e), 3) for e in (0.0,) + self.edges}

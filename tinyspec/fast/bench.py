@@ -4,14 +4,19 @@
     verify_cost_ratio  median time of a verify pass of T tokens (with the model's ring) / a one-token pass, keyed
                        by T = k + 1 (the pending token and k drafts): T = 1, 2, 4, 8 are k = 0, 1, 3, 7 drafts
     rollback           which ring the verify passes use (Model.kernels.rollback: snapshot or replay, state.py)
-    weight_gb_s        bytes of weights a decode step reads / its median time
+    weight_gb_s        bytes of weights a decode step reads / its median time (a MoE layer: n_expert_used experts)
     copy_gb_s          np.copyto of a 256 MB buffer where the weights live (the GPU's memory for the cuda
                        backend, 1 GB there), the memory bandwidth this machine gives right now
     spec[drafter]      tok_s (after the prefill), speedup over plain greedy, acceptance_rate,
                        mean_accepted_length, phase_ms
                        (mtp, lookup, synthetic; mtp_vocab with a draft vocabulary; mtp_synth[_vocab]: real MTP
                        drafting at a synthetic acceptance, --synth-len; mtp_adaptive[_vocab]: k chosen per step, with
-                       --draft-vocab what `generate --spec mtp` runs on a large vocabulary)
+                       --draft-vocab what `generate --spec mtp` runs on a large vocabulary; mtp_synth_adaptive[_vocab]:
+                       both, --synth-len with --adaptive)
+    experts            (a qwen35moe model) verify passes of T = 1..9 (k = 0..8) are timed, and distinct_per_layer[T]
+                       is the mean number of distinct experts such a pass reads per MoE layer (expert_union.py),
+                       uniform_union[T] what independent uniform routing gives (random synth routers come close;
+                       a trained router shares experts between neighbours and reads fewer)
     slots[B]           (bench --slots 1,2,4,8) many sequences at once (batch.py), B of them in B slots:
                        plain_tok_s, spec_tok_s (aggregate tokens/s over all slots after the prefills),
                        rows_per_pass / spec_rows_per_pass (verify rows per target pass: B for plain), speedup,
@@ -71,12 +76,13 @@ def copy_bandwidth(mb: int = 256, repeats: int = 5, xp=np) -> float:
 
 
 def weight_bytes(model: Model) -> int:
-    """Bytes of weights one decode step reads: the matmul and small tensors of every layer and the output head."""
+    """Bytes of weights one decode step reads: the matmul and small tensors of every layer and the output head;
+    of a MoE layer's expert tensors, the n_expert_used of n_expert experts one token routes to."""
     seen, total = set(), 0
     for t in [model.output] + [t for layer in model.layers for t in layer.values()]:
         if id(t) not in seen:
             seen.add(id(t))
-            total += t.nbytes
+            total += t.nbytes * model.cfg.n_expert_used // t.shape[0] if len(t.shape) == 3 else t.nbytes
     return total
 
 
@@ -139,7 +145,7 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
         rates["plain"].append(plain.stats["decode_tok_s"])  # tokens/s after the prefill (the same pass for all)
         for name, make in drafters.items():
             drafter = make(plain.tokens)
-            policy = AdaptiveDraftLength.for_drafter(drafter, draft_n) if name in adaptive else None
+            policy = AdaptiveDraftLength.for_drafter(drafter, draft_n, model) if name in adaptive else None
             last[name] = generate(model, prompt, max_new, drafter=drafter, draft_n=None if policy else draft_n,
                                   policy=policy)
             rates[name].append(last[name].stats["tokens_per_s"])
@@ -266,10 +272,17 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
         if draft_vocab is not None:
             makers["mtp_synth_vocab"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0,
                                                                      inner=MTPDrafter(model, draft_vocab))
+    if mtp and adaptive and synth_p is not None:  # the synthetic acceptance with k chosen per step
+        makers["mtp_synth_adaptive"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=MTPDrafter(model))
+        if draft_vocab is not None:
+            makers["mtp_synth_adaptive_vocab"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0,
+                                                                              inner=MTPDrafter(model, draft_vocab))
     if mtp and adaptive:
         makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
         if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
             makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
+    if model.cfg.n_expert:  # a MoE verify pass costs what its expert union reads: k = 0..8
+        sizes = tuple(range(1, 10))
     say("warm-up (untimed: every pass shape and drafter once; compiles kernels on a cold cache)")
     warm_up(model, prompt, sizes, draft_n, makers)
     say("memory copy bandwidth")
@@ -280,16 +293,16 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     costs = verify_costs(model, prompt, sizes, repeats)
     if makers:
         say(f"speculative runs: plain, {', '.join(makers)} ({max_new} tokens, k = {draft_n})")
-    spec = (spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, ("mtp_adaptive", "mtp_adaptive_vocab"))
-            if makers else {})
+    adaptive_runs = ("mtp_adaptive", "mtp_adaptive_vocab", "mtp_synth_adaptive", "mtp_synth_adaptive_vocab")
+    spec = spec_runs(model, prompt, max_new, draft_n, makers, spec_repeats, adaptive_runs) if makers else {}
     if "synthetic" in spec:
         spec["synthetic"]["acceptance_setting"] = synth_acceptance
         spec["synthetic"]["expected_mean_accepted_length"] = expected_mean_accepted_length(synth_acceptance, draft_n)
-    for name in ("mtp_synth", "mtp_synth_vocab"):
+    for name in ("mtp_synth", "mtp_synth_vocab", "mtp_synth_adaptive", "mtp_synth_adaptive_vocab"):
         if name in spec:
             spec[name] |= {"synth_len": synth_len, "acceptance_setting": synth_p,
                            "expected_mean_accepted_length": expected_mean_accepted_length(synth_p, draft_n)}
-    for name in ("mtp_vocab", "mtp_synth_vocab", "mtp_adaptive_vocab"):
+    for name in ("mtp_vocab", "mtp_synth_vocab", "mtp_adaptive_vocab", "mtp_synth_adaptive_vocab"):
         if name in spec:
             spec[name]["draft_vocab"] = len(draft_vocab)
     slots = {}
@@ -298,6 +311,14 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
             f"{'mtp_synth' if synth_len is not None else 'mtp'} ({max_new} tokens each, k = {draft_n})")
         slots = bench_slots(model, prompt, slot_counts, max_new, draft_n, synth_len, spec_repeats, slots_policy,
                             draft_vocab)
+    experts = {}
+    if model.cfg.n_expert:
+        from .expert_union import expert_union, uniform_union
+
+        say("expert union: distinct experts read per MoE layer by verify passes of 1..9 tokens")
+        E, k_e = model.cfg.n_expert, model.cfg.n_expert_used
+        experts = {"n_expert": E, "n_expert_used": k_e, "distinct_per_layer": expert_union(model, prompt, sizes),
+                   "uniform_union": {T: uniform_union(E, k_e, T) for T in sizes}}
     wb = weight_bytes(model)
     report = {"model": str(model.path or ""), "backend": model.backend,
               "rollback": model.kernels.rollback,
@@ -309,6 +330,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
               "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
               "spec": {k: v for k, v in spec.items() if k != "plain"},
               "plain_tok_s": spec["plain"]["tok_s"] if spec else None}
+    if experts:
+        report["experts"] = experts
     if slot_counts:
         report["slots"] = slots
         report["slots_setup"] = {"drafter": "mtp_synth" if synth_len is not None else "mtp", "draft_n": draft_n,
