@@ -532,12 +532,13 @@ def _bind(raw, ggml_type, shape):
     return lambda x, out=None: _quant_linear(x, raw, ggml_type, shape, out)
 
 
-def _get_rows(raw, ggml_type, shape, ids):
+def _get_rows(raw, ggml_type, shape, ids, checked=True):
     """As cuda_ops.get_rows: host ids are checked on the host and uploaded; device ids are checked with one
-    small reduction brought to the host (`bool(... .any())`: a sync)."""
+    small reduction brought to the host (`bool(... .any())`: a sync), or with checked=False not at all."""
     if isinstance(ids, ndarray):
-        _transfer("sync", 1, "get_rows: the range check of device ids")
-        ia = ids._a
+        if checked:
+            _transfer("sync", 1, "get_rows: the range check of device ids")
+        ia = ids._a.reshape(-1)
     else:
         ia = np.asarray(ids, dtype=np.int64).reshape(-1)
         _transfer("upload", ia.nbytes, "get_rows: host ids")

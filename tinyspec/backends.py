@@ -114,8 +114,9 @@ class PackedWeight:
 
     kernels: the weight kernels (numba_ops, CudaWeightKernels), anything with SUPPORTED (the ggml types it
     reads), bind(raw, type, shape, q8) -> linear(x) [T, in] -> [T, out] (the weight checked and planned
-    once) and get_rows(raw, type, shape, ids host ints) -> [n, in] float32 where the kernels compute (the
-    host for numba_ops, the device for CUDA).
+    once) and get_rows(raw, type, shape, ids) -> [n, in] float32 where the kernels compute (the host for
+    numba_ops, the device for CUDA). ids: host ints, or on CUDA device ids that model.embed_rows vouches for
+    (a drafter's argmax: in range by construction), gathered where they are, unchecked (no sync).
     """
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
@@ -127,8 +128,8 @@ class PackedWeight:
     def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
         return self._linear(x)
 
-    def __getitem__(self, ids) -> np.ndarray:  # embedding lookup: [n] -> [n, in]
-        return self.kernels.get_rows(self.raw, self.ggml_type, self.shape, np.asarray(ids, dtype=np.int64))
+    def __getitem__(self, ids) -> np.ndarray:  # embedding lookup: [n] host or device ids -> [n, in]
+        return self.kernels.get_rows(self.raw, self.ggml_type, self.shape, ids)
 
     def dequantize(self) -> np.ndarray:
         return dequantize(self.raw, self.ggml_type, self.shape)
@@ -208,7 +209,8 @@ class CudaWeightKernels:
     once). A bound linear answers where it was asked: a CuPy x stays on the device, a NumPy x (the
     draft-vocabulary scoring of a hidden row the engine holds) goes up and its result comes back. get_rows
     takes host ids (checked on the host and uploaded: no sync) and returns device rows, which the model
-    computes with where they are."""
+    computes with where they are; device ids (a greedy draft's argmax, model.embed_rows) are gathered where they
+    are, unchecked: a check would be a sync, and an argmax over the rows' count is in range by construction."""
 
     def __init__(self):
         import cupy
@@ -232,6 +234,8 @@ class CudaWeightKernels:
         return bind_each_expert(self.bind, raw, ggml_type, shape, q8, self.cp)
 
     def get_rows(self, raw, ggml_type, shape, ids):
+        if isinstance(ids, self.cp.ndarray):
+            return self.ops.get_rows(raw, ggml_type, shape, ids, checked=False)
         return self.ops.get_rows(raw, ggml_type, shape, np.asarray(ids, dtype=np.int64))
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from .model import Model
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, run_alone
+from .speculate import Draft, StopRule, fetch_drafts, run_alone
 from .state import SnapshotRing
 
 
@@ -81,32 +81,40 @@ class DraftModelDrafter:
                  stop: StopRule | None = None):
         """propose as a coroutine: yields each draft-model pass it needs (a DraftPass), is sent back the
         scores of the pass's last row, returns the Draft. propose runs it alone; a batch runs every sequence's
-        together, one draft-model pass per draft depth for all of them (batch.py)."""
+        together, one draft-model pass per draft depth for all of them (batch.py).
+
+        Where the drafts are (issue 27): as in mtp.MTPDrafter.drafting, a greedy draft over the whole vocabulary
+        is an argmax where the draft model computes and is fed to its next pass from there, so the k drafts
+        come to the host in one transfer at the end; a draft costs a transfer of its own only when the stop
+        rule asks for its probability (one float per draft), with a draft vocabulary, or when sampled."""
         if self.ring is None or k > self.ring.slots:
             raise ValueError(f"a draft of {k} exceeds the drafts start() was told of "
                              f"({0 if self.ring is None else self.ring.slots})")
         keep_going = stop.keep_going if stop is not None else None
+        on_device = params.greedy and self.vocab is None  # drafts stay where the draft model computes until the end
         drafts, q_rows, probs = [], [], []
         tokens, self.queue = self.queue + [pending], []  # the first pass also feeds the queued kept tokens
         self.ring.filled = 0
         for i in range(k):
             scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
-            if not params.greedy:  # a sampled draft reads the law on the host; a greedy one is an argmax where it is
-                scores = self.model.to_host(scores)
             self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
-            token, q_draft = draft_token(scores, params, rng) if self.vocab is None else \
-                self.vocab.draw(scores, params, rng)
+            if on_device:  # [1] id where the draft model computes: no transfer
+                token, q_draft = np.argmax(scores).reshape(1), None
+            else:  # a sampled draft reads the law on the host
+                scores = scores if params.greedy else self.model.to_host(scores)
+                token, q_draft = draft_token(scores, params, rng) if self.vocab is None else \
+                    self.vocab.draw(scores, params, rng)
             drafts.append(token)
             q_rows.append(q_draft)
             if keep_going is not None:  # how sure the draft model is of this draft decides whether to go on
                 probs.append(draft_probability(scores, token, q_draft))
                 if not keep_going(probs):
                     break
-            tokens = [token]
+            tokens = token if on_device else [token]
         if not k:  # nothing drafted: what was queued stays queued (commit queues the pending token)
             self.queue = tokens[:-1]
         self.n_drafted = len(drafts)
-        return Draft(drafts, q_rows, probs)
+        return Draft(fetch_drafts(drafts, self.model) if on_device else drafts, q_rows, probs)
 
     def draft_pass(self, asks: list["DraftPass"]) -> list[np.ndarray]:
         """The draft-model passes several drafting sequences asked for, made as one (Model.forward_batch, each

@@ -96,6 +96,25 @@ def load_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
     return out
 
 
+def embed_rows(weight, tokens, n_vocab: int, xp=np) -> np.ndarray:  # [T] ids -> [T, D]
+    """The embedding rows of `tokens` in `weight` [N, D] (an array, or a backend's PackedWeight).
+
+    tokens are host ids (a list, NumPy ints): checked here, on the host, so a bad id is a ValueError that names
+    it, at no cost to the device; or device ids (an array of xp when xp is not NumPy: a greedy drafter's argmax,
+    mtp.MTPDrafter, draft.DraftModelDrafter), gathered where they are and not checked: an argmax over the N
+    scores is in range by construction, and a check there would be a sync (on the NumPy backends the device is
+    the host, so their ids are host ids, checked)."""
+    if xp is not np and isinstance(tokens, xp.ndarray):
+        return weight[tokens.reshape(-1)]
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.ndim != 1 or tokens.size == 0:
+        raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tokens.shape}")
+    bad = tokens[(tokens < 0) | (tokens >= n_vocab)]
+    if bad.size:
+        raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {n_vocab - 1})")
+    return weight[tokens]
+
+
 class Model:
     """A qwen35 trunk (and its weights for the MTP head, see mtp.py). Stateless: state is passed in.
 
@@ -168,18 +187,13 @@ class Model:
             return ReplayRing(self.cfg, slots, kern.causal_conv, kern.gdn_scan, kern.xp)
         return SnapshotRing(self.cfg, slots, kern.xp)
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:  # [T] -> [T, D]
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if tokens.ndim != 1 or tokens.size == 0:
-            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tokens.shape}")
-        bad = tokens[(tokens < 0) | (tokens >= self.cfg.n_vocab)]
-        if bad.size:
-            raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {self.cfg.n_vocab - 1})")
-        return self.token_embd[tokens]
+    def embed(self, tokens) -> np.ndarray:  # [T] host ids (checked) or device ids (a drafter's argmax) -> [T, D]
+        return embed_rows(self.token_embd, tokens, self.cfg.n_vocab, self.xp)
 
     def forward(self, tokens, state: ModelState, chunked: bool = False, ring: SnapshotRing | ReplayRing | None = None,
                 logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
+        tokens: [T] host ids, or device ids a greedy drafter made (embed_rows: gathered where they are).
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
         sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
@@ -214,7 +228,8 @@ class Model:
 
     def forward_batch(self, tokens: list, states: list[ModelState], rings: list | None = None,
                       logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-        """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens) from states[b].
+        """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens, host or device ids
+        as in forward) from states[b].
 
         The rows are packed, sequence after sequence, into one [R, D] (R = total tokens; bounds[b] is where
         sequence b's rows start, like cu_seqlens), so every weight is read once for the whole batch; the GDN

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import attention_layer_ragged
-from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, ffn
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, embed_rows, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, run_alone
+from .speculate import Draft, StopRule, fetch_drafts, run_alone
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -66,17 +66,18 @@ class MTPHead:
                       to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """forward for several sequences in one pass (each its own cache): rows packed as in
         Model.forward_batch, which bounds [B+1] locates; every row is the one that sequence computes alone.
-        hidden_prev rows may be host or device arrays (the target's, where it left them); to_host=False leaves
-        logits and h_mtp where the head computes, as Model.forward does."""
+        tokens[b] are host ids or device ids (a greedy draft's argmax: model.embed_rows); hidden_prev rows may be
+        host or device arrays (the target's, where it left them); to_host=False leaves logits and h_mtp where
+        the head computes, as Model.forward does."""
         cfg, w, kern = self.cfg, self.w, self.model.kernels
-        tokens = [np.asarray(t, dtype=np.int64) for t in tokens]
-        for t, h in zip(tokens, hidden_prev):
-            if h.shape != (t.size, cfg.n_embd):
-                raise ValueError(f"hidden_prev has shape {h.shape}, expected {(t.size, cfg.n_embd)}")
-        bounds = np.cumsum([0] + [t.size for t in tokens])
-        tokens = np.concatenate(tokens)  # [R]
+        sizes = [len(t) for t in tokens]
+        for n, h in zip(sizes, hidden_prev):
+            if h.shape != (n, cfg.n_embd):
+                raise ValueError(f"hidden_prev has shape {h.shape}, expected {(n, cfg.n_embd)}")
+        bounds = np.cumsum([0] + sizes)
         hidden_prev = np.concatenate([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
-        e = kern.rms_norm(kern.to_device(self.embed_tokens[tokens]), w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
+        rows = [kern.to_device(embed_rows(self.embed_tokens, t, cfg.n_vocab, kern.xp)) for t in tokens]  # [T_b, D]
+        e = kern.rms_norm(np.concatenate(rows), w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
         h = kern.rms_norm(hidden_prev, w["nextn.hnorm.weight"], cfg.rms_eps)
         y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
         y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
@@ -206,12 +207,20 @@ class MTPDrafter:
                  stop: StopRule | None = None):
         """propose as a coroutine: yields each head pass it needs (a HeadPass), is sent back (h_mtp of the
         pass's last row, its scores), returns the Draft. propose runs it alone; a batch runs every sequence's
-        together, one head pass per draft depth for all of them (batch.py)."""
+        together, one head pass per draft depth for all of them (batch.py).
+
+        Where the drafts are (issue 27): a greedy draft over the whole vocabulary is an argmax where the head
+        computes, and the next pass embeds it there (model.embed_rows: device ids, in range by construction),
+        so the k drafts come to the host in ONE transfer at the end (on the NumPy backends the device is the
+        host: the same code, no copies). A draft costs a transfer of its own only when asked for its
+        probability (p_min, a floor, the stop rule's keep_going: one float per draft, read on the host), with a
+        draft vocabulary (its draw maps ids on the host) or when sampled (the law q is read on the host)."""
         if not k:  # nothing to draft: the queued kept tokens stay queued for the next drafting step
             return Draft()
         stop = stop or StopRule()
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
+        on_device = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
         cache = self._cache
         # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
         # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
@@ -223,10 +232,12 @@ class MTPDrafter:
         tokens, hs = fed + [pending], np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]])
         for _ in range(k):
             h, logits = yield HeadPass(tokens, hs, cache, self.scores)  # [1, D], [N] or [n], where the head computes
-            if not params.greedy:  # a sampled draft reads the law on the host; a greedy one is an argmax where it is
-                logits = self.head.model.to_host(logits)
-            token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
-                self.vocab.draw(logits, params, rng)
+            if on_device:  # [1] id where the head computes: no transfer
+                token, q_draft = np.argmax(logits).reshape(1), None
+            else:  # a sampled draft reads the law on the host
+                logits = logits if params.greedy else self.head.model.to_host(logits)
+                token, q_draft = draft_token(logits, params, rng) if self.vocab is None else \
+                    self.vocab.draw(logits, params, rng)
             p = draft_probability(logits, token, q_draft) if wants_p else None
             if p is not None and p < floor and params.greedy:  # the head is guessing: not worth a verify row
                 withdrawn = True
@@ -237,9 +248,9 @@ class MTPDrafter:
                 probs.append(p)
                 if p < self.p_min or (stop.keep_going is not None and not stop.keep_going(probs)):
                     break
-            tokens, hs = [token], h
+            tokens, hs = token if on_device else [token], h
         cache.truncate(n_kept)
-        return Draft(drafts, q_rows, probs, withdrawn)
+        return Draft(fetch_drafts(drafts, self.head.model) if on_device else drafts, q_rows, probs, withdrawn)
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))

@@ -18,7 +18,9 @@ The loop (pending = the next token, already chosen but not yet fed to the target
 Where the numbers are (issue 27): greedy, the target's logits and hidden rows stay where the model computes
 (Model.forward(to_host=False)): the rule of step 3 is the kernels' accept_greedy, which on the cuda backend
 runs on the device and brings back the run's two ints (fast/cuda_accept.py), and the drafters take the hidden
-rows where they are. Sampled, the laws are read on the host.
+rows where they are. The greedy drafts of MTP and the draft model stay on the device while drafting and come
+back in one transfer (fetch_drafts), so a greedy verify step costs two syncs: the drafts, and the run (n, token).
+Sampled, the laws are read on the host.
 
 Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the
 rollback keeps exactly the tokens before the cut, so every piece of state (target KV, GDN, MTP KV,
@@ -36,6 +38,8 @@ Two objects are handed to the loop, and everything that crosses between them is 
         start(prompt, hidden, k_max)       after the target prefilled the prompt (hidden [n, D] post-norm,
                                            where the model computes when greedy: a device array on cuda)
         propose(pending, k, params, rng, stop=None) -> Draft(tokens [<= k], q_rows, probs, withdrawn)
+                                           tokens: host ints (a drafter that drafts on the device fetches
+                                           them once, at the end: fetch_drafts)
         commit(fed, hidden)                the target kept these tokens (fed[0] = pending) with hidden rows
         stops_by_confidence                True if propose honours stop.keep_going (it knows each draft's p)
     DraftPolicy (FixedDraftLength here; tinyspec.fast.adaptive.AdaptiveDraftLength in the wing)
@@ -115,6 +119,13 @@ class Draft:
 
 
 NO_DRAFT = Draft()
+
+
+def fetch_drafts(ids: list, model: Model) -> list[int]:  # k [1] ids where `model` computes -> k host ints
+    """The greedy drafts a drafter made where its model computes (mtp.py, draft.py: each an argmax, fed to the
+    next pass from there) brought to the host in one transfer: drafting's one sync on the cuda backend, a
+    plain read on the NumPy ones (their device is the host)."""
+    return [int(t) for t in model.to_host(np.concatenate(ids))] if ids else []
 
 
 @dataclass(frozen=True)

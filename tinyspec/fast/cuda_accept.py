@@ -22,11 +22,12 @@ What is still not on the device (tests/test_cuda_syncs.py counts each):
     the sampled rule (temperature > 0): the target's laws come to the host (speculate.accept), as do the
         drafters' laws q; a device version needs the residual draw on the device (one uniform per draft,
         drawn on the host and uploaded, would keep the RNG stream the engine's)
-    the drafts of MTP and the draft model: each draft is an argmax on the device brought to the host (one
-        int, one sync per draft), because Draft.tokens is a host list the engine reads before the verify
-        pass; keeping them on the device until the verify step's transfer is the next step
-    the token id range check: Model.embed checks host ids (free); device ids would need a device-side
-        check (an error flag read with the step's transfer)
+    the drafts of MTP and the draft model: they stay on the device while drafting (each argmax fed to the
+        next pass as a device id) and come to the host in one transfer when drafting ends
+        (speculate.fetch_drafts), because Draft.tokens is a host list the engine feeds the verify pass: a
+        second sync per step; fetching them with the run ([n, token, d_1..d_k]) is the next step
+    the token id range check: model.embed_rows checks host ids (free) and trusts device ids (a drafter's
+        argmax, in range by construction; an id out of range would give a NaN row on the GPU)
 """
 
 from __future__ import annotations

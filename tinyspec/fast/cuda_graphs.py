@@ -33,8 +33,9 @@ compare, kept prefix, gather; about 10 launches -> 1, plus the copies into its i
     attention  attend reads the keys up to n_past (a Python int: baked) -> a kernel that reads the cache
                length from device memory, the KV append at a device offset, rope positions from the device
     GDN conv   causal_conv returns a new conv window that the layer rebinds -> written in place
-    embedding  get_rows checks device ids with a sync -> ids in a static device buffer, checked on the host
-               before they are copied in
+    embedding  host ids are checked on the host and uploaded (a copy a graph cannot hold) -> ids in a static
+               device buffer, checked on the host before they are copied in; device ids (a drafter's argmax,
+               model.embed_rows) are gathered unchecked already, with no sync
     MoE        the router's choices come to the host (a sync) -> a graph per expert grouping, or none
 tests/test_cuda_syncs.py runs graphs on and off through the fake CuPy's capture emulation (tests/fake_cupy.py):
 the same tokens, and no sync inside a capture. What it cannot tell: the time saved (measure on a GPU).

@@ -988,17 +988,19 @@ def bind(raw, ggml_type: GGMLType | int, shape: tuple[int, int]):
     return linear
 
 
-def get_rows(raw, ggml_type: GGMLType | int, shape: tuple[int, int], ids):
+def get_rows(raw, ggml_type: GGMLType | int, shape: tuple[int, int], ids, checked: bool = True):
     """Rows `ids` of the [n_rows, n_cols] weight in `raw`: [n] -> cupy float32 [n, n_cols], bit-exact with
     tinyspec.ops.get_rows (negative ids count from the end, as in NumPy; out of range raises IndexError).
 
     ids: NumPy (checked on the host, then uploaded) or cupy (checked with one small device reduction,
-    which synchronizes) integers.
+    which synchronizes) integers. checked=False skips the check of cupy ids, and with it the sync: for ids
+    the caller knows are in range (an argmax over n_rows scores, tinyspec.model.embed_rows); the kernel never
+    reads out of bounds anyway, and an id that is out of range gives a row of NaN.
     """
     qtype, raw, n_rows, n_in, row_bytes, vec = _weight(raw, ggml_type, shape)
     if isinstance(ids, cp.ndarray):
         ids = ids.reshape(-1).astype(cp.int64, copy=False)
-        bad = ids.size and bool(((ids < -n_rows) | (ids >= n_rows)).any())
+        bad = checked and ids.size and bool(((ids < -n_rows) | (ids >= n_rows)).any())
     else:
         ids_host = np.asarray(ids, dtype=np.int64).reshape(-1)
         bad = ids_host.size and bool(((ids_host < -n_rows) | (ids_host >= n_rows)).any())
