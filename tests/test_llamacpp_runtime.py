@@ -54,17 +54,23 @@ def _tool():
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
+def llama(tmp_path_factory):
+    """(the compare tool, the harness executable) built against $TINYSPEC_LLAMA_CPP / $TINYSPEC_LLAMA_BUILD."""
     if not (TREE and BUILD):
         pytest.skip("set TINYSPEC_LLAMA_CPP (llama.cpp tree) and TINYSPEC_LLAMA_BUILD (its static CMake build)")
-    if not F32.is_file():
-        pytest.skip(f"no {F32}: make it with `python tools/make_llamacpp_fixtures.py --llama-cpp DIR`")
     tool = _tool()
     try:
         exe = tool.build_harness(TREE, BUILD, tmp_path_factory.mktemp("llamacpp_harness"))
     except (OSError, RuntimeError) as e:
         pytest.skip(f"cannot build the llama.cpp harness: {e}")
     return tool, exe
+
+
+@pytest.fixture(scope="module")
+def harness(llama):
+    if not F32.is_file():
+        pytest.skip(f"no {F32}: make it with `python tools/make_llamacpp_fixtures.py --llama-cpp DIR`")
+    return llama
 
 
 def _compare(tool, exe, path: Path, backend: str = "numpy") -> dict:
@@ -124,3 +130,26 @@ def test_cpu_backend_rounds_activations_like_llamacpp(harness, name):
           f"argmax {oracle['argmax_agree']} -> {cpu['argmax_agree']}/{N_TOKENS}")
     assert cpu["rel_diff"] < 0.04 and cpu["rel_diff"] < oracle["rel_diff"] / 2
     assert cpu["argmax_agree"] >= N_TOKENS - 2
+
+
+@pytest.mark.parametrize("case", ["E4-top2-mtp", "E12-top4-mtp"])
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_moe_logits_match_llamacpp_runtime(llama, tmp_path, case, backend):
+    """qwen35moe: a random HF Qwen3_5MoeForCausalLM (tests/test_moe.py's cases) converted to F32 by tinyspec's
+    convert, run by llama.cpp's runtime and by tinyspec. Measured (the 0.3.36 sdist's llama.cpp, x86-64, the Intel
+    Xeon VM): relative 1.8e-6 / 2.8e-6 (numpy), 1.8e-6 / 2.5e-6 (cpu), argmax 32/32 on both."""
+    import test_moe
+
+    from tinyspec.backends import numba_available
+    from tinyspec.convert import convert
+
+    if backend == "cpu" and not numba_available():
+        pytest.skip("the cpu backend needs numba")
+    tool, exe = llama
+    _, hf_dir, _ = test_moe.make_checkpoint(tmp_path, next(c for c in test_moe.CASES if c.name == case))
+    convert(hf_dir, tmp_path / "moe.gguf", "f32")
+    r = _compare(tool, exe, tmp_path / "moe.gguf", backend)
+    assert r["tokens"] == N_TOKENS
+    assert r["max_abs_diff"] <= 1e-4 * max(1.0, r["logit_scale"]), r["max_abs_diff_per_position"]
+    assert r["argmax_mismatch_positions"] == []
+

@@ -540,6 +540,7 @@ def cmd_bench(args) -> int:
               f"{ex['n_expert']} a token; uniform routing in brackets):")
         print("                " + "  ".join(f"T={T}: {u:.1f} ({ex['uniform_union'][T]:.1f})"
                                              for T, u in ex["distinct_per_layer"].items()))
+        print(f"                (note: {ex['note']})")
     if report["spec"]:
         w = max(15, *(len(name) for name in report["spec"]))
         print(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
