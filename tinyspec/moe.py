@@ -22,7 +22,7 @@ depend on the other rows (batch invariance, as ops.linear's).
 
     pairs   p = t * k + j  (row t's j-th choice)       order = the pairs sorted by expert (stable)
     groups  experts [U] the distinct chosen experts,  offsets [U + 1]: pairs order[offsets[i]:offsets[i+1]]
-            chose experts[i]; U, the pass's expert union, is what its FFN reads (moe_routes reports it)
+            chose experts[i]; U, the pass's expert union, is what its FFN reads (fast/expert_union.py counts it)
 
 Official implementation: llama.cpp src/models/qwen35moe.cpp (build_moe_ffn with softmax gating and
 renormalised weights); HF transformers Qwen3_5MoeSparseMoeBlock (modeling_qwen3_5_moe.py).

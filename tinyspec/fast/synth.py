@@ -22,8 +22,9 @@ through any depth. The F32 tensors follow Hugging Face's initialisation: norms 1
 (GGUF stores 1 + w), ssm_a = -A with A ~ U(1, 16) (A_log = log A), dt bias 1 + 0.1 N(0,1),
 conv taps U(-0.5, 0.5) (nn.Conv1d's default for 4 taps), the MoE routers ffn_gate_inp and ffn_gate_inp_shexp
 N(0, 0.02) (initializer_range: router logits of std ~0.9, so a random router spreads the tokens over the
-experts far more evenly than a trained one does; expert-union numbers measured on these files are an upper bound). Decays exp(ssm_a * softplus(a + dt)) then
-lie in (0, 1) and the delta rule, with L2-normed keys and beta = sigmoid(b) < 1, cannot blow up.
+experts far more evenly than a trained one does; expert unions measured on these files are an upper bound).
+Decays exp(ssm_a * softplus(a + dt)) then lie in (0, 1) and the delta rule, with L2-normed keys and
+beta = sigmoid(b) < 1, cannot blow up.
 
 Per-tensor types, llama-quantize's choice for the ftype (llama.cpp src/llama-quant.cpp,
 llama_tensor_get_type_impl, tensor_allows_quantization, init_quantize_state_counters):
