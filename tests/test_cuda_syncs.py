@@ -20,18 +20,21 @@ Before issue 27 (commit 5597b71), per verify step of k = 3 (syncs / bytes brough
 The budget the issue sets: at most one blocking transfer of a few ints per verify step. BUDGET below is what
 the code meets now (greedy acceptance on the device, Kernels.accept_greedy; logits and hidden rows left where
 the model computes; embedding rows gathered on the device from host-checked ids; greedy drafts kept on the
-device through the drafting loop, each fed to the next pass as a device id, model.embed_rows):
+device through the drafting loop, each fed to the next pass as a device id, model.embed_rows; and left there
+for the verify pass, which the loop feeds [pending] + those ids and whose one transfer brings back the run
+and the drafts together, speculate.propose with on_device, Draft.ids):
 
     plain decode (per token)    1 /  8      the argmax token
     lookup                      1 / 16      the verify step's run: (n_accepted, token)
-    MTP (greedy)                2 / 16 + 8k the k drafts in one transfer at the end of drafting
-                                            (speculate.fetch_drafts), then the run
-    draft model (greedy)        2 / 16 + 8k the same
+    MTP (greedy)                1 / 16 + 8k [n_accepted, token, d_1..d_k] in one transfer
+    draft model (greedy)        1 / 16 + 8k the same
 
-(78b3006 to 5dc31a5: MTP and the draft model 1 + k / 16 + 8k, one draft id per sync.) Not yet met for MTP and
-the draft model: the drafts come back before the verify pass because Draft.tokens is a host list the engine
-feeds the target; fetching them with the run is the last step. The module docstring of
-tinyspec/fast/cuda_accept.py lists what is left and why.
+History: 78b3006 to 5dc31a5, MTP and the draft model 1 + k syncs / 16 + 8k bytes (one draft id per sync);
+e6135ff, 2 / 16 + 8k (the k drafts fetched at the end of drafting, then the run). Still one sync per draft
+on top of the budget, by design: a drafter asked for each draft's probability (p_min, a floor, the adaptive
+policy's keep_going: one float each, counted below), a draft vocabulary (its draw maps ids on the host), and
+sampled drafting (the law q is read on the host). batch.py still fetches its slots' drafts when drafting ends
+(its rule runs on the host). The module docstring of tinyspec/fast/cuda_accept.py lists what is left and why.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ PROMPT = list(range(1, 300))  # every token seen once: the lookup drafter always
 K = 3
 
 # per steady-state step: (syncs at most, bytes brought to the host at most)
-BUDGET = {"plain": (1, 8), "lookup": (1, 16), "mtp": (2, 16 + 8 * K), "draft": (2, 16 + 8 * K)}
+BUDGET = {"plain": (1, 8), "lookup": (1, 16), "mtp": (1, 16 + 8 * K), "draft": (1, 16 + 8 * K)}
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +96,14 @@ class Recording:
 
     def __init__(self, inner):
         self.inner, self.stops_by_confidence, self.drafted = inner, inner.stops_by_confidence, []
+        self.drafts_on_device = inner.drafts_on_device
 
     def start(self, prompt, hidden, k_max):
         self.inner.start(prompt, hidden, k_max)
 
     def propose(self, *args, **kwargs):
         draft = self.inner.propose(*args, **kwargs)
-        self.drafted.append(len(draft.tokens))
+        self.drafted.append(draft.n)  # tokens may still be on the device (Draft.ids): its count is on the host
         return draft
 
     def commit(self, fed, hidden):
@@ -153,11 +157,40 @@ def test_a_draft_costs_a_sync_of_its_own_only_when_its_probability_is_asked_for(
     assert full and all(s.syncs == BUDGET["mtp"][0] + K for s in full), full
 
 
+@pytest.mark.parametrize("kind", ["mtp", "draft"])
+def test_propose_returns_host_tokens_unless_the_loop_asks_for_device_ids(files, cuda, kind):
+    """The Drafter protocol's two answers (speculate.Draft): by default propose returns host ints, which notebooks,
+    batch.py and the tests read (one transfer at the end of drafting); asked on_device=True (the loop does, when
+    greedy) it returns the same drafts as Draft.ids on the device with no transfer at all, and tokens None until
+    the verify step's fetch fills them (with_tokens)."""
+    from tinyspec.sampling import SamplingParams
+
+    target = load_model(files / "target.gguf", "cuda")
+    drafts = {}
+    for on_device in (False, True):
+        drafter = DRAFTERS[kind](target, files)
+        state = target.new_state()
+        logits, hidden = target.forward(np.array(PROMPT), state, to_host=False)
+        drafter.start(PROMPT, hidden, K)
+        pending = int(fake_cupy.asnumpy(np.argmax(logits[-1])))
+        with fake_cupy.counting() as ledger:
+            drafts[on_device] = drafter.propose(pending, K, SamplingParams(), None, on_device=on_device)
+        assert ledger.snapshot()[0] == (0 if on_device else 1), ledger.causes()  # the fetch at the end, or none
+    host, device = drafts[False], drafts[True]
+    assert host.ids is None and len(host.tokens) == K and all(type(t) is int for t in host.tokens)
+    assert device.tokens is None and isinstance(device.ids, fake_cupy.ndarray) and device.n == K
+    filled = device.with_tokens(fake_cupy.asnumpy(device.ids))
+    assert filled.tokens == host.tokens and filled.ids is None and filled.n == K
+
+
 @pytest.mark.parametrize("on", ["numpy", "fake cupy"])
 def test_device_acceptance_equals_the_oracle(cuda, on):
-    """cuda_accept.greedy_run (the device rule, NumPy functions that dispatch) against spec_sampling.verify_greedy
-    on every prefix length, ties in the rows (argmax takes the first maximum on both) and k = 0."""
+    """cuda_accept.DeviceGreedyRule (greedy_run: NumPy functions that dispatch) against the oracle's accept_greedy
+    (kernels.py: spec_sampling.verify_greedy, with the drafts as host ints) on every prefix length, ties in the
+    rows (argmax takes the first maximum on both) and k = 0; the drafts given as host ints (lookup's) and as
+    device ids (a greedy drafter's, left on the device), which come back with the run in the same one transfer."""
     from tinyspec.fast.cuda_accept import DeviceGreedyRule
+    from tinyspec.kernels import accept_greedy
     from tinyspec.spec_sampling import verify_greedy
 
     xp = np if on == "numpy" else fake_cupy
@@ -169,7 +202,13 @@ def test_device_acceptance_equals_the_oracle(cuda, on):
             top = np.argmax(logits, axis=-1)
             n_right = rng.integers(0, k + 1)
             drafts = [int(t) for t in top[:n_right]] + [int(rng.integers(0, 7)) for _ in range(k - n_right)]
-            assert accept(xp.asarray(logits), drafts) == verify_greedy(logits, drafts)
+            expected = accept_greedy(logits, drafts)
+            assert expected == (*verify_greedy(logits, drafts), drafts)
+            assert accept(xp.asarray(logits), drafts) == expected
+            with fake_cupy.counting() as ledger:
+                assert accept(xp.asarray(logits), xp.asarray(np.array(drafts, dtype=np.int64))) == expected
+            if xp is fake_cupy:  # the run and the drafts: one transfer of 2 + k ints
+                assert ledger.snapshot()[:2] == (1, 8 * (2 + k)), ledger.causes()
 
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])

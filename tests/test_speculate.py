@@ -51,7 +51,7 @@ def draft_model(tmp_path_factory) -> Model:
 class RandomDrafter:
     """Adversarial: proposes random tokens, so nearly every draft is rejected."""
 
-    stops_by_confidence = False
+    stops_by_confidence = drafts_on_device = False
 
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
@@ -69,7 +69,7 @@ class RandomDrafter:
 class OracleDrafter:
     """Proposes the true greedy continuation: every draft is accepted, k+1 tokens per step."""
 
-    stops_by_confidence = False
+    stops_by_confidence = drafts_on_device = False
 
     def __init__(self, continuation: list[int]):
         self.continuation, self.i = continuation, 0  # i = index of the pending token in the output

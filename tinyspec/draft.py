@@ -25,7 +25,7 @@ import numpy as np
 
 from .model import Model
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, fetch_drafts, run_alone
+from .speculate import Draft, StopRule, device_draft, fetch_drafts, run_alone
 from .state import SnapshotRing
 
 
@@ -39,6 +39,7 @@ class DraftPass:
 
 class DraftModelDrafter:
     stops_by_confidence = True  # it knows its law over each draft, and honours stop.keep_going
+    drafts_on_device = True  # propose(on_device=True) leaves greedy drafts where the draft model computes
 
     def __init__(self, draft_model: Model, target: Model | None = None, vocab: DraftVocabulary | None = None,
                  scores=None):
@@ -74,31 +75,34 @@ class DraftModelDrafter:
         self.model.forward(np.array(prompt), self._state, logits=False)
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft:
-        return run_alone(self.drafting(pending, k, params, rng, stop), self.draft_pass)
+                stop: StopRule | None = None, on_device: bool = False) -> Draft:
+        """on_device=True (the speculative loop asks it when greedy): greedy drafts made where the model computes
+        are returned there (Draft.ids), not fetched; the default returns host tokens."""
+        return run_alone(self.drafting(pending, k, params, rng, stop, on_device), self.draft_pass)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                 stop: StopRule | None = None):
+                 stop: StopRule | None = None, on_device: bool = False):
         """propose as a coroutine: yields each draft-model pass it needs (a DraftPass), is sent back the
         scores of the pass's last row, returns the Draft. propose runs it alone; a batch runs every sequence's
         together, one draft-model pass per draft depth for all of them (batch.py).
 
         Where the drafts are (issue 27): as in mtp.MTPDrafter.drafting, a greedy draft over the whole vocabulary
         is an argmax where the draft model computes and is fed to its next pass from there, so the k drafts
-        come to the host in one transfer at the end; a draft costs a transfer of its own only when the stop
-        rule asks for its probability (one float per draft), with a draft vocabulary, or when sampled."""
+        come to the host in one transfer at the end (or, with on_device, stay there as Draft.ids); a draft
+        costs a transfer of its own only when the stop rule asks for its probability (one float per draft),
+        with a draft vocabulary, or when sampled."""
         if self.ring is None or k > self.ring.slots:
             raise ValueError(f"a draft of {k} exceeds the drafts start() was told of "
                              f"({0 if self.ring is None else self.ring.slots})")
         keep_going = stop.keep_going if stop is not None else None
-        on_device = params.greedy and self.vocab is None  # drafts stay where the draft model computes until the end
+        argmax_ids = params.greedy and self.vocab is None  # drafts stay where the draft model computes until the end
         drafts, q_rows, probs = [], [], []
         tokens, self.queue = self.queue + [pending], []  # the first pass also feeds the queued kept tokens
         self.ring.filled = 0
         for i in range(k):
             scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
             self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
-            if on_device:  # [1] id where the draft model computes: no transfer
+            if argmax_ids:  # [1] id where the draft model computes: no transfer
                 token, q_draft = np.argmax(scores).reshape(1), None
             else:  # a sampled draft reads the law on the host
                 scores = scores if params.greedy else self.model.to_host(scores)
@@ -110,11 +114,13 @@ class DraftModelDrafter:
                 probs.append(draft_probability(scores, token, q_draft))
                 if not keep_going(probs):
                     break
-            tokens = token if on_device else [token]
+            tokens = token if argmax_ids else [token]
         if not k:  # nothing drafted: what was queued stays queued (commit queues the pending token)
             self.queue = tokens[:-1]
         self.n_drafted = len(drafts)
-        return Draft(fetch_drafts(drafts, self.model) if on_device else drafts, q_rows, probs)
+        if argmax_ids and on_device and drafts:  # asked to leave them: the verify step fetches them with its run
+            return device_draft(drafts, q_rows, probs)
+        return Draft(fetch_drafts(drafts, self.model) if argmax_ids else drafts, q_rows, probs)
 
     def draft_pass(self, asks: list["DraftPass"]) -> list[np.ndarray]:
         """The draft-model passes several drafting sequences asked for, made as one (Model.forward_batch, each

@@ -23,12 +23,14 @@ by following an argument, not by searching for who patched what.
                                          -> (y [T, C], new conv_state); states_out [>= T, C, w-1] as the scan's
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
-    to_device     identity               host token embeddings -> where the model computes
+    to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
-    accept_greedy spec_sampling.verify_greedy   (logits [k+1, N] where the model computes, drafts: k host ints)
-                                         -> (n_accepted, token) host ints: the greedy rule (the argmax of each
-                                         row against the drafts, the kept prefix, the target's own token); the
-                                         cuda backend's runs on the device and brings back those two ints only
+    accept_greedy accept_greedy          (logits [k+1, N] where the model computes, drafts: k host ints or a
+                 (verify_greedy, here)   [k] int64 array where the logits are) -> (n_accepted, token, drafts as
+                                         k host ints): the greedy rule (the argmax of each row against the
+                                         drafts, the kept prefix, the target's own token); the cuda backend's
+                                         runs on the device and brings back the run's two ints, with the
+                                         drafts in the same transfer when they were on the device (one sync)
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
 
 What every replacement must keep:
@@ -64,6 +66,14 @@ from .spec_sampling import verify_greedy
 ROLLBACKS = ("snapshot", "replay")
 
 
+def accept_greedy(logits: np.ndarray, drafts) -> tuple[int, int, list[int]]:  # [k+1, N], k ids -> n, token, k ids
+    """The oracle's Kernels.accept_greedy: spec_sampling.verify_greedy, and the drafts as host ints. The oracle's
+    device is the host, so drafts given as an id array (a drafter's argmaxes, left where they were made) are
+    read, not fetched; the cuda backend's version (fast/cuda_accept.py) brings them back with the run."""
+    drafts = [int(d) for d in drafts]
+    return (*verify_greedy(logits, drafts), drafts)
+
+
 def same(a):
     """The identity: the oracle's host and device are the same memory."""
     return a
@@ -88,7 +98,7 @@ class Kernels:
     xp: ModuleType = np
     to_device: Callable = same
     to_host: Callable = same
-    accept_greedy: Callable = verify_greedy
+    accept_greedy: Callable = accept_greedy
     rollback: str = "snapshot"
 
     def __post_init__(self):

@@ -73,6 +73,7 @@ class LookupDrafter:
     """
 
     stops_by_confidence = False
+    drafts_on_device = False  # its drafts are host ints from the start
 
     def __init__(self, n_max: int = 4, n_min: int = 1):
         if not 1 <= n_min <= n_max:

@@ -26,7 +26,7 @@ import numpy as np
 from .attention import attention_layer_ragged
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, embed_rows, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, fetch_drafts, run_alone
+from .speculate import Draft, StopRule, device_draft, fetch_drafts, run_alone
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -157,6 +157,7 @@ class MTPDrafter:
     """
 
     stops_by_confidence = True  # propose reports each draft's probability and honours stop.keep_going
+    drafts_on_device = True  # propose(on_device=True) leaves greedy drafts where the head computes (Draft.ids)
 
     def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
                  p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None):
@@ -196,15 +197,17 @@ class MTPDrafter:
         self.h_last = hidden[-1]
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft:
-        return run_alone(self.drafting(pending, k, params, rng, stop), self.draft_pass)
+                stop: StopRule | None = None, on_device: bool = False) -> Draft:
+        """on_device=True (the speculative loop asks it when greedy): greedy drafts made where the model computes
+        are returned there (Draft.ids), not fetched; the default returns host tokens."""
+        return run_alone(self.drafting(pending, k, params, rng, stop, on_device), self.draft_pass)
 
     def draft_pass(self, asks: list[HeadPass]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Several sequences' head passes as one (MTPHead.draft_pass)."""
         return self.head.draft_pass(asks)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                 stop: StopRule | None = None):
+                 stop: StopRule | None = None, on_device: bool = False):
         """propose as a coroutine: yields each head pass it needs (a HeadPass), is sent back (h_mtp of the
         pass's last row, its scores), returns the Draft. propose runs it alone; a batch runs every sequence's
         together, one head pass per draft depth for all of them (batch.py).
@@ -212,15 +215,17 @@ class MTPDrafter:
         Where the drafts are (issue 27): a greedy draft over the whole vocabulary is an argmax where the head
         computes, and the next pass embeds it there (model.embed_rows: device ids, in range by construction),
         so the k drafts come to the host in ONE transfer at the end (on the NumPy backends the device is the
-        host: the same code, no copies). A draft costs a transfer of its own only when asked for its
-        probability (p_min, a floor, the stop rule's keep_going: one float per draft, read on the host), with a
-        draft vocabulary (its draw maps ids on the host) or when sampled (the law q is read on the host)."""
+        host: the same code, no copies), or, with on_device, stay there as Draft.ids for the speculative loop
+        to feed its verify pass and fetch with the run (speculate.propose: no transfer here at all). A draft
+        costs a transfer of its own only when asked for its probability (p_min, a floor, the stop rule's
+        keep_going: one float per draft, read on the host), with a draft vocabulary (its draw maps ids on the
+        host) or when sampled (the law q is read on the host)."""
         if not k:  # nothing to draft: the queued kept tokens stay queued for the next drafting step
             return Draft()
         stop = stop or StopRule()
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
-        on_device = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
+        argmax_ids = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
         cache = self._cache
         # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
         # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
@@ -232,7 +237,7 @@ class MTPDrafter:
         tokens, hs = fed + [pending], np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]])
         for _ in range(k):
             h, logits = yield HeadPass(tokens, hs, cache, self.scores)  # [1, D], [N] or [n], where the head computes
-            if on_device:  # [1] id where the head computes: no transfer
+            if argmax_ids:  # [1] id where the head computes: no transfer
                 token, q_draft = np.argmax(logits).reshape(1), None
             else:  # a sampled draft reads the law on the host
                 logits = logits if params.greedy else self.head.model.to_host(logits)
@@ -248,9 +253,11 @@ class MTPDrafter:
                 probs.append(p)
                 if p < self.p_min or (stop.keep_going is not None and not stop.keep_going(probs)):
                     break
-            tokens, hs = token if on_device else [token], h
+            tokens, hs = token if argmax_ids else [token], h
         cache.truncate(n_kept)
-        return Draft(fetch_drafts(drafts, self.head.model) if on_device else drafts, q_rows, probs, withdrawn)
+        if argmax_ids and on_device and drafts:  # asked to leave them: the verify step fetches them with its run
+            return device_draft(drafts, q_rows, probs, withdrawn)
+        return Draft(fetch_drafts(drafts, self.head.model) if argmax_ids else drafts, q_rows, probs, withdrawn)
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))

@@ -18,9 +18,13 @@ The loop (pending = the next token, already chosen but not yet fed to the target
 Where the numbers are (issue 27): greedy, the target's logits and hidden rows stay where the model computes
 (Model.forward(to_host=False)): the rule of step 3 is the kernels' accept_greedy, which on the cuda backend
 runs on the device and brings back the run's two ints (fast/cuda_accept.py), and the drafters take the hidden
-rows where they are. The greedy drafts of MTP and the draft model stay on the device while drafting and come
-back in one transfer (fetch_drafts), so a greedy verify step costs two syncs: the drafts, and the run (n, token).
-Sampled, the laws are read on the host.
+rows where they are. The greedy drafts of MTP and the draft model stay on the device while drafting, and the
+loop asks them to stay there (propose(..., on_device=True), from a drafter whose drafts_on_device is True):
+the verify pass is fed [pending] + those device ids, and accept_greedy brings back the run and the drafts in
+one transfer ([n, token, d_1..d_k]), so every greedy verify step costs one sync. Without asking, propose
+brings its drafts to the host once, at the end of drafting (fetch_drafts: what notebooks and batch.py read).
+A drafter asked for each draft's probability (p_min, a floor, a stop rule's keep_going), with a draft
+vocabulary, or sampling, reads on the host per draft: one sync each. Sampled, the laws are read on the host.
 
 Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the
 rollback keeps exactly the tokens before the cut, so every piece of state (target KV, GDN, MTP KV,
@@ -40,8 +44,13 @@ Two objects are handed to the loop, and everything that crosses between them is 
         propose(pending, k, params, rng, stop=None) -> Draft(tokens [<= k], q_rows, probs, withdrawn)
                                            tokens: host ints (a drafter that drafts on the device fetches
                                            them once, at the end: fetch_drafts)
+        propose(..., on_device=True)       asked only of a drafter whose drafts_on_device is True, only when
+                                           greedy: -> Draft(tokens=None, ids [k'] where its model computes)
+                                           if it drafted there (or host tokens, if it did not); the loop
+                                           fills tokens from the verify step's one transfer (with_tokens)
         commit(fed, hidden)                the target kept these tokens (fed[0] = pending) with hidden rows
         stops_by_confidence                True if propose honours stop.keep_going (it knows each draft's p)
+        drafts_on_device                   True if propose takes on_device (mtp.MTPDrafter, DraftModelDrafter)
     DraftPolicy (FixedDraftLength here; tinyspec.fast.adaptive.AdaptiveDraftLength in the wing)
         k_max                              drafts a step at most (sizes the snapshot ring)
         plan(room) -> Plan(k, stop)        how many drafts this step, and when a drafter may stop earlier
@@ -59,7 +68,7 @@ Official implementation: llama.cpp examples/speculative-simple + common/speculat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -111,11 +120,25 @@ class StopRule:
 
 @dataclass(frozen=True)
 class Draft:
-    """What a drafter proposes for one step: everything the loop and the policy read."""
-    tokens: list[int] = field(default_factory=list)  # d_1..d_k' (k' <= k)
+    """What a drafter proposes for one step: everything the loop and the policy read.
+
+    The drafts are in one of two places, never both: `tokens`, host ints (what propose returns by default), or
+    `ids`, left where the drafter's model computes (only when the engine asked for it, propose(on_device=True),
+    and then tokens is None until the verify step's one transfer brings them back: with_tokens)."""
+    tokens: list[int] | None = field(default_factory=list)  # d_1..d_k' (k' <= k); None while they are in `ids`
     q_rows: list = field(default_factory=list)  # per draft its proposal law q [N], or None: one-hot on it
     probs: list[float] = field(default_factory=list)  # per draft the drafter's probability of it, if it knows
     withdrawn: bool = False  # a draft was made, found under the floor and not proposed (drafting stopped there)
+    ids: object = None  # [k'] int64 where the drafter's model computes (a device array on cuda), or None
+
+    @property
+    def n(self) -> int:
+        """Drafts proposed, known on the host wherever they are (an array's shape needs no transfer)."""
+        return len(self.tokens) if self.tokens is not None else int(self.ids.shape[0])
+
+    def with_tokens(self, tokens: list[int]) -> Draft:
+        """This draft with its drafts as host ints (fetched with the verify step's run): what the loop reads after."""
+        return replace(self, tokens=[int(t) for t in tokens], ids=None)
 
 
 NO_DRAFT = Draft()
@@ -124,8 +147,15 @@ NO_DRAFT = Draft()
 def fetch_drafts(ids: list, model: Model) -> list[int]:  # k [1] ids where `model` computes -> k host ints
     """The greedy drafts a drafter made where its model computes (mtp.py, draft.py: each an argmax, fed to the
     next pass from there) brought to the host in one transfer: drafting's one sync on the cuda backend, a
-    plain read on the NumPy ones (their device is the host)."""
+    plain read on the NumPy ones (their device is the host). What propose does by default; asked for
+    on_device=True, a drafter returns them as Draft.ids instead (device_draft)."""
     return [int(t) for t in model.to_host(np.concatenate(ids))] if ids else []
+
+
+def device_draft(ids: list, q_rows: list, probs: list, withdrawn: bool = False) -> Draft:
+    """A Draft whose k' >= 1 greedy drafts (each a [1] id where the drafter's model computes) stay there as one
+    [k'] array: no transfer; the engine feeds them to the verify pass and fetches them with its run."""
+    return Draft(None, q_rows, probs, withdrawn, ids=np.concatenate(ids))
 
 
 @dataclass(frozen=True)
@@ -136,11 +166,12 @@ class Plan:
 
 class Drafter(Protocol):
     stops_by_confidence: bool
+    drafts_on_device: bool  # True: propose takes on_device and may then return Draft.ids (the module docstring)
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None: ...
 
     def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft: ...
+                stop: StopRule | None = None) -> Draft: ...  # (..., on_device: bool = False) if drafts_on_device
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
 
@@ -271,7 +302,8 @@ def accept(logits: np.ndarray, fed: list[int], draft: Draft, params: SamplingPar
     the rule keeps and the target's own next token (a correction, or a bonus after all k). Greedy, the logits
     may be where the model computes and kern.accept_greedy reads them there; sampled, they are host rows."""
     if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
-        return kern.accept_greedy(logits, fed[1:])
+        n_accepted, token, _ = kern.accept_greedy(logits, fed[1:])
+        return n_accepted, token
     p_rows = [probs_from_logits(row, params) for row in logits]
     return verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
 
@@ -319,15 +351,25 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
         clock.begin_step()
         # Step 1: draft (never more than max_new leaves room for: each step also emits the target's own token)
         plan = policy.plan(min(policy.k_max, max_new - len(out) - 1))
-        draft = drafter.propose(pending, plan.k, params, rng, plan.stop) if plan.k else NO_DRAFT
+        draft = propose(drafter, pending, plan, params, rng)
         clock.lap("draft")
         # Step 2: verify: one target pass over [pending, d_1..d_k]; the ring receives the state after each token
-        fed = [pending] + [int(d) for d in draft.tokens]
-        logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None,
-                                       to_host=on_host)  # [k+1, N], [k+1, D]
-        clock.lap("verify")
-        # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
-        n_accepted, new_token = accept(logits, fed, draft, params, rng, model.kernels)
+        if draft.tokens is None:  # greedy drafts left on the device: fed from there, fetched with the run
+            ids = model.to_device(draft.ids)  # [k] (a no-op when drafter and target share a device)
+            fed_ids = np.concatenate([model.to_device(np.array([pending])), ids])  # [k+1] (embed_rows: unchecked)
+            logits, hidden = model.forward(fed_ids, state, ring=ring, to_host=False)  # [k+1, N], [k+1, D]
+            clock.lap("verify")
+            # Step 3, greedy: the rule where the logits are; the run and the drafts come back in one transfer
+            n_accepted, new_token, tokens = model.kernels.accept_greedy(logits, ids)
+            draft = draft.with_tokens(tokens)
+            fed = [pending] + draft.tokens
+        else:
+            fed = [pending] + [int(d) for d in draft.tokens]
+            logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None,
+                                           to_host=on_host)  # [k+1, N], [k+1, D]
+            clock.lap("verify")
+            # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
+            n_accepted, new_token = accept(logits, fed, draft, params, rng, model.kernels)
         emitted = cut_at_stop(fed[1 : 1 + n_accepted] + [new_token], stops, max_new - len(out))
         clock.lap("sample")
         # Step 4: rollback: keep pending + the emitted tokens but the last one (the next pending token)
@@ -349,6 +391,17 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
             on_emit(emitted, kinds[:n_keep])
     stats.emitted, stats.wall_s, stats.adaptive = len(out), clock.total(), policy.summary()
     return SpecResult(out, stats, state, marks)
+
+
+def propose(drafter: Drafter, pending: int, plan: Plan, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    """Step 1 as the loop asks for it: nothing when the plan drafts nothing; greedy, from a drafter that can
+    (drafts_on_device), the drafts left where its model computes (Draft.ids: the verify step feeds them from
+    there and brings them back with its run, one transfer for both); otherwise host tokens."""
+    if not plan.k:
+        return NO_DRAFT
+    if params.greedy and drafter.drafts_on_device:
+        return drafter.propose(pending, plan.k, params, rng, plan.stop, on_device=True)
+    return drafter.propose(pending, plan.k, params, rng, plan.stop)
 
 
 def _policy(draft_n: int | None, policy: DraftPolicy | None) -> DraftPolicy:

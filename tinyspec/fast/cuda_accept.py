@@ -9,10 +9,13 @@ fed = [pending, d_1..d_k]:
 
 On the host this needs the whole [k+1, N] block brought down (k+1 rows of a 248k-entry vocabulary at the 0.8B
 shape: 4 MB a step at k = 3) before the argmax can start. Here every step of it runs where the logits are:
-an argmax per row, one compare with the drafts (uploaded: k ints, an asynchronous copy), a cumulative
+an argmax per row, one compare with the drafts (host drafts uploaded: k ints, an asynchronous copy), a cumulative
 product that stays 1 while every draft so far matched (its sum is n), a gather of top[n]. What crosses back
-is the run's two ints, in one transfer: the verify step's one sync. The engine knows the drafts, so n and
-the token are the whole emitted run (fed[1 : 1 + n] + [token]).
+is the run's two ints, in one transfer: the verify step's one sync. When the drafts are host ints (lookup) the
+engine knows them, so n and the token are the whole emitted run (fed[1 : 1 + n] + [token]). When they are
+device ids (greedy MTP and draft-model drafts, left where they were made: speculate.propose with on_device)
+they ride along: greedy_run returns [n, token, d_1..d_k], and one transfer of 16 + 8k bytes gives the engine
+the run and the drafts together, so drafting costs no sync of its own.
 
 greedy_run is written with NumPy functions that dispatch on their arguments (NEP 18): on CuPy arrays each is
 a CuPy launch, on NumPy arrays it is the oracle's rule again (tests/test_cuda_syncs.py checks both against
@@ -22,10 +25,10 @@ What is still not on the device (tests/test_cuda_syncs.py counts each):
     the sampled rule (temperature > 0): the target's laws come to the host (speculate.accept), as do the
         drafters' laws q; a device version needs the residual draw on the device (one uniform per draft,
         drawn on the host and uploaded, would keep the RNG stream the engine's)
-    the drafts of MTP and the draft model: they stay on the device while drafting (each argmax fed to the
-        next pass as a device id) and come to the host in one transfer when drafting ends
-        (speculate.fetch_drafts), because Draft.tokens is a host list the engine feeds the verify pass: a
-        second sync per step; fetching them with the run ([n, token, d_1..d_k]) is the next step
+    drafts whose probability is read (p_min, a floor, the adaptive policy's keep_going: one float per draft),
+        drafts over a draft vocabulary (DraftVocabulary.draw maps subset ids on the host) and sampled drafts:
+        one sync per draft; and drafts made for batch.py, which fetches them when drafting ends
+        (speculate.fetch_drafts) because its rule runs on the host
     the token id range check: model.embed_rows checks host ids (free) and trusts device ids (a drafter's
         argmax, in range by construction; an id out of range would give a NaN row on the GPU)
 """
@@ -37,20 +40,23 @@ from typing import Callable
 import numpy as np
 
 
-def greedy_run(logits, drafts):  # [k+1, N], [k] ints, where the logits are -> [2] ints: (n_accepted, token)
-    """The greedy rule on the logits' device: (n, top[n]) as a 2-entry integer array, no transfer."""
+def greedy_run(logits, drafts):  # [k+1, N], [k] int64, where the logits are -> [2 + k]: (n, token, d_1..d_k)
+    """The greedy rule on the logits' device: (n, top[n]) followed by the drafts, one integer array, no transfer."""
     top = np.argmax(logits, axis=-1)  # [k+1]
     k = drafts.shape[0]
     matched = (top[:k] == drafts).astype(np.int64)  # [k]: 1 where draft i+1 is the target's choice
     n = np.cumprod(matched).sum()  # the kept prefix: the product stays 1 up to the first mismatch
-    return np.stack([n.astype(np.int64), np.take(top, n).astype(np.int64)])  # [2]
+    run = np.stack([n.astype(np.int64), np.take(top, n).astype(np.int64)])  # [2]
+    return np.concatenate([run, drafts])  # [2 + k]: what the verify step brings back, all of it or the run alone
 
 
 class DeviceGreedyRule:
-    """Kernels.accept_greedy for the array module xp (CuPy): (logits [k+1, N] on the device, drafts k host ints)
-    -> (n_accepted, token) host ints, with one transfer of two ints. graphs=True: greedy_run replayed from a
-    CUDA graph per (k+1, N, k) (cuda_graphs.GraphedCall: its ~10 launches become one, plus two input copies);
-    self.graphs says what was captured and why a shape fell back to plain launches."""
+    """Kernels.accept_greedy for the array module xp (CuPy): (logits [k+1, N] on the device, drafts: k host ints
+    or [k] int64 device ids) -> (n_accepted, token, drafts as host ints), with one transfer: the run's two ints,
+    and the drafts too when they came as device ids (host drafts are known: returned as given, not fetched).
+    graphs=True: greedy_run replayed from a CUDA graph per (k+1, N, k) (cuda_graphs.GraphedCall: its ~10
+    launches become one, plus two input copies); self.graphs says what was captured and why a shape fell back
+    to plain launches."""
 
     def __init__(self, xp, to_host: Callable, graphs: bool = False):
         from .cuda_graphs import GraphedCall
@@ -58,7 +64,9 @@ class DeviceGreedyRule:
         self.xp, self.to_host = xp, to_host
         self.graphs = GraphedCall(greedy_run, xp, enabled=graphs)
 
-    def __call__(self, logits, drafts) -> tuple[int, int]:
-        drafts_dev = self.xp.asarray(np.asarray(drafts, dtype=np.int64))  # [k] up: an asynchronous copy
-        n, token = (int(v) for v in self.to_host(self.graphs(logits, drafts_dev)))  # the step's one sync
-        return n, token
+    def __call__(self, logits, drafts) -> tuple[int, int, list[int]]:
+        on_device = isinstance(drafts, self.xp.ndarray)
+        drafts_dev = drafts if on_device else self.xp.asarray(np.asarray(drafts, dtype=np.int64))  # [k] up: async
+        out = self.graphs(logits, drafts_dev)  # [2 + k]
+        fetched = [int(v) for v in self.to_host(out if on_device else out[:2])]  # the step's one sync
+        return fetched[0], fetched[1], fetched[2:] if on_device else [int(d) for d in drafts]

@@ -123,6 +123,7 @@ class SyntheticDrafter:
         self._shifts = self._alphas = np.zeros(0)
 
     stops_by_confidence = False
+    drafts_on_device = False  # its drafts are host ints (the reference's); inner's are fetched and dropped
 
     def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0) -> None:
         if self.inner is not None:
