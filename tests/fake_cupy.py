@@ -575,3 +575,17 @@ rows.l2_norm = lambda x, eps: _row(ops.l2_norm)(x, eps)
 rows.sigmoid = _row(ops.sigmoid)
 rows.silu = _row(ops.silu)
 rows.softplus = _row(ops.softplus)
+
+
+def install(monkeypatch) -> None:
+    """While a test runs: `import cupy` and the cuda kernel modules resolve to these stand-ins, and a GPU is
+    "available" (what the `cuda` fixtures of the cuda-path tests do)."""
+    import tinyspec.fast
+    from tinyspec import backends
+
+    monkeypatch.setitem(sys.modules, "cupy", module())
+    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows)):
+        monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
+        monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
+    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+

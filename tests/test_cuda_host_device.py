@@ -12,7 +12,6 @@ cannot catch: a wrong result from a kernel (tests/test_cuda_ops.py, on a GPU).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -20,7 +19,6 @@ import pytest
 
 import fake_cupy
 from test_backends import write_quantized
-from tinyspec import backends
 from tinyspec.backends import PackedWeight, load_model
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.fast.adaptive import AdaptiveDraftLength
@@ -43,13 +41,7 @@ def files(tmp_path_factory):
 @pytest.fixture
 def cuda(monkeypatch):
     """`import cupy` and the cuda kernel modules resolve to the stand-ins while a test runs."""
-    import tinyspec.fast
-
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module())
-    for name, stand_in in (("cuda_ops", fake_cupy.kernels), ("cuda_rows", fake_cupy.rows)):
-        monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
-        monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
-    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+    fake_cupy.install(monkeypatch)
 
 
 def on_device(x) -> bool:

@@ -39,7 +39,6 @@ sampled drafting (the law q is read on the host). batch.py still fetches its slo
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,13 +71,7 @@ def files(tmp_path_factory):
 @pytest.fixture
 def cuda(monkeypatch):
     """`import cupy` and the cuda kernel modules resolve to the stand-ins while a test runs."""
-    import tinyspec.fast
-
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module())
-    for name, stand_in in (("cuda_ops", fake_cupy.kernels), ("cuda_rows", fake_cupy.rows)):
-        monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
-        monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
-    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+    fake_cupy.install(monkeypatch)
 
 
 @dataclass(frozen=True)
