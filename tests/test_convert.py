@@ -108,6 +108,20 @@ def fill(torch, name: str, shape, gen):
     return torch.randn(shape, generator=gen) / shape[-1] ** 0.5
 
 
+def assert_prompt_and_decode_match(ours, tokens: np.ndarray, ref: np.ndarray, split: int, name: str) -> np.ndarray:
+    """ours' logits equal the reference's to 1e-4 as one prompt pass and as a prefill of `split` tokens then
+    one-token decode steps; returns the prompt pass's hidden rows (for the MTP head)."""
+    assert np.abs(ref).max() > 1.0  # logits of size O(1): the tolerance below means something
+    logits, hidden = ours.forward(tokens, ours.new_state())
+    assert np.abs(logits - ref).max() <= 1e-4, f"{name}: prompt logits differ by {np.abs(logits - ref).max():.2e}"
+    state = ours.new_state()
+    rows = [ours.forward(tokens[:split], state)[0]] + [ours.forward(tokens[t:t + 1], state)[0]
+                                                       for t in range(split, len(tokens))]
+    decode = np.concatenate(rows)
+    assert np.abs(decode - ref).max() <= 1e-4, f"{name}: decode logits differ by {np.abs(decode - ref).max():.2e}"
+    return hidden
+
+
 def make_checkpoint(tmp_path: Path, case: Case):
     """(HF model in float32, its checkpoint folder, the mtp.* weights as HF tensors) for one case."""
     torch = pytest.importorskip("torch")
@@ -222,14 +236,7 @@ def test_logits_match_hf(tmp_path, case):
     tokens = np.random.default_rng(1).integers(0, V, 64)
     with torch.no_grad():
         ref = model(torch.from_numpy(tokens)[None]).logits[0].numpy()
-    assert np.abs(ref).max() > 1.0  # logits of size O(1): the tolerance below means something
-
-    logits, hidden = ours.forward(tokens, ours.new_state())
-    assert np.abs(logits - ref).max() <= 1e-4, f"{case.name}: prompt logits differ by {np.abs(logits - ref).max():.2e}"
-    state = ours.new_state()
-    rows = [ours.forward(tokens[:40], state)[0]] + [ours.forward(tokens[t:t + 1], state)[0] for t in range(40, 64)]
-    decode = np.concatenate(rows)
-    assert np.abs(decode - ref).max() <= 1e-4, f"{case.name}: decode logits differ by {np.abs(decode - ref).max():.2e}"
+    hidden = assert_prompt_and_decode_match(ours, tokens, ref, 40, case.name)
 
     assert ours.cfg.n_nextn == int(case.mtp) and ("output.weight" in ours.tensors) == (not case.tied)
     if case.mtp:
