@@ -1,55 +1,71 @@
 #!/usr/bin/env bash
-# Everything the fast-paths issue asks of a GPU, in one command, for a session that is lent one (its device
-# time is short: start it once, run this, read the files). From the repository root on the GPU machine:
+# What a session does with a lent GPU, in one command that ends inside a 10-minute device call (its device time
+# is short: start it once, run this, read the files). From the repository root on the GPU machine:
 #
-#     bash tools/gpu_session.sh                      # results in $OUT (the device tool's folder) or gpu_results/
-#     SHAPES="0.8b" STEPS="tests bench" bash tools/gpu_session.sh     # a part of it
+#     bash tools/gpu_session.sh                                   # results in $OUT (the device tool's folder)
+#     STEPS="check bench" bash tools/gpu_session.sh               # a part of it
 #
-# Steps, each writing one file (a failed step is noted and the next one runs):
-#   tests   the CUDA tests against the oracles and the whole cuda backend    tests.txt
-#   kernel  tools/bench_cuda.py: dequant-matmul time and share of the card's read bandwidth per type,
-#           shape (0.8B / 9B / 27B matrices) and T = 1, 2, 4, 8                  bench_cuda.json
-#   bench   `synth` then `bench --backend cuda` at each of $SHAPES (q4_k_m): decode tok/s, verify cost
-#           ratio, synthetic-drafter speedup at acceptance 0.8, k = 3            bench-<shape>.json
-# The machine needs CuPy, NumPy, Numba, regex and pytest (the lent H100/H200 image has them); no downloads.
-# BACKEND=cpu runs the bench step on the cpu backend instead (how this script is checked without a GPU).
+# Timeline (each step writes its file into $OUT; a failed step is noted and the others still run):
+#   t = 0    train   in the background, side by side: tools/train_tiny.py target and draft --device cuda
+#                    --minutes $TRAIN_MIN from $TRAIN_DIR (the tokenizer and encoded corpus made on the CPU by
+#                    `train_tiny.py corpus --preset gpu`; the GPU machine has no network and other sources)
+#                    -> tiny-target.gguf, tiny-draft.gguf, train.log
+#            check   tools/gpu_check.py: versions, raw graph capture, argmax ties, greedy parity of every
+#                    drafter with graphs on and off (correct while training runs; no timings) -> gpu_check.json
+#            tests   the CUDA tests against the oracles (tests/test_cuda_ops.py, the cuda cases of
+#                    tests/test_backends.py)                                                  -> tests.txt
+#            synth   the 0.8B-shape Q4_K_M random-weight file, on the CPU, for the bench step
+#   then     speed   (after training: the GPU to itself) tools/gpu_check.py --steps speed -> gpu_speed.json
+#            bench   `bench --backend cuda` on the 0.8B file: decode, verify T = 1..9, MTP at --synth-len 2.95,
+#                    --slots 1,4,8                                                           -> bench-0.8b.json
+# The machine needs CuPy, NumPy, Numba, regex, pytest, torch, transformers, tokenizers and safetensors (the lent
+# H100/H200 image has them; TRANSFORMERS_WHEEL_DIR, if set, installs the pinned transformers from wheels first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT="${OUT:-gpu_results}"
-SHAPES="${SHAPES:-0.8b 9b 27b}"
-STEPS="${STEPS:-tests kernel bench}"
-BACKEND="${BACKEND:-cuda}"
+STEPS="${STEPS:-train check tests synth speed bench}"
+TRAIN_DIR="${TRAIN_DIR:-.cache/gpu}"
+TRAIN_MIN="${TRAIN_MIN:-5.5}"
 PY="${PYTHON:-python3}"
-SYNTH_DIR="${SYNTH_DIR:-/tmp}"  # the 27B file is 16.8 GB
+SYNTH="${SYNTH:-/tmp/tinyspec-synth-0.8b-q4_k_m.gguf}"
 mkdir -p "$OUT"
 failed=()
+has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-step() {  # step NAME COMMAND...: run, log its time, remember a failure
-    local name=$1; shift
-    echo "== $name: $*" >&2
+step() {  # step NAME SECONDS COMMAND...: run under a time limit, log its time, remember a failure
+    local name=$1 limit=$2; shift 2
+    echo "== $name: $* (limit ${limit} s)" >&2
     local t0=$SECONDS
-    "$@" || failed+=("$name")
+    timeout -k 10 "$limit" "$@" || failed+=("$name")
     echo "== $name: $((SECONDS - t0)) s" >&2
 }
 
-if [[ " $STEPS " == *" tests "* ]]; then
-    step tests bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py tests/test_backends.py \
-        tests/test_cuda_compile.py 2>&1 | tee '$OUT/tests.txt'; exit \${PIPESTATUS[0]}"
+if [[ -n "${TRANSFORMERS_WHEEL_DIR:-}" ]]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$TRANSFORMERS_WHEEL_DIR"/*.whl \
+        && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
-if [[ " $STEPS " == *" kernel "* ]]; then
-    step kernel bash -c "$PY tools/bench_cuda.py --types Q4_K,Q5_K,Q6_K,Q8_0,BF16 --ts 1,2,4,8 \
-        --shapes 1024x3584,248320x1024,4096x12288,12288x4096,17408x5120,5120x17408 --json > '$OUT/bench_cuda.json'"
-fi
-if [[ " $STEPS " == *" bench "* ]]; then
-    for shape in $SHAPES; do
-        file="$SYNTH_DIR/tinyspec-synth-$shape-q4_k_m.gguf"
-        step "synth-$shape" "$PY" -m tinyspec synth --shape "$shape" --quant q4_k_m -o "$file"
-        step "bench-$shape" bash -c "$PY -m tinyspec bench --model '$file' --backend $BACKEND --drafters synthetic \
-            --spec-repeats 3 --json > '$OUT/bench-$shape.json'"
-        rm -f "$file"
+$PY -c "import torch, transformers, cupy; print('torch', torch.__version__, 'transformers', transformers.__version__, \
+'cupy', cupy.__version__, 'gpu', torch.cuda.get_device_name())" >&2
+
+train_pids=()
+if has train; then
+    for model in target draft; do
+        ( timeout -k 10 $(( ${TRAIN_MIN%.*} * 60 + 150 )) $PY tools/train_tiny.py "$model" --preset gpu --device cuda \
+            --minutes "$TRAIN_MIN" --out "$TRAIN_DIR" --ckpt-every 100000 > "$OUT/train-$model.log" 2>&1
+          cp "$TRAIN_DIR/tiny-$model.gguf" "$OUT/" ) &
+        train_pids+=($!)
     done
 fi
+has check && step check 120 $PY tools/gpu_check.py "$OUT" --quick --steps versions,capture,ties,parity
+has tests && step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider -x tests/test_cuda_ops.py \
+    tests/test_backends.py -k 'cuda' 2>&1 | tail -40 > '$OUT/tests.txt'; exit \${PIPESTATUS[0]}"
+has synth && step synth 90 $PY -m tinyspec synth --shape 0.8b --quant q4_k_m -o "$SYNTH"
+for pid in "${train_pids[@]}"; do wait "$pid" || failed+=("train")
+done
+has speed && step speed 90 $PY tools/gpu_check.py "$OUT" --steps speed --json-name gpu_speed.json
+has bench && step bench 150 bash -c "$PY -m tinyspec bench --model '$SYNTH' --backend cuda --drafters '' \
+    --synth-len 2.95 --decode-n 16 --repeats 3 --spec-repeats 2 --max-new 64 --slots 1,4,8 --json > '$OUT/bench-0.8b.json'"
 if ((${#failed[@]})); then
     echo "gpu_session: failed: ${failed[*]} (see the output above; results so far in $OUT)" >&2
     exit 1

@@ -101,6 +101,18 @@ PRESETS = {
                               lr=2e-3, copy_frac_main=0.25, copy_steps=600, copy_frac=0.75, edit_steps=400),
              "draft": Recipe(Arch(hidden=128, ffn=320, layers=3, heads=2, interval=3, mtp=False), steps=300, batch=16,
                              seq=256, lr=3e-3)},
+    # a lent GPU's run (--device cuda --minutes M, target and draft side by side): more Python (the standard
+    # library plus the sources of the two packages the train extra pins), an 8192-token vocabulary, a ~9 M-parameter
+    # target and a ~3 M-parameter draft (~13 MB at Q8_0 together). Step counts here are placeholders in the
+    # phases' proportions: --minutes scales them to the budget and the log prints what reproduces the run.
+    "gpu": {"vocab": 8192, "packages": ("torch", "transformers"),
+            "target": Recipe(Arch(hidden=320, ffn=768, layers=6, heads=5, kv_heads=1, gdn_k_heads=4, gdn_v_heads=8,
+                                  gdn_dim=32, interval=3), steps=3000, batch=64, seq=512, lr=1.5e-3, warmup=100,
+                             copy_frac_main=0.2, copy_steps=300, copy_frac=0.5, copy_lr=1.5e-4, edit_steps=450,
+                             edit_frac=0.5),
+            "draft": Recipe(Arch(hidden=192, ffn=448, layers=4, heads=3, kv_heads=1, gdn_k_heads=2, gdn_v_heads=4,
+                                 gdn_dim=32, interval=4, mtp=False), steps=3000, batch=64, seq=512, lr=2e-3,
+                            warmup=100, copy_frac_main=0.2)},
     # a minute-long end-to-end run of every step, for tests and for trying the tool
     "smoke": {"vocab": 512,
               "target": Recipe(Arch(hidden=64, ffn=96, layers=4, heads=2, head_dim=32, gdn_dim=16), steps=20,
@@ -138,6 +150,27 @@ def corpus_files(root: Path | None = None, max_files: int | None = None) -> tupl
     files = files[:max_files] if max_files else files
     held = [p for p in files if zlib.crc32(str(p.relative_to(root)).encode()) % 50 == 0] or files[-1:]
     return root, [p for p in files if p not in held], held
+
+
+def package_files(names: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
+    """(train files, held-out files) of installed packages' Python sources (without their tests), sorted by
+    path; every 50th file by CRC32 of "package/relative/path" held out, as corpus_files does. The packages are
+    the ones the `train` extra pins (torch, transformers), so every machine that installs it reads the same files.
+    find_spec locates a package without importing it."""
+    import importlib.util
+
+    train, held = [], []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"--packages: {name} is not installed (pip install -e \".[train]\")")
+        root = Path(list(spec.submodule_search_locations)[0])
+        for p in sorted(root.rglob("*.py")):
+            rel = p.relative_to(root.parent)
+            if {"test", "tests", "testing"} & set(rel.parts):
+                continue
+            (held if zlib.crc32(str(rel).encode()) % 50 == 0 else train).append(p)
+    return train, held
 
 
 def read_texts(files: list[Path]) -> list[str]:
@@ -230,7 +263,7 @@ def mtp_forward(torch, model, mtp, ids, e, h_prev):
     """One depth of the MTP head on every row: tokens' embeddings e [B, T, D] with the hidden rows that predicted
     them h_prev [B, T, D] -> (logits [B, T, V], h_mtp [B, T, D]); positions 0..T-1, causal attention."""
     y = mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(e), mtp.pre_fc_norm_hidden(h_prev)], dim=-1))
-    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
     y = mtp.layers[0](y, position_embeddings=model.model.rotary_emb(y, pos), attention_mask=None, position_ids=pos)
     y = y[0] if isinstance(y, tuple) else y
     h_mtp = mtp.norm(y)
@@ -312,14 +345,35 @@ def plant_edits(batch: np.ndarray, rng: np.random.Generator, frac: float, line_e
     return batch
 
 
-def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32) -> dict:
+def autocast(torch, device: str):
+    """bf16 autocast on a GPU (weights, optimizer state and the GDN recurrence stay float32: HF's torch path
+    casts q, k, v, beta and the decay to float32 itself); a no-op on the CPU, where float32 is as fast."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+
+
+SIZE_AT = 40  # --minutes: steps 10..40 time a step (after the first steps' allocations and kernel choices)
+
+
+def sized(recipe: Recipe, seconds_left: float, step_s: float) -> Recipe:
+    """recipe with its three phases scaled by one factor so its steps fill seconds_left at step_s a step (the
+    warm-up stays as it is: it already ran)."""
+    from dataclasses import replace
+
+    f = max(SIZE_AT, SIZE_AT + seconds_left / step_s) / recipe.total_steps
+    main = max(SIZE_AT + 1, round(recipe.steps * f))
+    return replace(recipe, steps=main, copy_steps=round(recipe.copy_steps * f), edit_steps=round(recipe.edit_steps * f))
+
+
+def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32, device: str = "cpu") -> dict:
     """Mean losses on n fixed windows of the held-out stream."""
     batch = windows(stream, n, recipe.seq + 2, np.random.default_rng(1234))
     model.eval()
     sums = np.zeros(3)
     with torch.no_grad():
         for i in range(0, n, recipe.batch):
-            _, main, l1, l2 = losses(torch, model, mtp, torch.from_numpy(batch[i:i + recipe.batch]), recipe)
+            with autocast(torch, device):
+                _, main, l1, l2 = losses(torch, model, mtp, torch.from_numpy(batch[i:i + recipe.batch]).to(device),
+                                         recipe)
             sums += [main.item(), l1.item() if l1 is not None else 0, l2.item() if l2 is not None else 0]
     model.train()
     k = math.ceil(n / recipe.batch)
@@ -331,9 +385,13 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32)
 
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
-          line_end: np.ndarray | None = None) -> dict | None:
+          line_end: np.ndarray | None = None, minutes: float | None = None) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
-    export_now: export the last checkpoint as it is (the record says how many steps it had)."""
+    export_now: export the last checkpoint as it is (the record says how many steps it had).
+    minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
+    the three phases are scaled together so the steps fit the time left; the record keeps the step counts, and
+    --steps/--copy-steps/--edit-steps with them reproduce the run. A run that still overruns by 15% stops and
+    exports where it is (the record says planned vs done)."""
     import torch
 
     torch.manual_seed(seed)
@@ -380,10 +438,21 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         os.replace(ckpt.with_suffix(".tmp"), ckpt)
 
     model.train()
-    first = step
+    first, wall0 = step, time.perf_counter()
+    if minutes is not None and step:
+        raise SystemExit("--minutes sizes a fresh run; resume with --steps/--copy-steps/--edit-steps from its log")
     if export_now:
         say(f"{name}: exporting the checkpoint at step {step} of {recipe.total_steps} (--export-now)")
     while step < recipe.total_steps and not export_now:
+        if minutes is not None and step == SIZE_AT:
+            recipe = sized(recipe, minutes * 60 - (time.perf_counter() - wall0), (time.perf_counter() - t_sized) / (SIZE_AT - 10))
+            say(f"{name}: sized to {minutes} min: --steps {recipe.steps} --copy-steps {recipe.copy_steps} "
+                f"--edit-steps {recipe.edit_steps}")
+        if minutes is not None and step == 10:
+            t_sized = time.perf_counter()
+        if minutes is not None and time.perf_counter() - wall0 > 1.15 * minutes * 60:
+            say(f"{name}: over the time budget at step {step} of {recipe.total_steps}: exporting as it is")
+            break
         if stop_after is not None and step - first >= stop_after:
             save()
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
@@ -399,7 +468,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         t0 = time.perf_counter()
-        total, main, l1, l2 = losses(torch, model, mtp, batch, recipe)
+        with autocast(torch, device):
+            total, main, l1, l2 = losses(torch, model, mtp, batch, recipe)
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -416,7 +486,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             log.append({"step": step, "loss": round(ema, 4)})
         if step % ckpt_every == 0 or step == recipe.total_steps:
             save()
-    held = evaluate(torch, model, mtp, held_ids, recipe)
+    held = evaluate(torch, model, mtp, held_ids, recipe, device=device)
     say(f"{name}: held-out {json.dumps({k: round(v, 4) for k, v in held.items()})}")
     record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
@@ -455,10 +525,48 @@ def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
 # -------------------------------------------------------------------------------------------------- main
 
 
+def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
+    """(train ids, held-out ids, corpus description, tokenizer): read the sources, train the tokenizer (unless
+    tok_dir has one), encode, and cache the ids with the description in `cache`."""
+    from tokenizers import Tokenizer
+
+    root, train_files, held_files = corpus_files(args.corpus, args.max_files)
+    if len(train_files) < 2 or not held_files:
+        raise SystemExit(f"{root}: too few .py files for a corpus ({len(train_files)} train, {len(held_files)} held out)")
+    say(f"corpus: {root}: {len(train_files)} training files, {len(held_files)} held out")
+    corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
+    if args.corpus:
+        corpus = f"{root.name} ({len(train_files)} files)"
+    packages = tuple(filter(None, (preset.get("packages", ()) if args.packages is None else args.packages.split(","))))
+    if packages:  # their held-out files are left out of training; the held-out loss stays the stdlib's
+        from importlib.metadata import version
+
+        pkg_train, pkg_held = package_files(packages)
+        packages = tuple(f"{p} {version(p)}" for p in packages)
+        say(f"corpus: + {', '.join(packages)}: {len(pkg_train)} training files ({len(pkg_held)} held out, unused)")
+        corpus = (f"Python {sys.version.split()[0]} standard library ({len(train_files)} files) and "
+                  f"{', '.join(packages)} ({len(pkg_train)} files), every 50th file held out")
+        train_files = train_files + pkg_train
+    train_texts, held_texts = read_texts(train_files), read_texts(held_files)
+    if (tok_dir / "tokenizer.json").exists():
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    else:
+        say(f"training a {preset['vocab']}-token byte-level BPE on {sum(map(len, train_texts)) / 1e6:.1f} M characters")
+        tok = train_tokenizer(train_texts, preset["vocab"], tok_dir)
+    train_ids, held_ids = encode_corpus(tok, train_texts), encode_corpus(tok, held_texts)
+    dtype = np.uint16 if tok.get_vocab_size() <= 65536 else np.int32
+    np.savez_compressed(cache, train=train_ids.astype(dtype), held=held_ids.astype(dtype), corpus=np.array(corpus))
+    say(f"corpus: {train_ids.size:,} training tokens, {held_ids.size:,} held out "
+        f"({sum(map(len, train_texts)) / train_ids.size:.2f} characters per token)")
+    return train_ids, held_ids, corpus, tok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
-    ap.add_argument("what", choices=["all", "target", "draft"], help="which model(s) to train and export")
+    ap.add_argument("what", choices=["all", "target", "draft", "corpus"],
+                    help="which model(s) to train and export; corpus: only the tokenizer and the encoded corpus "
+                    "(<out>/tokenizer, <out>/tokens.npz: the folder a GPU machine without the sources trains from)")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "train", help="work folder (checkpoints, HF dirs)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="ship")
     ap.add_argument("--steps", type=int, help="override the preset's step count (target; the draft gets half)")
@@ -469,6 +577,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--corpus", type=Path, help="a folder of .py files instead of the standard library")
+    ap.add_argument("--packages", help="comma-separated installed packages whose sources join the corpus "
+                    "(default: the preset's; '' for none)")
+    ap.add_argument("--minutes", type=float, help="size the run to this many minutes of training per model "
+                    "(measured after a few steps; the log prints the step counts that reproduce it)")
     ap.add_argument("--max-files", type=int, help="use only the first N corpus files (quick runs)")
     ap.add_argument("--stop-after", type=int, help="stop after N steps of this invocation (resume by running again)")
     ap.add_argument("--export-now", action="store_true",
@@ -495,40 +607,28 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.time()
-    root, train_files, held_files = corpus_files(args.corpus, args.max_files)
-    if len(train_files) < 2 or not held_files:
-        raise SystemExit(f"{root}: too few .py files for a corpus ({len(train_files)} train, {len(held_files)} held out)")
-    say(f"corpus: {root}: {len(train_files)} training files, {len(held_files)} held out")
-    tok_dir = out / "tokenizer"
-    train_texts, held_texts = read_texts(train_files), read_texts(held_files)
+    tok_dir, cache = out / "tokenizer", out / "tokens.npz"
     from tokenizers import Tokenizer
 
-    if (tok_dir / "tokenizer.json").exists():
+    if cache.exists() and (tok_dir / "tokenizer.json").exists():
+        # encoded before (here, or on another machine: a lent GPU gets the folder, not the sources)
+        z = np.load(cache)
+        train_ids, held_ids, corpus = z["train"], z["held"], str(z["corpus"])
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        say(f"corpus: {corpus}: {train_ids.size:,} training tokens, {held_ids.size:,} held out (from {cache})")
     else:
-        say(f"training a {preset['vocab']}-token byte-level BPE")
-        tok = train_tokenizer(train_texts, preset["vocab"], tok_dir)
+        train_ids, held_ids, corpus, tok = prepare_corpus(args, preset, tok_dir, cache)
     if tok.get_vocab_size() != preset["vocab"]:
         raise SystemExit(f"{tok_dir} holds a {tok.get_vocab_size()}-token tokenizer, the preset wants {preset['vocab']}")
-    cache = out / "tokens.npz"
-    if cache.exists():
-        z = np.load(cache)
-        train_ids, held_ids = z["train"], z["held"]
-    else:
-        train_ids, held_ids = encode_corpus(tok, train_texts), encode_corpus(tok, held_texts)
-        np.savez(cache, train=train_ids, held=held_ids)
-    say(f"corpus: {train_ids.size:,} training tokens, {held_ids.size:,} held out "
-        f"({sum(map(len, train_texts)) / train_ids.size:.2f} characters per token)")
     eot = tok.token_to_id(EOT)
     line_end = np.array([tok.decode([i]).endswith("\n") for i in range(preset["vocab"])])  # for plant_edits
-    corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
-    if args.corpus:
-        corpus = f"{root.name} ({len(train_files)} files)"
+    if args.what == "corpus":
+        return 0
     from tinyspec.fast.draft_vocab import rank_ids
 
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
-                    args.ckpt_every, args.stop_after, args.export_now, line_end)
+                    args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
