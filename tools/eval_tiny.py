@@ -54,6 +54,13 @@ def heldout_prompts(tok: Tokenizer, n: int, length: int) -> list[list[int]]:
     return out
 
 
+def bytes_per_token(tok: Tokenizer) -> float:
+    """UTF-8 bytes of the held-out files per token of `tok`: loss per token / this = loss per byte, which
+    compares models with different tokenizers (a larger vocabulary packs more bytes into a token)."""
+    texts = read_texts(corpus_files()[2])
+    return sum(len(t.encode("utf-8")) for t in texts) / sum(len(tok.encode(t)) for t in texts)
+
+
 def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
     """Mean next-token cross-entropy over n_windows windows of `length` tokens of held-out text."""
     _, _, held = corpus_files()
@@ -106,6 +113,7 @@ def main(argv=None) -> int:
         "training": {k: v for k, v in target.metadata.items() if k.startswith("training.") and k != RANKING_KEY},
         "heldout_loss": heldout_loss(target, tok, 16, 128),
         "heldout_loss_draft": heldout_loss(draft, tok, 16, 128),
+        "heldout_bytes_per_token": bytes_per_token(tok),
         "mtp_depth1": spec_stats(target, prompts, lambda: MTPDrafter(target), 1, a.max_new, plain),
         "mtp_depth3": spec_stats(target, prompts, lambda: MTPDrafter(target), 3, a.max_new, plain),
         "lookup_edit": spec_stats(target, edits, lambda: LookupDrafter(n_max=4), 8, a.max_new, plain),
@@ -116,7 +124,10 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"held-out loss: target {report['heldout_loss']:.3f}, draft {report['heldout_loss_draft']:.3f} nats/token")
+    bpt = report["heldout_bytes_per_token"]
+    print(f"held-out loss: target {report['heldout_loss']:.3f}, draft {report['heldout_loss_draft']:.3f} nats/token; "
+          f"{bpt:.2f} bytes/token: target {report['heldout_loss'] / bpt:.4f}, draft "
+          f"{report['heldout_loss_draft'] / bpt:.4f} nats/byte")
     for key in ("mtp_depth1", "mtp_depth3", "lookup_edit", "draft_model"):
         r = report[key]
         print(f"{key:<12} k={r['k']}  acceptance {r['acceptance_rate']:.3f}  mean accepted length "

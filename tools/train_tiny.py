@@ -86,6 +86,7 @@ class Recipe:
     copy_lr: float = 6e-4  # its constant learning rate (constant, so a longer copy phase resumes exactly)
     edit_steps: int = 0  # a third phase, same rate: rows that copy lines of code after an edited first line
     edit_frac: float = 0.75  # share of rows with a planted edit in that phase
+    stdlib_frac: float = 0.0  # share of rows drawn from the standard library's tokens (the head of the stream)
 
     @property
     def total_steps(self) -> int:
@@ -108,8 +109,8 @@ PRESETS = {
     "gpu": {"vocab": 8192, "packages": ("torch", "transformers"),
             "target": Recipe(Arch(hidden=320, ffn=768, layers=6, heads=5, kv_heads=1, gdn_k_heads=4, gdn_v_heads=8,
                                   gdn_dim=32, interval=3), steps=3000, batch=64, seq=512, lr=1.5e-3, warmup=100,
-                             copy_frac_main=0.2, copy_steps=300, copy_frac=0.5, copy_lr=1.5e-4, edit_steps=450,
-                             edit_frac=0.5),
+                             copy_frac_main=0.1, copy_steps=175, copy_frac=0.5, copy_lr=1.5e-4, edit_steps=350,
+                             edit_frac=0.5, stdlib_frac=0.25),
             "draft": Recipe(Arch(hidden=192, ffn=448, layers=4, heads=3, kv_heads=1, gdn_k_heads=2, gdn_v_heads=4,
                                  gdn_dim=32, interval=4, mtp=False), steps=3000, batch=64, seq=512, lr=2e-3,
                             warmup=100, copy_frac_main=0.2)},
@@ -293,8 +294,16 @@ def losses(torch, model, mtp, ids, recipe: Recipe):
 # ---------------------------------------------------------------------------------------------- training
 
 
-def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
-    start = rng.integers(0, stream.size - length, size=n)
+def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator, head: int = 0,
+            head_frac: float = 0.0) -> np.ndarray:
+    """n windows of `length` tokens at random places of the stream; with head_frac, that share of them (in
+    expectation) from its first `head` tokens: the standard library, which a corpus with packages would
+    otherwise drown (it is ~12% of the gpu preset's characters, and the held-out files are stdlib files)."""
+    if head_frac and head > length:
+        from_head = rng.random(n) < head_frac
+        start = np.where(from_head, rng.integers(0, head - length, size=n), rng.integers(0, stream.size - length, size=n))
+    else:
+        start = rng.integers(0, stream.size - length, size=n)
     return np.stack([stream[s:s + length] for s in start]).astype(np.int64)
 
 
@@ -385,7 +394,7 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32,
 
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
-          line_end: np.ndarray | None = None, minutes: float | None = None) -> dict | None:
+          line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had).
     minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
@@ -458,7 +467,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
             return None
         rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
-        batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng)
+        batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng, stdlib_tokens, recipe.stdlib_frac)
         # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
         if step < recipe.steps + recipe.copy_steps:
             plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
@@ -526,8 +535,9 @@ def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
 
 
 def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
-    """(train ids, held-out ids, corpus description, tokenizer): read the sources, train the tokenizer (unless
-    tok_dir has one), encode, and cache the ids with the description in `cache`."""
+    """(train ids, held-out ids, corpus description, tokenizer, tokens of the standard library at the head of
+    the train ids): read the sources, train the tokenizer (unless tok_dir has one), encode, and cache all of it
+    in `cache`."""
     from tokenizers import Tokenizer
 
     root, train_files, held_files = corpus_files(args.corpus, args.max_files)
@@ -537,6 +547,7 @@ def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
     corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
     if args.corpus:
         corpus = f"{root.name} ({len(train_files)} files)"
+    n_stdlib_files = len(train_files)
     packages = tuple(filter(None, (preset.get("packages", ()) if args.packages is None else args.packages.split(","))))
     if packages:  # their held-out files are left out of training; the held-out loss stays the stdlib's
         from importlib.metadata import version
@@ -548,17 +559,20 @@ def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
                   f"{', '.join(packages)} ({len(pkg_train)} files), every 50th file held out")
         train_files = train_files + pkg_train
     train_texts, held_texts = read_texts(train_files), read_texts(held_files)
+    n_stdlib = len(read_texts(train_files[:n_stdlib_files]))
     if (tok_dir / "tokenizer.json").exists():
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     else:
         say(f"training a {preset['vocab']}-token byte-level BPE on {sum(map(len, train_texts)) / 1e6:.1f} M characters")
         tok = train_tokenizer(train_texts, preset["vocab"], tok_dir)
     train_ids, held_ids = encode_corpus(tok, train_texts), encode_corpus(tok, held_texts)
+    stdlib_tokens = int(encode_corpus(tok, train_texts[:n_stdlib]).size)
     dtype = np.uint16 if tok.get_vocab_size() <= 65536 else np.int32
-    np.savez_compressed(cache, train=train_ids.astype(dtype), held=held_ids.astype(dtype), corpus=np.array(corpus))
+    np.savez_compressed(cache, train=train_ids.astype(dtype), held=held_ids.astype(dtype), corpus=np.array(corpus),
+                        stdlib_tokens=np.array(stdlib_tokens))
     say(f"corpus: {train_ids.size:,} training tokens, {held_ids.size:,} held out "
         f"({sum(map(len, train_texts)) / train_ids.size:.2f} characters per token)")
-    return train_ids, held_ids, corpus, tok
+    return train_ids, held_ids, corpus, tok, stdlib_tokens
 
 
 def main(argv=None) -> int:
@@ -614,10 +628,11 @@ def main(argv=None) -> int:
         # encoded before (here, or on another machine: a lent GPU gets the folder, not the sources)
         z = np.load(cache)
         train_ids, held_ids, corpus = z["train"], z["held"], str(z["corpus"])
+        stdlib_tokens = int(z["stdlib_tokens"]) if "stdlib_tokens" in z else 0
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
         say(f"corpus: {corpus}: {train_ids.size:,} training tokens, {held_ids.size:,} held out (from {cache})")
     else:
-        train_ids, held_ids, corpus, tok = prepare_corpus(args, preset, tok_dir, cache)
+        train_ids, held_ids, corpus, tok, stdlib_tokens = prepare_corpus(args, preset, tok_dir, cache)
     if tok.get_vocab_size() != preset["vocab"]:
         raise SystemExit(f"{tok_dir} holds a {tok.get_vocab_size()}-token tokenizer, the preset wants {preset['vocab']}")
     eot = tok.token_to_id(EOT)
@@ -628,7 +643,7 @@ def main(argv=None) -> int:
 
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
-                    args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes)
+                    args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
