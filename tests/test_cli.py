@@ -180,8 +180,11 @@ def test_draft_p_min_stops_drafting_and_keeps_the_output(tiny_model, capsys):
 def test_generate_show_marks_tokens(tiny_model, capsys):
     assert main(["generate", "--model", str(tiny_model), "--prompt", "hi", "--max-new", "6", "--spec", "mtp",
                  "--show"]) == 0
-    first_line = capsys.readouterr().out.splitlines()[0]
-    assert "{" in first_line or "<" in first_line  # every verify step ends in a correction or a bonus token
+    out = capsys.readouterr().out
+    _, marked = out.split("\n--- the same output, marked: ")  # the plain text first, then the marked copy
+    legend, body = marked.split("\n", 1)
+    assert "[...]" in legend and "\x1b[" not in out  # captured, not a terminal: brackets, no colour
+    assert "{" in body or "<" in body  # every verify step ends in a correction or a bonus token
 
 
 def test_spec_draft_needs_draft_model(tiny_model, capsys):
@@ -196,14 +199,15 @@ def test_generate_and_logits_run_the_shipped_model_without_model(tmp_path, capsy
     from tinyspec.demo import TARGET
     from tinyspec.generate import generate
 
-    expected = generate(load_model(TARGET, "numpy"), [10, 11, 12], 6).tokens
+    target = load_model(TARGET, "numpy")
+    expected = generate(target, [10, 11, 12], 6).tokens
     for spec in ("none", "mtp", "draft"):
         assert main(["generate", "--tokens", "10,11,12", "--max-new", "6", "--spec", spec, "--backend", "numpy",
                      "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["tokens"] == expected, spec
     assert main(["logits", "--tokens", "10,11", "--out", str(tmp_path / "l.npz")]) == 0
     with np.load(tmp_path / "l.npz") as f:
-        assert f["logits"].shape == (2, 4096) and "mtp_logits" in f
+        assert f["logits"].shape == (2, target.cfg.n_vocab) and "mtp_logits" in f
 
 
 def test_bench_json_reports_every_field(tiny_model, capsys):

@@ -23,4 +23,7 @@ def test_demo_runs_and_says_outputs_are_identical():
         assert f"\n  {method} " in out
     assert "identical to plain decoding for every method and prompt: yes" in out
     assert "every sequence identical to its plain decoding alone: yes" in out  # the many-sequences section
-    assert "One generation with --spec mtp" in out and "[" in out.split("One generation")[1]
+    shown = out.split("One generation with --spec mtp")[1]
+    assert "prompt:" in shown and "answer (plain text" in shown and "the same answer, marked" in shown
+    assert "[" in shown.split("the same answer, marked")[1] and "\x1b[" not in out  # a pipe: brackets, no colour
+    assert "drafts the target accepted" in shown  # the legend

@@ -45,3 +45,23 @@ def test_bad_arguments(model):
     with pytest.raises(ValueError, match="max_new"):
         generate(model, [1], -1)
     assert generate(model, [1], 0).tokens == []
+
+
+class _ByteTokens:
+    """A stand-in tokenizer: token i is the character chr(i)."""
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_render_marked_marks_runs_not_tokens():
+    from tinyspec.generate import marks_legend, render_marked
+
+    text, marks = "ab cd\nef", ["target", "accepted", "accepted", "accepted", "correction", "accepted", "accepted", "bonus"]
+    ids = [ord(c) for c in text]
+    assert render_marked(_ByteTokens(), ids, marks) == "a[b c]{d}[\ne]<f>"  # runs of the same mark, one bracket each
+    coloured = render_marked(_ByteTokens(), ids, marks, colour=True)
+    assert coloured.replace("\x1b[32m", "").replace("\x1b[33m", "").replace("\x1b[36m", "").replace("\x1b[0m", "") == text
+    assert "\x1b[0m\n\x1b[32m" in coloured  # colour ends before a line break, so a margin stays plain
+    assert render_marked(_ByteTokens(), [], []) == ""
+    assert "[...]" in marks_legend() and "\x1b[" in marks_legend(colour=True)

@@ -131,3 +131,32 @@ def test_planted_edits_copy_whole_lines_after_an_edited_first_line():
             m += 1
         run = orig[p - m + 1:p + 1]
         assert m >= 10 and line_end[run].any(), (m, run)  # at least a line's worth, spanning a line end
+
+
+def test_windows_draw_their_share_from_the_head_of_the_stream():
+    """stdlib_frac: a share of the rows from the stream's first `head` tokens (the standard library), the rest
+    from anywhere; the same (seed, step) gives the same batch."""
+    train_tiny = load_train_tiny()
+    stream = np.arange(100_000)
+    rows = train_tiny.windows(stream, 4000, 66, np.random.default_rng(3), head=10_000, head_frac=0.25)
+    in_head = rows[:, -1] < 10_000
+    # expected share: 0.25 drawn from the head, plus the uniform draws that land there (0.75 * 0.1)
+    assert abs(in_head.mean() - (0.25 + 0.75 * 0.1)) < 0.03
+    assert (np.diff(rows, axis=1) == 1).all()  # each row is a contiguous window
+    again = train_tiny.windows(stream, 4000, 66, np.random.default_rng(3), head=10_000, head_frac=0.25)
+    assert np.array_equal(rows, again)
+    plain = train_tiny.windows(stream, 4000, 66, np.random.default_rng(3))
+    assert abs((plain[:, -1] < 10_000).mean() - 0.1) < 0.03
+
+
+def test_minutes_scale_the_three_phases_together():
+    """--minutes: after SIZE_AT timed steps the main, copy and edit phases grow or shrink by one factor, so the
+    run fills the time left; the warm-up and everything else in the recipe stay as they are."""
+    train_tiny = load_train_tiny()
+    r = train_tiny.PRESETS["gpu"]["target"]
+    sized = train_tiny.sized(r, seconds_left=300.0, step_s=0.15)
+    assert sized.total_steps == pytest.approx(train_tiny.SIZE_AT + 2000, abs=3)
+    assert sized.steps / sized.total_steps == pytest.approx(r.steps / r.total_steps, abs=0.01)
+    assert sized.copy_steps / sized.edit_steps == pytest.approx(r.copy_steps / r.edit_steps, abs=0.02)
+    assert (sized.warmup, sized.lr, sized.arch, sized.stdlib_frac) == (r.warmup, r.lr, r.arch, r.stdlib_frac)
+    assert train_tiny.sized(r, seconds_left=0.0, step_s=1.0).steps > train_tiny.SIZE_AT  # never shorter than done

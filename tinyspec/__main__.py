@@ -236,28 +236,21 @@ def make_drafter(args, model, tokenizer=None):
 
 
 class StreamPrinter:
-    """on_emit for generate(): writes tokens to stdout as they are decided. Plain text goes through an
-    incremental UTF-8 decoder (a character may end in the next token), so the stream equals the final text;
-    marked text (--show) wraps each token as render_marked does."""
+    """on_emit for generate(): writes tokens to stdout as they are decided, through an incremental UTF-8 decoder
+    (a character may end in the next token), so the stream equals the final text."""
 
-    def __init__(self, tokenizer, marked: bool):
+    def __init__(self, tokenizer):
         import codecs
 
-        from .generate import render_marked
-
-        self.tokenizer, self.marked, self.render = tokenizer, marked, render_marked
+        self.tokenizer = tokenizer
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, tokens: list[int], marks: list[str]) -> None:
-        if self.marked:
-            text = self.render(self.tokenizer, tokens, marks)
-        else:
-            text = self.utf8.decode(self.tokenizer.decode_bytes(tokens))
-        sys.stdout.write(text)
+        sys.stdout.write(self.utf8.decode(self.tokenizer.decode_bytes(tokens)))
         sys.stdout.flush()
 
     def close(self) -> None:
-        sys.stdout.write(("" if self.marked else self.utf8.decode(b"", final=True)) + "\n")
+        sys.stdout.write(self.utf8.decode(b"", final=True) + "\n")
         sys.stdout.flush()
 
 
@@ -309,7 +302,7 @@ def cmd_generate(args) -> int:
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
-    printer = StreamPrinter(tokenizer, marked=args.show and args.spec != "none") if stream else None
+    printer = StreamPrinter(tokenizer) if stream else None
     drafter = make_drafter(args, model, tokenizer)
     policy = None
     if adaptive and drafter is not None:
@@ -323,12 +316,16 @@ def cmd_generate(args) -> int:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
                           "stats": result.stats}))
         return 0
-    from .generate import render_marked
+    from .generate import marks_legend, render_marked, wants_colour
 
     if printer is not None:
         printer.close()
     else:
-        print(render_marked(tokenizer, result.tokens, result.marks) if args.show and result.marks else text)
+        print(text)
+    if args.show and result.marks:  # the same text again, marked by how each token was made
+        colour = wants_colour(sys.stdout)
+        print("\n--- the same output, marked: " + marks_legend(colour))
+        print(render_marked(tokenizer, result.tokens, result.marks, colour))
     s = result.stats
     if "steps" in s:  # speculative
         ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
@@ -649,8 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
                                          "with the shipped model: the shipped draft model)")
     p.add_argument("--show", action="store_true",
-                   help="print the output with accepted drafts [in brackets], corrections {in braces} and "
-                        "bonus tokens <in angle brackets>")
+                   help="after the output, print it again marked by how each token was made: accepted drafts "
+                        "[in brackets], corrections {in braces}, bonus tokens <in angle brackets> (in colour on a "
+                        "terminal; NO_COLOR=1 turns colour off)")
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_tokens", "tokens", "text", "stats"} as JSON; stats of a plain run: generated, '
                         'prefill_s, decode_s, decode_tok_s; of a speculative run (speculate.SpecStats): k_max, steps, '

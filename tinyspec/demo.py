@@ -26,7 +26,7 @@ from pathlib import Path
 from .backends import default_backend, first_run_compiles, load_model
 from .batch import Together, batch_generate
 from .draft import DraftModelDrafter
-from .generate import generate, render_marked
+from .generate import generate, marks_legend, render_marked, wants_colour
 from .lookup import LookupDrafter
 from .mtp import MTPDrafter
 from .tokenizer import Tokenizer
@@ -145,11 +145,22 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     drafter = MTPDrafter(target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
                      policy=auto_policy(drafter, 8))
-    say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer copies most of it")
-    say("([accepted draft] {correction} <bonus>; the prompt is plain text):")
+    colour = wants_colour(out)
+    say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer can copy most of it.")
     say()
-    say(SHOWN + render_marked(tok, shown.tokens, shown.marks))
+    say("  prompt:")
+    say(gutter(SHOWN))
+    say("  answer (plain text, as `generate` prints it):")
+    say(gutter(tok.decode(shown.tokens)))
+    say("  the same answer, marked by how each token was made:")
+    say(gutter(render_marked(tok, shown.tokens, shown.marks, colour)))
+    say("  " + marks_legend(colour))
     return 0 if same and together else 1
+
+
+def gutter(text: str) -> str:
+    """text set apart from the demo's own lines: each line behind a bar."""
+    return "\n".join("    | " + line for line in text.rstrip("\n").split("\n"))
 
 
 def many_sequences(target, prompts, max_new: int, stop_ids, plain: list[list[int]], base: float, say) -> bool:

@@ -61,6 +61,27 @@ def bytes_per_token(tok: Tokenizer) -> float:
     return sum(len(t.encode("utf-8")) for t in texts) / sum(len(tok.encode(t)) for t in texts)
 
 
+def heldout_loss_per_byte(model, tok: Tokenizer, chunk: int = 256) -> dict:
+    """Cross-entropy per UTF-8 byte over every held-out file, the measure that compares models with different
+    tokenizers: each file is cut into pieces of `chunk` tokens, each piece run from a fresh state, and the loss of
+    every predicted token (all but a piece's first) is summed and divided by those tokens' bytes."""
+    nats = n_bytes = n_tokens = 0.0
+    for text in read_texts(corpus_files()[2]):
+        ids = tok.encode(text)
+        for s in range(0, len(ids) - 1, chunk):
+            piece = ids[s:s + chunk]
+            if len(piece) < 2:
+                continue
+            logits, _ = model.forward(np.array(piece[:-1]), model.new_state())
+            logits = logits.astype(np.float64)
+            logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+            nats += float(np.sum(logz - logits[np.arange(len(piece) - 1), piece[1:]]))
+            n_bytes += sum(len(tok.decode_bytes([t])) for t in piece[1:])
+            n_tokens += len(piece) - 1
+    return {"nats_per_byte": nats / n_bytes, "nats_per_token": nats / n_tokens, "tokens": int(n_tokens),
+            "bytes": int(n_bytes), "chunk": chunk}
+
+
 def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
     """Mean next-token cross-entropy over n_windows windows of `length` tokens of held-out text."""
     _, _, held = corpus_files()
@@ -114,6 +135,8 @@ def main(argv=None) -> int:
         "heldout_loss": heldout_loss(target, tok, 16, 128),
         "heldout_loss_draft": heldout_loss(draft, tok, 16, 128),
         "heldout_bytes_per_token": bytes_per_token(tok),
+        "heldout_per_byte": heldout_loss_per_byte(target, tok),
+        "heldout_per_byte_draft": heldout_loss_per_byte(draft, tok),
         "mtp_depth1": spec_stats(target, prompts, lambda: MTPDrafter(target), 1, a.max_new, plain),
         "mtp_depth3": spec_stats(target, prompts, lambda: MTPDrafter(target), 3, a.max_new, plain),
         "lookup_edit": spec_stats(target, edits, lambda: LookupDrafter(n_max=4), 8, a.max_new, plain),
@@ -125,6 +148,10 @@ def main(argv=None) -> int:
         print(json.dumps(report, indent=1))
         return 0
     bpt = report["heldout_bytes_per_token"]
+    for who in ("", "_draft"):
+        r = report["heldout_per_byte" + who]
+        print(f"held-out files, {r['chunk']}-token pieces: {'draft' if who else 'target'} {r['nats_per_byte']:.4f} "
+              f"nats/byte ({r['nats_per_token']:.3f} nats/token over {r['tokens']:,} tokens)")
     print(f"held-out loss: target {report['heldout_loss']:.3f}, draft {report['heldout_loss_draft']:.3f} nats/token; "
           f"{bpt:.2f} bytes/token: target {report['heldout_loss'] / bpt:.4f}, draft "
           f"{report['heldout_loss_draft'] / bpt:.4f} nats/byte")
