@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from tinyspec.backends import load_model  # noqa: E402
-from tinyspec.demo import EDITS  # noqa: E402
+from tinyspec.demo import EDITS, PROMPTS  # noqa: E402
 from tinyspec.fast.draft_vocab import RANKING_KEY  # noqa: E402
 from tinyspec.draft import DraftModelDrafter  # noqa: E402
 from tinyspec.generate import generate  # noqa: E402
@@ -100,6 +100,32 @@ def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
     return float(np.mean(losses))
 
 
+def continuations(model, tok: Tokenizer, n: int = 64) -> dict:
+    """Greedy continuations of the demo's prompts and of `def fib(n):`: how often the most repeated non-blank line
+    occurs (a loop shows as a count far above 2) and whether prompt + continuation, cut after its last complete
+    line, compiles as Python (ast; an open block at the cut is closed with `pass` first, an indented prompt is
+    read inside a class)."""
+    import ast
+
+    out = {}
+    for prompt in PROMPTS + ["def fib(n):"]:
+        text = tok.decode(generate(model, tok.encode(prompt), n, stop_ids=tok.eog_ids).tokens)
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        whole = (prompt + text)[: (prompt + text).rfind("\n") + 1] or prompt + text
+        whole = ("class _:\n" if prompt[:1].isspace() else "") + whole  # a method's body starts indented
+        parses = False
+        for tail in ("", "    pass\n", "        pass\n", "            pass\n"):
+            try:
+                ast.parse(whole + tail)
+                parses = True
+                break
+            except SyntaxError:
+                continue
+        out[prompt] = {"max_line_repeats": max((lines.count(ln) for ln in lines), default=0), "parses": parses,
+                       "text": text}
+    return out
+
+
 def spec_stats(model, prompts, make_drafter, k: int, max_new: int, plain: dict) -> dict:
     """plain: prompt (tuple) -> plain greedy tokens, filled on first use and shared between calls."""
     steps = drafted = accepted = 0
@@ -142,6 +168,7 @@ def main(argv=None) -> int:
         "lookup_edit": spec_stats(target, edits, lambda: LookupDrafter(n_max=4), 8, a.max_new, plain),
         "draft_model": spec_stats(target, prompts, lambda: DraftModelDrafter(draft, target=target), 3,
                                   a.max_new, plain),
+        "continuations": continuations(target, tok),
         "sample": tok.decode(prompts[0]) + "|>>>|" + tok.decode(plain[tuple(prompts[0])]),
     }
     if a.json:
@@ -159,6 +186,8 @@ def main(argv=None) -> int:
         r = report[key]
         print(f"{key:<12} k={r['k']}  acceptance {r['acceptance_rate']:.3f}  mean accepted length "
               f"{r['mean_accepted_length']:.3f}  ({r['prompts']} prompts, identical to plain: {r['identical_to_plain']})")
+    for prompt, c in report["continuations"].items():
+        print(f"continuation of {prompt[:30]!r}: most repeated line x{c['max_line_repeats']}, parses: {c['parses']}")
     print("sample (prompt|>>>|greedy continuation):\n" + report["sample"])
     return 0
 
