@@ -9,6 +9,7 @@ reproduced and a long run survives a restart.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,8 @@ def test_exports_load_and_carry_the_training_record(trained):
     assert meta["training.steps"] == 20 and meta["training.tokens"] == 20 * 4 * 64
     assert meta["training.corpus"].startswith(trained[1].name + " (") and meta["training.loss.heldout"] > 0
     assert {"training.loss.heldout_mtp1", "training.loss.heldout_mtp2", "training.seconds"} <= set(meta)
+    recipe = json.loads(meta["training.recipe"])  # the run as it ran: enough to repeat it
+    assert recipe["steps"] == 20 and recipe["batch"] == 4 and recipe["arch"]["mtp"] and recipe["device"] == "cpu"
     ranking = np.asarray(meta["training.token_ranking"])  # every id once, most frequent first
     assert sorted(ranking.tolist()) == list(range(512))
     assert meta["qwen35.nextn_predict_layers"] == 1 and meta["tokenizer.ggml.pre"] == "qwen35"

@@ -499,7 +499,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     say(f"{name}: held-out {json.dumps({k: round(v, 4) for k, v in held.items()})}")
     record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
-              "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params}
+              "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params,
+              "recipe": json.dumps(asdict(recipe) | {"device": device})}  # as run: --minutes sizes the phases
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
     return record
@@ -651,6 +652,7 @@ def main(argv=None) -> int:
                     "seconds": rec["seconds"], "tokens": rec["tokens"],
                     "loss.train": rec["train_loss"], "loss.heldout": rec["heldout"]["loss"],
                     "tool": "tools/train_tiny.py --preset " + args.preset,
+                    "recipe": rec["recipe"],  # every field of the run's Recipe (JSON), the sized phases included
                     # token ids by descending count in the training tokens: the draft vocabulary's ranking
                     # (tinyspec/fast/draft_vocab.py, --draft-vocab N)
                     "token_ranking": rank_ids(train_ids, preset["vocab"]).astype(np.int32)}
