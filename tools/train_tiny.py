@@ -2,12 +2,18 @@
 
     python tools/train_tiny.py all --out .cache/train            # tokenizer, target, draft, GGUFs (<= 90 min, 2 cores)
     python tools/train_tiny.py target --out .cache/train --steps 100 --preset smoke   # a quick look
+    python tools/train_tiny.py corpus --preset gpu                # here: tokenizer + encoded corpus in .cache/gpu, then
+    python tools/train_tiny.py target --preset gpu --device cuda --minutes 4.3   # on a lent GPU (tools/gpu_session.sh)
 
 Needs the `train` extra (torch, transformers, tokenizers, safetensors): pip install -e ".[train]".
 
 What it does, step by step (every step is deterministic given --seed and --steps):
   1. corpus      the pure-Python standard library of the running interpreter (Lib/**/*.py without tests and
                  site-packages), files sorted by path; every 50th file (by CRC32 of its relative path) is held out.
+                 The gpu preset adds the sources of torch and transformers (pinned by the train extra; their
+                 held-out 50th left unused) and draws `stdlib_frac` of its rows from the standard library's part.
+                 The ids are cached in <out>/tokens.npz with the corpus's description: a machine with other
+                 sources (a GPU machine) trains from the folder, not from its own files.
   2. tokenizer   a byte-level BPE trained on the training files with the HF `tokenizers` library, split by the
                  qwen35 pre-tokenizer regex, so llama.cpp (tokenizer.ggml.pre = "qwen35") tokenizes as it does.
                  One special token, <|endoftext|>, separates files and is the end-of-generation token.
