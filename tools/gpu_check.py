@@ -161,6 +161,10 @@ def main(argv=None) -> int:
                     help="comma-separated steps to run (default: all); speed wants the GPU to itself")
     ap.add_argument("--json-name", default="gpu_check.json", help="file name in OUTDIR (gpu_check.json)")
     args = ap.parse_args(argv)
+    names = ("versions", "capture", "ties", "parity", "speed")
+    chosen = [s for s in args.steps.split(",") if s]
+    if unknown := set(chosen) - set(names):
+        ap.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(names)}")
     from tinyspec import backends
 
     if not backends.cuda_available():
@@ -168,13 +172,10 @@ def main(argv=None) -> int:
         return 2
     import cupy as cp
 
-    args.outdir.mkdir(parents=True, exist_ok=True)
-    report, t0 = {}, time.perf_counter()
     steps = {"versions": lambda: versions(cp), "capture": lambda: capture(cp), "ties": lambda: ties(cp),
              "parity": lambda: parity(args.quick), "speed": speed}
-    chosen = [s for s in args.steps.split(",") if s]
-    if unknown := set(chosen) - set(steps):
-        ap.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(steps)}")
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    report, t0 = {}, time.perf_counter()
     for name in chosen:
         step = steps[name]
         t = time.perf_counter()
