@@ -163,3 +163,30 @@ def test_minutes_scale_the_three_phases_together():
     assert sized.copy_steps / sized.edit_steps == pytest.approx(r.copy_steps / r.edit_steps, abs=0.02)
     assert (sized.warmup, sized.lr, sized.arch, sized.stdlib_frac) == (r.warmup, r.lr, r.arch, r.stdlib_frac)
     assert train_tiny.sized(r, seconds_left=0.0, step_s=1.0).steps > train_tiny.SIZE_AT  # never shorter than done
+
+
+def test_init_from_gguf_inverts_the_conversion(trained, tmp_path):
+    """--init: the exported HF weights -> tinyspec.convert (F32) -> init_from_gguf into a freshly built model gives
+    the weights back (to float32 rounding of 1 + w and -exp(A_log)), the tiled value heads and the MTP block
+    included, so a shipped file can be trained further when its float checkpoint is gone."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    from tinyspec.convert import convert
+
+    train_tiny = load_train_tiny()
+    hf = trained[0] / "target" / "hf"
+    convert(hf, tmp_path / "f32.gguf", "f32")
+    torch.manual_seed(123)  # other random weights than the trained ones
+    recipe = train_tiny.PRESETS["smoke"]["target"]
+    model, mtp = train_tiny.build(torch, recipe.arch, 512, 511)
+    n = train_tiny.init_from_gguf(torch, model, mtp, tmp_path / "f32.gguf")
+    (path,) = hf.glob("model*.safetensors")
+    want = load_file(path)
+    got = {k: v.numpy() for k, v in model.state_dict().items()} | {f"mtp.{k}": v.numpy() for k, v in mtp.state_dict().items()}
+    assert n == len(want) and any(k.startswith("mtp.") for k in want)
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k], w, rtol=1e-6, atol=1e-6, err_msg=k)
+    draft, _ = train_tiny.build(torch, train_tiny.PRESETS["smoke"]["draft"].arch, 512, 511)
+    with pytest.raises(SystemExit, match="not a file of this preset's shape|values"):
+        train_tiny.init_from_gguf(torch, draft, None, tmp_path / "f32.gguf")  # the target's file into the draft

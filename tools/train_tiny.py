@@ -266,6 +266,51 @@ def build(torch, arch: Arch, vocab: int, eot: int):
     return model, mtp
 
 
+def init_from_gguf(torch, model, mtp, path: Path) -> int:
+    """Load a qwen35 GGUF's weights (dequantized: a Q8_0 file gives its rounded values) into a freshly built model
+    of the same shape, undoing tinyspec.convert: each HF name maps to its GGUF name (convert.gguf_name), and
+    convert.transform is inverted (norm weights stored as 1 + w, ssm_a = -exp(A_log), value heads tiled for ggml,
+    the conv weight squeezed). Continues training from a shipped file whose float checkpoint is gone (a lent GPU
+    keeps it). Returns the number of tensors loaded; a missing or misshapen tensor is an error."""
+    from tinyspec.convert import gguf_name, tile_v_heads
+    from tinyspec.gguf import read_gguf
+    from tinyspec.quants import dequantize
+
+    cfg = model.config.to_dict()
+    n_trunk = cfg["num_hidden_layers"]
+    params = dict(model.state_dict()) | ({f"mtp.{n}": t for n, t in mtp.state_dict().items()} if mtp else {})
+    if cfg.get("tie_word_embeddings"):
+        params.pop("lm_head.weight", None)  # the embedding's own tensor
+    loaded = 0
+    with read_gguf(path) as g:
+        for hf, dest in params.items():
+            name = gguf_name(hf, n_trunk)
+            if name not in g.tensors:
+                raise SystemExit(f"--init {path}: no tensor {name} for {hf}: not a file of this preset's shape")
+            t = g.tensors[name]
+            x = dequantize(g.raw(name), t.ggml_type, t.shape).astype(np.float64)
+            kind = name.split(".")[2] if name.startswith("blk.") else name
+            if name.endswith("norm.weight") and kind != "ssm_norm":
+                x = x - 1.0
+            if kind == "ssm_a":
+                x = np.log(-x)
+            if cfg["linear_num_key_heads"] != cfg["linear_num_value_heads"]:  # undo tile_v_heads by its inverse order
+                dv, qk = cfg["linear_value_head_dim"], 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+                how = {"attn_qkv": (0, dv, qk), "ssm_conv1d": (0, dv, qk), "attn_gate": (0, dv, 0),
+                       "ssm_alpha": (0, 1, 0), "ssm_beta": (0, 1, 0), "ssm_a": (0, 1, 0), "ssm_dt": (0, 1, 0),
+                       "ssm_out": (1, dv, 0)}.get(kind)
+                if how:
+                    axis, head_dim, skip = how
+                    order = tile_v_heads(np.arange(x.shape[axis]), 0, cfg, head_dim, skip)
+                    x = np.take(x, np.argsort(order), axis=axis)
+            if x.size != dest.numel():
+                raise SystemExit(f"--init {path}: {name} has {x.size} values, {hf} wants {tuple(dest.shape)}")
+            with torch.no_grad():
+                dest.copy_(torch.from_numpy(x.reshape(tuple(dest.shape))).to(dest.dtype))
+            loaded += 1
+    return loaded
+
+
 def mtp_forward(torch, model, mtp, ids, e, h_prev):
     """One depth of the MTP head on every row: tokens' embeddings e [B, T, D] with the hidden rows that predicted
     them h_prev [B, T, D] -> (logits [B, T, V], h_mtp [B, T, D]); positions 0..T-1, causal attention."""
@@ -400,7 +445,8 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32,
 
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
-          line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0) -> dict | None:
+          line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0,
+          init: Path | None = None) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had).
     minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
@@ -411,6 +457,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
 
     torch.manual_seed(seed)
     model, mtp = build(torch, recipe.arch, vocab, eot)
+    if init is not None and not (out / name / "ckpt.pt").exists():
+        say(f"{name}: {init_from_gguf(torch, model, mtp, init)} tensors from {init} (--init)")
     params = list(model.parameters()) + (list(mtp.parameters()) if mtp is not None else [])
     model.to(device)
     if mtp is not None:
@@ -506,7 +554,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params,
-              "recipe": json.dumps(asdict(recipe) | {"device": device})}  # as run: --minutes sizes the phases
+              "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None})}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
     return record
@@ -607,11 +655,18 @@ def main(argv=None) -> int:
     ap.add_argument("--export-now", action="store_true",
                     help="export the last checkpoint without training further (when time runs out)")
     ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
+    ap.add_argument("--init", type=Path, help="start from this GGUF's weights (a file of the preset's shape, e.g. the "
+                    "shipped one; Q8_0 gives its rounded values) instead of a random init: continue a run whose float "
+                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's")
     args = ap.parse_args(argv)
     try:
         import torch
     except ImportError:
         raise SystemExit("train_tiny needs the train extra: pip install -e \".[train]\"") from None
+    if args.init is not None and args.what not in ("target", "draft"):
+        raise SystemExit("--init continues one model: name it (target or draft), with a file of its shape")
+    if args.init is not None and not args.init.is_file():
+        raise SystemExit(f"--init {args.init}: no such file")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     preset = PRESETS[args.preset]
@@ -650,7 +705,8 @@ def main(argv=None) -> int:
 
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
-                    args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens)
+                    args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens,
+                    args.init)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
