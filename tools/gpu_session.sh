@@ -18,6 +18,9 @@
 #   then     speed   (after training: the GPU to itself) tools/gpu_check.py --steps speed -> gpu_speed.json
 #            bench   `bench --backend cuda` on the 0.8B file: decode, verify T = 1..9, MTP at --synth-len 2.95,
 #                    --slots 1,4,8                                                           -> bench-0.8b.json
+# TRAIN_MODELS="target" trains one model; TARGET_ARGS / DRAFT_ARGS add train_tiny flags to its run, e.g.
+# TARGET_ARGS="--init tinyspec/assets/tiny-target.gguf --steps 41 --copy-steps 300 --edit-steps 600" to train the
+# shipped target further (its copy and edit phases) instead of from scratch.
 # The machine needs CuPy, NumPy, Numba, regex, pytest, torch, transformers, tokenizers and safetensors (the lent
 # H100/H200 image has them; TRANSFORMERS_WHEEL_DIR, if set, installs the pinned transformers from wheels first).
 set -uo pipefail
@@ -50,9 +53,10 @@ $PY -c "import torch, transformers, cupy; print('torch', torch.__version__, 'tra
 
 train_pids=()
 if has train; then
-    for model in target draft; do
+    for model in ${TRAIN_MODELS:-target draft}; do
+        extra=TARGET_ARGS; [[ $model == draft ]] && extra=DRAFT_ARGS
         ( timeout -k 10 $(( ${TRAIN_MIN%.*} * 60 + 150 )) $PY tools/train_tiny.py "$model" --preset gpu --device cuda \
-            --minutes "$TRAIN_MIN" --out "$TRAIN_DIR" --ckpt-every 100000 > "$OUT/train-$model.log" 2>&1
+            --minutes "$TRAIN_MIN" --out "$TRAIN_DIR" --ckpt-every 100000 ${!extra:-} > "$OUT/train-$model.log" 2>&1
           cp "$TRAIN_DIR/tiny-$model.gguf" "$OUT/" ) &
         train_pids+=($!)
     done
