@@ -5,30 +5,17 @@ report; with no GPU at all the tool says so and exits 2."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import fake_cupy
 import pytest
 
 from tinyspec.demo import DRAFT, TARGET
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def gpu_check():
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import gpu_check
-    finally:
-        sys.path.pop(0)
-    return gpu_check
-
 
 @pytest.mark.skipif(not TARGET.is_file() or not DRAFT.is_file(), reason="the shipped models are not built yet")
-def test_parity_step_runs_through_the_fake(monkeypatch, tmp_path):
+def test_parity_step_runs_through_the_fake(monkeypatch, tmp_path, load_tool):
     fake_cupy.install(monkeypatch)
-    assert gpu_check().main([str(tmp_path), "--quick", "--steps", "parity"]) == 0
+    assert load_tool("gpu_check").main([str(tmp_path), "--quick", "--steps", "parity"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     parity = report["parity"]
     assert parity["ok"] and parity["runs"] == 8 and not parity["mismatches"], parity
@@ -36,11 +23,11 @@ def test_parity_step_runs_through_the_fake(monkeypatch, tmp_path):
     assert not parity["graphs"]["graphs_off"]["captured"]  # graphs off: plain launches only
 
 
-def test_says_so_without_a_gpu(monkeypatch, tmp_path, capsys):
+def test_says_so_without_a_gpu(monkeypatch, tmp_path, capsys, load_tool):
     from tinyspec import backends
 
     monkeypatch.setattr(backends, "cuda_available", lambda: False)
-    assert gpu_check().main([str(tmp_path)]) == 2
+    assert load_tool("gpu_check").main([str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a wrong step name is an argument error, GPU or not
-        gpu_check().main([str(tmp_path), "--steps", "nonsense"])
+        load_tool("gpu_check").main([str(tmp_path), "--steps", "nonsense"])

@@ -90,18 +90,9 @@ def test_resume_after_interruption_gives_the_same_weights(trained, tmp_path):
         assert tensors(tmp_path / name) == tensors(out / name), name
 
 
-def load_train_tiny():
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import train_tiny
-    finally:
-        sys.path.pop(0)
-    return train_tiny
-
-
-def test_planted_copies_repeat_a_span_at_varying_distances():
+def test_planted_copies_repeat_a_span_at_varying_distances(load_tool):
     """Rows of distinct tokens make copies visible: a planted copy is the only way a token appears twice."""
-    train_tiny = load_train_tiny()
+    train_tiny = load_tool("train_tiny")
     batch = np.arange(64 * 130).reshape(64, 130) + 10_000  # distinct tokens
     train_tiny.plant_copies(batch, np.random.default_rng(0), 1.0)
     distances = set()
@@ -117,9 +108,9 @@ def test_planted_copies_repeat_a_span_at_varying_distances():
     assert len(distances) > 10  # not one fixed offset: the model must find the copy by content
 
 
-def test_planted_edits_copy_whole_lines_after_an_edited_first_line():
+def test_planted_edits_copy_whole_lines_after_an_edited_first_line(load_tool):
     """Distinct tokens, lines of 10: the planted block ends with a run of whole lines of the original."""
-    train_tiny = load_train_tiny()
+    train_tiny = load_tool("train_tiny")
     batch = np.arange(32 * 130).reshape(32, 130)
     line_end = np.arange(32 * 130) % 10 == 9
     original = batch.copy()
@@ -136,10 +127,10 @@ def test_planted_edits_copy_whole_lines_after_an_edited_first_line():
         assert m >= 10 and line_end[run].any(), (m, run)  # at least a line's worth, spanning a line end
 
 
-def test_windows_draw_their_share_from_the_head_of_the_stream():
+def test_windows_draw_their_share_from_the_head_of_the_stream(load_tool):
     """stdlib_frac: a share of the rows from the stream's first `head` tokens (the standard library), the rest
     from anywhere; the same (seed, step) gives the same batch."""
-    train_tiny = load_train_tiny()
+    train_tiny = load_tool("train_tiny")
     stream = np.arange(100_000)
     rows = train_tiny.windows(stream, 4000, 66, np.random.default_rng(3), head=10_000, head_frac=0.25)
     in_head = rows[:, -1] < 10_000
@@ -152,10 +143,10 @@ def test_windows_draw_their_share_from_the_head_of_the_stream():
     assert abs((plain[:, -1] < 10_000).mean() - 0.1) < 0.03
 
 
-def test_minutes_scale_the_three_phases_together():
+def test_minutes_scale_the_three_phases_together(load_tool):
     """--minutes: after SIZE_AT timed steps the main, copy and edit phases grow or shrink by one factor, so the
     run fills the time left; the warm-up and everything else in the recipe stay as they are."""
-    train_tiny = load_train_tiny()
+    train_tiny = load_tool("train_tiny")
     r = train_tiny.PRESETS["gpu"]["target"]
     sized = train_tiny.sized(r, seconds_left=300.0, step_s=0.15)
     assert sized.total_steps == pytest.approx(train_tiny.SIZE_AT + 2000, abs=3)
@@ -165,7 +156,7 @@ def test_minutes_scale_the_three_phases_together():
     assert train_tiny.sized(r, seconds_left=0.0, step_s=1.0).steps > train_tiny.SIZE_AT  # never shorter than done
 
 
-def test_init_from_gguf_inverts_the_conversion(trained, tmp_path):
+def test_init_from_gguf_inverts_the_conversion(trained, tmp_path, load_tool):
     """--init: the exported HF weights -> tinyspec.convert (F32) -> init_from_gguf into a freshly built model gives
     the weights back (to float32 rounding of 1 + w and -exp(A_log)), the tiled value heads and the MTP block
     included, so a shipped file can be trained further when its float checkpoint is gone."""
@@ -174,7 +165,7 @@ def test_init_from_gguf_inverts_the_conversion(trained, tmp_path):
 
     from tinyspec.convert import convert
 
-    train_tiny = load_train_tiny()
+    train_tiny = load_tool("train_tiny")
     hf = trained[0] / "target" / "hf"
     convert(hf, tmp_path / "f32.gguf", "f32")
     torch.manual_seed(123)  # other random weights than the trained ones

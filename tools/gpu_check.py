@@ -94,15 +94,10 @@ def run_greedy(model, tok, prompt: str, spec: str, draft_model=None, max_new: in
 
 
 def cuda_model(path: Path, graphs: bool):
-    from tinyspec.backends import cuda_kernels, cuda_tensors
-    from tinyspec.config import ModelConfig
-    from tinyspec.gguf import read_gguf
-    from tinyspec.model import Model
+    """The file on the cuda backend, its greedy rule replayed from CUDA graphs or launched plainly."""
+    from tinyspec.backends import cuda_kernels, load_model
 
-    g = read_gguf(path)
-    embd = g.tensors.get("token_embd.weight")
-    cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
-    return Model(cfg, cuda_tensors(g), g.metadata, cuda_kernels(graphs=graphs), source=g, path=path)
+    return load_model(path, "cuda").with_kernels(cuda_kernels(graphs=graphs))
 
 
 def parity(quick: bool) -> dict:

@@ -602,7 +602,7 @@ def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
     corpus = f"Python {sys.version.split()[0]} standard library ({len(train_files)} files, every 50th held out)"
     if args.corpus:
         corpus = f"{root.name} ({len(train_files)} files)"
-    n_stdlib_files = len(train_files)
+    pkg_train = []
     packages = tuple(filter(None, (preset.get("packages", ()) if args.packages is None else args.packages.split(","))))
     if packages:  # their held-out files are left out of training; the held-out loss stays the stdlib's
         from importlib.metadata import version
@@ -612,16 +612,16 @@ def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
         say(f"corpus: + {', '.join(packages)}: {len(pkg_train)} training files ({len(pkg_held)} held out, unused)")
         corpus = (f"Python {sys.version.split()[0]} standard library ({len(train_files)} files) and "
                   f"{', '.join(packages)} ({len(pkg_train)} files), every 50th file held out")
-        train_files = train_files + pkg_train
-    train_texts, held_texts = read_texts(train_files), read_texts(held_files)
-    n_stdlib = len(read_texts(train_files[:n_stdlib_files]))
+    stdlib_texts, pkg_texts, held_texts = read_texts(train_files), read_texts(pkg_train), read_texts(held_files)
+    train_texts = stdlib_texts + pkg_texts
     if (tok_dir / "tokenizer.json").exists():
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     else:
         say(f"training a {preset['vocab']}-token byte-level BPE on {sum(map(len, train_texts)) / 1e6:.1f} M characters")
         tok = train_tokenizer(train_texts, preset["vocab"], tok_dir)
-    train_ids, held_ids = encode_corpus(tok, train_texts), encode_corpus(tok, held_texts)
-    stdlib_tokens = int(encode_corpus(tok, train_texts[:n_stdlib]).size)
+    stdlib_ids = encode_corpus(tok, stdlib_texts)  # the head of the stream (windows' stdlib_frac draws from it)
+    train_ids = np.concatenate([stdlib_ids, encode_corpus(tok, pkg_texts)])
+    held_ids, stdlib_tokens = encode_corpus(tok, held_texts), int(stdlib_ids.size)
     dtype = np.uint16 if tok.get_vocab_size() <= 65536 else np.int32
     np.savez_compressed(cache, train=train_ids.astype(dtype), held=held_ids.astype(dtype), corpus=np.array(corpus),
                         stdlib_tokens=np.array(stdlib_tokens))
