@@ -61,6 +61,14 @@ def bytes_per_token(tok: Tokenizer) -> float:
     return sum(len(t.encode("utf-8")) for t in texts) / sum(len(tok.encode(t)) for t in texts)
 
 
+def token_nats(model, ids: list[int]) -> np.ndarray:
+    """-log p(ids[i+1] | ids[:i+1]) for each i, from a fresh state: the cross-entropy of every predicted token."""
+    logits, _ = model.forward(np.array(ids[:-1]), model.new_state())
+    logits = logits.astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    return logz - logits[np.arange(len(ids) - 1), ids[1:]]
+
+
 def heldout_loss_per_byte(model, tok: Tokenizer, chunk: int = 256) -> dict:
     """Cross-entropy per UTF-8 byte over every held-out file, the measure that compares models with different
     tokenizers: each file is cut into pieces of `chunk` tokens, each piece run from a fresh state, and the loss of
@@ -72,10 +80,7 @@ def heldout_loss_per_byte(model, tok: Tokenizer, chunk: int = 256) -> dict:
             piece = ids[s:s + chunk]
             if len(piece) < 2:
                 continue
-            logits, _ = model.forward(np.array(piece[:-1]), model.new_state())
-            logits = logits.astype(np.float64)
-            logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-            nats += float(np.sum(logz - logits[np.arange(len(piece) - 1), piece[1:]]))
+            nats += float(np.sum(token_nats(model, piece)))
             n_bytes += sum(len(tok.decode_bytes([t])) for t in piece[1:])
             n_tokens += len(piece) - 1
     return {"nats_per_byte": nats / n_bytes, "nats_per_token": nats / n_tokens, "tokens": int(n_tokens),
@@ -92,11 +97,7 @@ def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
     rng = np.random.default_rng(1234)
     losses = []
     for start in rng.integers(0, len(stream) - length - 1, n_windows):
-        window = stream[start:start + length + 1]
-        logits, _ = model.forward(np.array(window[:-1]), model.new_state())
-        logits = logits.astype(np.float64)
-        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-        losses.append(float(np.mean(logz - logits[np.arange(length), window[1:]])))
+        losses.append(float(np.mean(token_nats(model, stream[start:start + length + 1]))))
     return float(np.mean(losses))
 
 
