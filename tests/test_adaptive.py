@@ -215,7 +215,8 @@ def test_confidence_is_used_only_for_drafters_that_report_it(target):  # noqa: F
         spec = speculative_generate(target, drafter, [40, 41, 42, 43], 12, policy=policy)
         assert policy.by_confidence is expect
         assert ("kept_by_confidence" in spec.stats.adaptive) is expect
-        assert (policy.plan(4).stop.keep_going is not None) is expect and policy.plan(4).stop.floor == policy.floor
+        [plan] = policy.plan([4])
+        assert (plan.stop.keep_going is not None) is expect and plan.stop.floor == policy.floor
         assert set(vars(drafter)) == set(before)  # nothing lent to the drafter
         assert before.get("p_floor", 0.0) == vars(drafter).get("p_floor", 0.0) == 0.0  # the floor came with the plan
 

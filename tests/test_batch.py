@@ -32,14 +32,16 @@ from tiny_models import write_tiny_qwen35
 
 import tinyspec
 from tinyspec.backends import load_model, numba_available
-from tinyspec.batch import Batch, EachAlone, SeqResult, Together, batch_generate
+from tinyspec.batch import Batch, batch_generate
+from tinyspec.speculate import SeqResult
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.sampling import SamplingParams, probs_from_logits
-from tinyspec.speculate import Plan, speculative_generate
+from tinyspec.drafting import Plan
+from tinyspec.speculate import speculative_generate
 from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
@@ -87,9 +89,9 @@ def solo_greedy(backend: str, prompt, max_new: int, stops=()) -> list[int]:
 
 def batch_drafter(kind: str, target: Model, draft: Model, slots: int):
     return {"none": lambda: None,
-            "lookup": lambda: EachAlone(lambda: LookupDrafter(n_max=3), slots),
-            "mtp": lambda: Together(MTPDrafter(target), slots),
-            "draft": lambda: Together(DraftModelDrafter(draft, target), slots)}[kind]()
+            "lookup": lambda: LookupDrafter(n_max=3),
+            "mtp": lambda: MTPDrafter(target),
+            "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
 
 
 def solo_drafter(kind: str, target: Model, draft: Model):
@@ -183,9 +185,9 @@ def test_max_new_zero_and_one_and_a_stop_as_first_token(backend):
     target, _ = models(backend)
     first = solo_greedy(backend, PROMPTS[0], 1)[0]
     for max_new in (0, 1):
-        result = batch_generate(target, PROMPTS, max_new, slots=2, drafter=Together(MTPDrafter(target), 2))
+        result = batch_generate(target, PROMPTS, max_new, slots=2, drafter=MTPDrafter(target))
         assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, max_new) for p in PROMPTS]
-    result = batch_generate(target, PROMPTS, 6, slots=2, drafter=Together(MTPDrafter(target), 2), stop_ids=[first])
+    result = batch_generate(target, PROMPTS, 6, slots=2, drafter=MTPDrafter(target), stop_ids=[first])
     assert result.sequences[0].tokens == [first]
     assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, 6, {first}) for p in PROMPTS]
 
@@ -278,7 +280,7 @@ def test_one_slot_of_a_batch_keeps_the_target_law(law_models):
 
     n_runs, counts, drafted, accepted = 700, {}, 0, 0
     for seed in range(n_runs):
-        result = batch_generate(target, prompts, 3, slots=3, drafter=Together(DraftModelDrafter(draft, target), 3),
+        result = batch_generate(target, prompts, 3, slots=3, drafter=DraftModelDrafter(draft, target),
                                 draft_n=2, params=params, seeds=[seed + 10_000, seed, seed + 20_000])
         seq = result.sequences[1]
         counts[tuple(seq.tokens[:2])] = counts.get(tuple(seq.tokens[:2]), 0) + 1
@@ -409,7 +411,7 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
         committed = seq.prompt_tokens + seq.tokens[:-1]
         if kind == "none" or not committed:
             return
-        alone = engine.drafter.drafters[slot_of[seq.index]]
+        alone = engine.drafters[slot_of[seq.index]]
         if kind == "lookup":
             assert alone.history == committed
         elif kind == "mtp":  # the head's cache: every committed token with the target's hidden rows (<= 26
@@ -428,15 +430,13 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
     engine = Batch(model, slots, sch["n_blocks"], sch["block_size"], batch_drafter(kind, model, draft, slots),
                    policy, stop_ids=stops, on_finish=on_finish)
     assert engine.k_max == sch["k_max"] and len(engine.rings) == slots
-    if engine.drafter is not None:  # which sequence each slot's drafter serves (start: after the slot is filled)
-        real_start = engine.drafter.start
-
-        def start(slot, prompt, hidden, k_max):
+    for slot, drafter in enumerate(engine.drafters or []):  # which sequence each slot's drafter serves
+        def start(prompt, hidden, k_max, slot=slot, real_start=drafter.start):  # (called after the slot is filled)
             slot_of[engine.active[slot].seq.index] = slot
             assert prompt == engine.active[slot].seq.prompt_tokens and k_max == engine.k_max
-            real_start(slot, prompt, hidden, k_max)
+            real_start(prompt, hidden, k_max)
 
-        engine.drafter.start = start
+        drafter.start = start
     watch = Watch(engine, model)
     results = [SeqResult(i, list(s["prompt"])) for i, s in enumerate(seqs)]
     last_arrival, step = max(s["arrive"] for s in seqs), 0
@@ -482,11 +482,9 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="seeds"):
         batch_generate(target, [[1], [2]], 4, seeds=[1])
     with pytest.raises(ValueError, match="disagree"):
-        batch_generate(target, [[1]], 4, drafter=Together(MTPDrafter(target), 1), draft_n=2, policy=RandomK(3, 0))
+        batch_generate(target, [[1]], 4, drafter=MTPDrafter(target), draft_n=2, policy=RandomK(3, 0))
     with pytest.raises(ValueError, match="block_size"):
         batch_generate(target, [[1, 2, 3]], 4, block_size=0)
-    with pytest.raises(ValueError, match="drafter holds 2"):  # fewer per-slot drafters than slots
-        batch_generate(target, [[1, 2], [3, 4], [5]], 4, slots=3, drafter=Together(MTPDrafter(target), 2))
 
 
 class TooMany:
@@ -507,12 +505,12 @@ def test_a_plan_past_the_room_is_refused_before_drafting():
     class Counting(LookupDrafter):
         asked = 0
 
-        def propose(self, *args, **kwargs):
+        def drafting(self, *args, **kwargs):
             Counting.asked += 1
-            return super().propose(*args, **kwargs)
+            return super().drafting(*args, **kwargs)
 
     target, _ = models("numpy")
-    engine = Batch(target, 1, 16, 4, drafter=EachAlone(Counting, 1), policy=TooMany())
+    engine = Batch(target, 1, 16, 4, drafter=Counting(), policy=TooMany())
     engine.add(SeqResult(0, [1, 2, 3]), 8, 0)
     with pytest.raises(ValueError, match="planned"):
         engine.step()
@@ -526,7 +524,7 @@ def test_prompts_that_cannot_run_are_reported_and_the_others_are_exact(backend):
     too_long = [1] * (n_ctx - max_new + 1)
     prompts = [PROMPTS[0], too_long, [], PROMPTS[2], [1, target.cfg.n_vocab], PROMPTS[4], [-1]]
     finished = []
-    result = batch_generate(target, prompts, max_new, slots=2, drafter=Together(DraftModelDrafter(draft, target), 2),
+    result = batch_generate(target, prompts, max_new, slots=2, drafter=DraftModelDrafter(draft, target),
                             draft_n=3, on_finish=lambda s: finished.append(s.index))
     seqs = result.sequences
     assert [s.index for s in seqs] == list(range(len(prompts)))
@@ -552,7 +550,7 @@ def test_a_run_the_pool_can_never_hold_is_reported_and_the_others_run(backend):
     long_prompt = [5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 7, 8]
     prompts = [PROMPTS[1], long_prompt, PROMPTS[3], PROMPTS[0]]
     # block_size 4, k_max 3, max_new 6: [7, 8] needs ceil(12 / 4) = 3 blocks, the long prompt ceil(24 / 4) = 6
-    result = batch_generate(target, prompts, 6, slots=3, drafter=EachAlone(LookupDrafter, 3), draft_n=3,
+    result = batch_generate(target, prompts, 6, slots=3, drafter=LookupDrafter(), draft_n=3,
                             block_size=4, n_blocks=5)
     seqs = result.sequences
     assert "KV pool" in seqs[1].error and seqs[1].tokens == []

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tinyspec.backends import load_model
-from tinyspec.batch import Together, batch_generate
+from tinyspec.batch import batch_generate
 from tinyspec.fast.batch_draft_length import BatchDraftLength
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
-from tinyspec.speculate import Draft
+from tinyspec.drafting import Draft
 
 ASSETS = Path(__file__).resolve().parents[1] / "tinyspec" / "assets"
 
@@ -82,7 +82,7 @@ def test_greedy_output_is_unchanged(backend):
     model = load_model(ASSETS / "tiny-target.gguf", backend)
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(0, model.cfg.n_vocab, n)] for n in (4, 9, 2, 6)]
-    out = batch_generate(model, prompts, 24, slots=3, drafter=Together(MTPDrafter(model), 3),
+    out = batch_generate(model, prompts, 24, slots=3, drafter=MTPDrafter(model),
                          policy=BatchDraftLength(3))
     for seq, prompt in zip(out.sequences, prompts):
         assert seq.tokens == generate(model, prompt, 24).tokens

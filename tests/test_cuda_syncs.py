@@ -89,15 +89,20 @@ class Recording:
 
     def __init__(self, inner):
         self.inner, self.stops_by_confidence, self.drafted = inner, inner.stops_by_confidence, []
-        self.drafts_on_device = inner.drafts_on_device
 
     def start(self, prompt, hidden, k_max):
         self.inner.start(prompt, hidden, k_max)
 
-    def propose(self, *args, **kwargs):
-        draft = self.inner.propose(*args, **kwargs)
+    def drafting(self, *args):
+        draft = yield from self.inner.drafting(*args)
         self.drafted.append(draft.n)  # tokens may still be on the device (Draft.ids): its count is on the host
         return draft
+
+    def draft_pass(self, asks):
+        return self.inner.draft_pass(asks)
+
+    def another(self):
+        return Recording(self.inner.another())
 
     def commit(self, fed, hidden):
         self.inner.commit(fed, hidden)
@@ -195,13 +200,43 @@ def test_device_acceptance_equals_the_oracle(cuda, on):
             top = np.argmax(logits, axis=-1)
             n_right = rng.integers(0, k + 1)
             drafts = [int(t) for t in top[:n_right]] + [int(rng.integers(0, 7)) for _ in range(k - n_right)]
-            expected = accept_greedy(logits, drafts)
+            bounds = np.array([0, k + 1])
+            [expected] = accept_greedy(logits, bounds, [drafts])
             assert expected == (*verify_greedy(logits, drafts), drafts)
-            assert accept(xp.asarray(logits), drafts) == expected
+            assert accept(xp.asarray(logits), bounds, [drafts]) == [expected]
             with fake_cupy.counting() as ledger:
-                assert accept(xp.asarray(logits), xp.asarray(np.array(drafts, dtype=np.int64))) == expected
+                ids = xp.asarray(np.array(drafts, dtype=np.int64))
+                assert accept(xp.asarray(logits), bounds, [ids]) == [expected]
             if xp is fake_cupy:  # the run and the drafts: one transfer of 2 + k ints
                 assert ledger.snapshot()[:2] == (1, 8 * (2 + k)), ledger.causes()
+
+
+@pytest.mark.parametrize("on", ["numpy", "fake cupy"])
+def test_device_acceptance_of_a_batch_is_each_sequence_alone_in_one_transfer(cuda, on):
+    """Several sequences' verify rows in one [R, N] (ragged, k_b drafts each, some as device ids, some as host
+    ints, some none): every sequence's run is the oracle's on its own rows, and all of them, with the drafts
+    that were on the device, come back in ONE transfer of 8 * (2 B + device drafts) bytes."""
+    from tinyspec.fast.cuda_accept import DeviceGreedyRule
+    from tinyspec.kernels import accept_greedy
+    from tinyspec.spec_sampling import verify_greedy
+
+    xp = np if on == "numpy" else fake_cupy
+    accept = DeviceGreedyRule(xp, lambda a: a if xp is np else fake_cupy.asnumpy(a))
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        ks = [int(k) for k in rng.integers(0, 5, 4)]
+        bounds = np.cumsum([0] + [k + 1 for k in ks])
+        logits = rng.integers(0, 4, (int(bounds[-1]), 7)).astype(np.float32)
+        drafts = [[int(t) for t in rng.integers(0, 7, k)] for k in ks]
+        expected = [(*verify_greedy(logits[lo:hi], d), d) for lo, hi, d in zip(bounds[:-1], bounds[1:], drafts)]
+        assert accept_greedy(logits, bounds, drafts) == expected
+        on_device = [b % 2 == 0 for b in range(len(ks))]
+        given = [xp.asarray(np.array(d, dtype=np.int64)) if dev else d for d, dev in zip(drafts, on_device)]
+        with fake_cupy.counting() as ledger:
+            assert accept(xp.asarray(logits), bounds, given) == expected
+        if xp is fake_cupy:
+            fetched = 2 * len(ks) + sum(k for k, dev in zip(ks, on_device) if dev)
+            assert ledger.snapshot()[:2] == (1, 8 * fetched), ledger.causes()
 
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tinyspec.lookup import LookupDrafter, find_draft
 from tinyspec.sampling import SamplingParams
-from tinyspec.speculate import Draft
+from tinyspec.drafting import Draft
 
 
 # --------------------------------------------------------------------------------- hand-worked histories

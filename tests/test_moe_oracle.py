@@ -7,7 +7,7 @@ import pytest
 from tiny_models import tiny_qwen35_tensors, write_tiny_qwen35
 
 from tinyspec.backends import load_model, numba_available
-from tinyspec.batch import EachAlone, Together, batch_generate
+from tinyspec.batch import batch_generate
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.gguf import write_gguf
@@ -85,7 +85,7 @@ def test_greedy_speculation_and_batches_are_exact_on_moe(files, backend, kind):
     for p, want in zip(prompts, plain):
         assert generate(model, p, 16, drafter=make(), draft_n=3).tokens == want
     slots = 2
-    drafter = EachAlone(make, slots) if kind == "lookup" else Together(make(), slots)
+    drafter = make()
     out = batch_generate(model, prompts, 16, slots=slots, drafter=drafter, draft_n=3)
     assert [s.tokens for s in out.sequences] == plain
 

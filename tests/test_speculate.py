@@ -23,7 +23,8 @@ from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
-from tinyspec.speculate import Draft, FixedDraftLength, Plan, StopRule, speculative_generate
+from tinyspec.drafting import Draft, FixedDraftLength, Plan, Proposing, StopRule, no_passes
+from tinyspec.speculate import speculative_generate
 
 N_VOCAB = 272
 
@@ -49,28 +50,34 @@ def draft_model(tmp_path_factory) -> Model:
     return Model.from_gguf(path)
 
 
-class RandomDrafter:
+class RandomDrafter(Proposing):
     """Adversarial: proposes random tokens, so nearly every draft is rejected."""
 
-    stops_by_confidence = drafts_on_device = False
+    stops_by_confidence = False
 
     def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
+        self.seed, self.rng = seed, np.random.default_rng(seed)
 
     def start(self, prompt, hidden, k_max):
         pass
 
-    def propose(self, pending, k, params, rng, stop=None):
-        return Draft([int(t) for t in self.rng.integers(0, N_VOCAB, k)], [None] * k)
+    def drafting(self, pending, k, params, rng, stop=None, on_device=False):
+        return no_passes(Draft([int(t) for t in self.rng.integers(0, N_VOCAB, k)], [None] * k))
+
+    def draft_pass(self, asks):
+        return []
+
+    def another(self):
+        return RandomDrafter(self.seed + 1)
 
     def commit(self, fed, hidden):
         pass
 
 
-class OracleDrafter:
+class OracleDrafter(Proposing):
     """Proposes the true greedy continuation: every draft is accepted, k+1 tokens per step."""
 
-    stops_by_confidence = drafts_on_device = False
+    stops_by_confidence = False
 
     def __init__(self, continuation: list[int]):
         self.continuation, self.i = continuation, 0  # i = index of the pending token in the output
@@ -78,10 +85,16 @@ class OracleDrafter:
     def start(self, prompt, hidden, k_max):
         self.i = 0
 
-    def propose(self, pending, k, params, rng, stop=None):
+    def drafting(self, pending, k, params, rng, stop=None, on_device=False):
         assert pending == self.continuation[self.i]
         drafts = self.continuation[self.i + 1 : self.i + 1 + k]
-        return Draft(drafts, [None] * len(drafts))
+        return no_passes(Draft(drafts, [None] * len(drafts)))
+
+    def draft_pass(self, asks):
+        return []
+
+    def another(self):
+        return OracleDrafter(self.continuation)
 
     def commit(self, fed, hidden):
         self.i += len(fed)  # the kept tokens, then the new pending token
@@ -104,8 +117,9 @@ class StoppingPolicy(FixedDraftLength):
     """k drafts at most, each step cut by a stop rule on the drafts' probabilities (as the adaptive policy's
     keep_drafting cuts it): on after a draft the drafter gives probability >= 0.4 while the product stays >= 0.2."""
 
-    def plan(self, room):
-        return Plan(min(self.k_max, room), StopRule(lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2))
+    def plan(self, rooms):
+        stop = StopRule(lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2)
+        return [Plan(min(self.k_max, room), stop) for room in rooms]
 
 
 def policy_for(kind: str, draft_n: int):
@@ -221,7 +235,7 @@ def test_limits_are_checked_before_anything_is_allocated(target):
     """A draft length past MAX_DRAFT (the ring holds a state per draft) and a generation past the model's context
     are refused up front, in speculative and plain generation alike, with the numbers in the message."""
     from tinyspec.generate import generate
-    from tinyspec.speculate import MAX_DRAFT
+    from tinyspec.drafting import MAX_DRAFT
 
     n_ctx = target.cfg.n_ctx
     with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):

@@ -95,9 +95,9 @@ def test_inner_drafter_pays_the_real_cost_and_changes_nothing_else(target, refer
     class Counting(MTPDrafter):
         drafted = 0
 
-        def propose(self, pending, k, params, rng, stop=None):
+        def drafting(self, pending, k, params, rng, stop=None, on_device=False):
             Counting.drafted += k
-            return super().propose(pending, k, params, rng, stop)
+            return super().drafting(pending, k, params, rng, stop, on_device)
 
     inner = Counting(target)
     with_inner = SyntheticDrafter(reference, 0.7, seed=3, inner=inner)
@@ -179,33 +179,51 @@ def test_draws_hold_the_rate_over_few_steps(seed):
 
 
 def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, reference):
-    """SyntheticBatch over 3 prompts in 2 slots (the third joins when a slot frees), paying real batched MTP
-    drafting: every sequence's tokens are its plain greedy ones, the inner drafter drafted exactly the tokens
-    proposed, and over a long run the tokens per step average (1 - a^(k+1)) / (1 - a) within 4 standard errors."""
-    from tinyspec.batch import Together, batch_generate
-    from tinyspec.fast.synthetic import SyntheticBatch
+    """The synthetic dial over 3 prompts in 2 slots (the third joins when a slot frees; each slot's drafter looks
+    up its prompt's reference), paying real batched MTP drafting: every sequence's tokens are its plain greedy
+    ones, the inner drafters drafted exactly the tokens proposed, and over a long run the tokens per step
+    average (1 - a^(k+1)) / (1 - a) within 4 standard errors."""
+    from tinyspec.batch import batch_generate
     from tinyspec.mtp import MTPDrafter
 
     a, k, n = 0.7, 3, 300
     prompts = [PROMPT, [6] + PROMPT[1:], [7] + PROMPT[1:]]
     references = {tuple(PROMPT): reference[:n]} | {tuple(p): generate(target, p, n).tokens for p in prompts[1:]}
 
-    class Counting(Together):
+    class Counting(MTPDrafter):
         drafted = 0
 
-        def propose(self, asks):
-            drafts = super().propose(asks)
-            Counting.drafted += sum(len(d.tokens) for d in drafts)
-            return drafts
+        def drafting(self, *args):
+            draft = yield from super().drafting(*args)
+            Counting.drafted += draft.n
+            return draft
 
-    drafter = SyntheticBatch(references, a, 2, seed=1, inner=Counting(MTPDrafter(target), 2))
+        def another(self):
+            return Counting(self.head.model, head=self.head, scores=self.scores)
+
+    class Recorded(SyntheticDrafter):
+        history, started = [], 0
+
+        def another(self):
+            return Recorded(self.references, self.acceptance, self.seed + 1, self.inner.another())
+
+        def start(self, *args):
+            Recorded.started += 1
+            super().start(*args)
+
+        def commit(self, fed, hidden):
+            super().commit(fed, hidden)
+            Recorded.history.append(self.history[-1])
+            assert self.diverged_at is None
+
+    drafter = Recorded(references, a, seed=1, inner=Counting(target))
     out = batch_generate(target, prompts, n, slots=2, drafter=drafter, draft_n=k)
     plain = batch_generate(target, prompts, n, slots=2)
     for p, seq, base in zip(prompts, out.sequences, plain.sequences):
         assert seq.tokens == base.tokens == references[tuple(p)]
-    assert drafter.started == 3 and all(d.diverged_at is None for d in drafter.drafters)
+    assert Recorded.started == 3
     assert Counting.drafted == sum(s.stats["drafted"] for s in out.sequences) > 0  # real cost, same drafts
-    lengths = np.array([kept + 1 for drafted, kept in drafter.history if drafted == k])
+    lengths = np.array([kept + 1 for drafted, kept in Recorded.history if drafted == k])
     assert len(lengths) > 200
     law, values = length_law(a, k), np.arange(1, k + 2)
     mean, var = law @ values, law @ (values - law @ values) ** 2
@@ -215,9 +233,8 @@ def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, referenc
 
 def test_synthetic_batch_needs_a_reference_for_each_prompt(target):
     from tinyspec.batch import batch_generate
-    from tinyspec.fast.synthetic import SyntheticBatch
 
     with pytest.raises(ValueError, match="no reference continuation"):
-        batch_generate(target, [PROMPT], 4, slots=1, drafter=SyntheticBatch({}, 0.5, 1), draft_n=2)
+        batch_generate(target, [PROMPT], 4, slots=1, drafter=SyntheticDrafter({}, 0.5), draft_n=2)
     with pytest.raises(ValueError, match="acceptance"):
-        SyntheticBatch({}, 1.5, 1)
+        SyntheticDrafter({}, 1.5)

@@ -258,7 +258,7 @@ def decoding_args(args):
     """The flags generate and batch share, checked before a model loads (the shipped model when --model is
     absent) -> their SamplingParams."""
     from .sampling import SamplingParams
-    from .speculate import check_draft_length
+    from .drafting import check_draft_length
 
     shipped_model_default(args, draft=args.spec == "draft")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
@@ -277,7 +277,7 @@ def decoding_args(args):
 
 def cmd_generate(args) -> int:
     from .generate import generate
-    from .speculate import check_draft_length
+    from .drafting import check_draft_length
 
     params = decoding_args(args)
     if args.draft_max is not None:
@@ -375,18 +375,6 @@ def read_prompts(source: str) -> list[tuple[str | None, str | None]]:
     return prompts
 
 
-def batch_drafter(args, model, tokenizer, slots: int):
-    """--spec for many sequences: lookup runs each slot's drafter alone (batch.EachAlone); mtp and draft make
-    every slot's drafting passes together, one per draft depth (batch.Together). None for --spec none."""
-    from .batch import EachAlone, Together
-
-    if args.spec == "none":
-        return None
-    if args.spec == "lookup":
-        return EachAlone(lambda: make_drafter(args, model, tokenizer), slots)
-    return Together(make_drafter(args, model, tokenizer), slots)
-
-
 def cmd_batch(args) -> int:
     from .batch import batch_generate, check_prompt
 
@@ -425,7 +413,7 @@ def cmd_batch(args) -> int:
 
         policy, k = BatchDraftLength(k), None
     result = batch_generate(model, prompts, args.max_new, slots=args.slots,
-                            drafter=batch_drafter(args, model, tokenizer, args.slots), draft_n=k, policy=policy,
+                            drafter=make_drafter(args, model, tokenizer), draft_n=k, policy=policy,
                             params=params, seeds=[args.seed + i for i in range(len(prompts))],
                             stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show)
     sequences = []
@@ -476,7 +464,7 @@ def cmd_synth(args) -> int:
 
 def cmd_bench(args) -> int:
     from .fast.bench import bench
-    from .speculate import check_draft_length
+    from .drafting import check_draft_length
 
     check_draft_length(args.draft_n, "--draft-n", low=1)
     slot_counts = parse_slot_counts(args.slots) if args.slots is not None else ()

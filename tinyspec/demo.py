@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from .backends import default_backend, first_run_compiles, load_model
-from .batch import Together, batch_generate
+from .batch import batch_generate
 from .draft import DraftModelDrafter
 from .generate import generate, marks_legend, render_marked, wants_colour
 from .lookup import LookupDrafter
@@ -184,7 +184,7 @@ def many_sequences(target, prompts, max_new: int, stop_ids, plain: list[list[int
     slots, rows = 3, {}
     say(f"Many sequences at once ({slots} slots: one verify pass a step for all of them, `python -m tinyspec batch`):")
     ok = True
-    for name, drafter, k in (("plain", None, None), ("mtp", Together(MTPDrafter(target), slots), 3)):
+    for name, drafter, k in (("plain", None, None), ("mtp", MTPDrafter(target), 3)):
         t0 = time.perf_counter()
         res = batch_generate(target, prompts, max_new, slots=slots, drafter=drafter, draft_n=k, stop_ids=stop_ids)
         tok_s = sum(len(s.tokens) for s in res.sequences) / (time.perf_counter() - t0)

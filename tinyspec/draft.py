@@ -25,7 +25,7 @@ import numpy as np
 
 from .model import Model
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, device_draft, fetch_drafts, run_alone
+from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
 from .state import SnapshotRing
 
 
@@ -37,9 +37,8 @@ class DraftPass:
     scores: object  # the draft model's output weight, or a draft vocabulary's rows of it
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Proposing):
     stops_by_confidence = True  # it knows its law over each draft, and honours stop.keep_going
-    drafts_on_device = True  # propose(on_device=True) leaves greedy drafts where the draft model computes
 
     def __init__(self, draft_model: Model, target: Model | None = None, vocab: DraftVocabulary | None = None,
                  scores=None):
@@ -74,23 +73,12 @@ class DraftModelDrafter:
         self._state, self.queue, self.n_drafted = self.model.new_state(), [], 0
         self.model.forward(np.array(prompt), self._state, logits=False)
 
-    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None, on_device: bool = False) -> Draft:
-        """on_device=True (the speculative loop asks it when greedy): greedy drafts made where the model computes
-        are returned there (Draft.ids), not fetched; the default returns host tokens."""
-        return run_alone(self.drafting(pending, k, params, rng, stop, on_device), self.draft_pass)
-
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                 stop: StopRule | None = None, on_device: bool = False):
-        """propose as a coroutine: yields each draft-model pass it needs (a DraftPass), is sent back the
-        scores of the pass's last row, returns the Draft. propose runs it alone; a batch runs every sequence's
-        together, one draft-model pass per draft depth for all of them (batch.py).
-
-        Where the drafts are (issue 27): as in mtp.MTPDrafter.drafting, a greedy draft over the whole vocabulary
-        is an argmax where the draft model computes and is fed to its next pass from there, so the k drafts
-        come to the host in one transfer at the end (or, with on_device, stay there as Draft.ids); a draft
-        costs a transfer of its own only when the stop rule asks for its probability (one float per draft),
-        with a draft vocabulary, or when sampled."""
+                 stop: StopRule | None = None, on_device: bool = False) -> Drafting:
+        """The k drafts as a coroutine (drafting.Drafter): yields each draft-model pass it needs (a DraftPass), is
+        sent back the scores of the pass's last row, returns the Draft. Where the drafts are: as in
+        mtp.MTPDrafter.drafting (argmaxes stay where the draft model computes; a draft is read on the host by
+        itself only when the stop rule asks for its probability, with a draft vocabulary, or when sampled)."""
         if self.ring is None or k > self.ring.slots:
             raise ValueError(f"a draft of {k} exceeds the drafts start() was told of "
                              f"({0 if self.ring is None else self.ring.slots})")

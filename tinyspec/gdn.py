@@ -219,7 +219,8 @@ def gdn_layer(
 
 
 def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray,
-                     cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None) -> np.ndarray:
+                     cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None,
+                     chunked: bool = False) -> np.ndarray:
     """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
     cu_seqlens) -> [R, D]. Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all
     R rows, so each weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from
@@ -231,7 +232,7 @@ def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GD
     convs = [gdn_conv(mixed[r], w, state, kern, ring) for r, state, ring in zip(spans, states, rings)]
     q, k, v = gdn_qkv(np.concatenate([c for c, _ in convs]), cfg, kern)
     o = np.concatenate([gdn_memory(q[r], k[r], v[r], log_decay[r], beta[r], mixed[r], conv_after, w, state, kern,
-                                   ring=ring) for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])
+                                   chunked, ring) for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])
     return gdn_output(o, z, w, cfg, kern)
 
 

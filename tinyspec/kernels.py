@@ -25,12 +25,13 @@ by following an argument, not by searching for who patched what.
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
-    accept_greedy accept_greedy          (logits [k+1, N] where the model computes, drafts: k host ints or a
-                 (verify_greedy, here)   [k] int64 array where the logits are) -> (n_accepted, token, drafts as
-                                         k host ints): the greedy rule (the argmax of each row against the
-                                         drafts, the kept prefix, the target's own token); the cuda backend's
-                                         runs on the device and brings back the run's two ints, with the
-                                         drafts in the same transfer when they were on the device (one sync)
+    accept_greedy accept_greedy          (logits [R, N] where the model computes: B sequences' verify rows,
+                 (verify_greedy, here)   bounds [B+1] where each sequence's rows start, drafts: per sequence k_b
+                                         host ints or a [k_b] int64 array where the logits are) -> per sequence
+                                         (n_accepted, token, drafts as host ints): the greedy rule (the argmax
+                                         of each row against the drafts, the kept prefix, the target's own
+                                         token); the cuda backend's runs on the device and brings back every
+                                         sequence's run, and its drafts when they were there, in one transfer
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
 
 What every replacement must keep:
@@ -66,12 +67,16 @@ from .spec_sampling import verify_greedy
 ROLLBACKS = ("snapshot", "replay")
 
 
-def accept_greedy(logits: np.ndarray, drafts) -> tuple[int, int, list[int]]:  # [k+1, N], k ids -> n, token, k ids
-    """The oracle's Kernels.accept_greedy: spec_sampling.verify_greedy, and the drafts as host ints. The oracle's
-    device is the host, so drafts given as an id array (a drafter's argmaxes, left where they were made) are
-    read, not fetched; the cuda backend's version (fast/cuda_accept.py) brings them back with the run."""
-    drafts = [int(d) for d in drafts]
-    return (*verify_greedy(logits, drafts), drafts)
+def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, int, list[int]]]:
+    """The oracle's Kernels.accept_greedy: per sequence b (its rows bounds[b] .. bounds[b+1]-1 of logits [R, N],
+    its k_b drafts), spec_sampling.verify_greedy and the drafts as host ints. The oracle's device is the host,
+    so drafts given as an id array (a drafter's argmaxes, left where they were made) are read, not fetched; the
+    cuda backend's version (fast/cuda_accept.py) brings every sequence's run back in one transfer."""
+    out = []
+    for lo, hi, ds in zip(bounds[:-1], bounds[1:], drafts):
+        ds = [int(d) for d in ds]
+        out.append((*verify_greedy(logits[lo:hi], ds), ds))
+    return out
 
 
 def same(a):

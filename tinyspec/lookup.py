@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from .sampling import SamplingParams
-from .speculate import Draft, StopRule
+from .drafting import Draft, Drafting, Proposing, StopRule, no_passes
 
 
 def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
@@ -65,15 +65,15 @@ def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -
     return []
 
 
-class LookupDrafter:
-    """The drafter protocol (see speculate.py) around find_draft; its state is the token history.
+class LookupDrafter(Proposing):
+    """The drafter protocol (drafting.Drafter) around find_draft; its state is the token history.
 
-    history = prompt + every token the target has fed since; propose looks up history + [pending].
-    The target's hidden rows are ignored: this drafter needs no model, and has no confidence to report.
+    history = prompt + every token the target has fed since; drafting looks up history + [pending].
+    The target's hidden rows are ignored: this drafter runs no model (its drafting asks for no pass), and has no
+    confidence to report; its drafts are host ints from the start.
     """
 
     stops_by_confidence = False
-    drafts_on_device = False  # its drafts are host ints from the start
 
     def __init__(self, n_max: int = 4, n_min: int = 1):
         if not 1 <= n_min <= n_max:
@@ -84,11 +84,17 @@ class LookupDrafter:
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0) -> None:
         self.history = [int(t) for t in prompt]
 
-    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft:
+    def another(self) -> "LookupDrafter":
+        return LookupDrafter(self.n_max, self.n_min)
+
+    def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: StopRule | None = None, on_device: bool = False) -> Drafting:
         # pending is chosen but not yet fed: it is the last token of the suffix we look up
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
-        return Draft(drafts, [None] * len(drafts))  # deterministic drafts: q_draft is one-hot (None)
+        return no_passes(Draft(drafts, [None] * len(drafts)))  # deterministic drafts: q_draft is one-hot (None)
+
+    def draft_pass(self, asks: list) -> list:  # never asked: drafting makes no pass
+        return []
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.history.extend(int(t) for t in fed)

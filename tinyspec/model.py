@@ -25,9 +25,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .attention import attention_layer, attention_layer_ragged
+from .attention import attention_layer_ragged
 from .config import ModelConfig
-from .gdn import gdn_layer, gdn_layer_ragged
+from .gdn import gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
 from .moe import moe_ffn
@@ -194,6 +194,7 @@ class Model:
                 logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """Advance `state` by T tokens. Returns logits [T, N] and post-final-norm hidden [T, D] for every row.
         tokens: [T] host ids, or device ids a greedy drafter made (embed_rows: gathered where they are).
+        The one-sequence case of forward_batch (one layer loop for both).
 
         chunked=True runs GDN layers in the chunked prefill form (faster for long T; equal to the
         sequential scan to ~1e-6, not bitwise), so verify passes always use the default.
@@ -206,28 +207,12 @@ class Model:
         same NumPy arrays on the others): for a caller that reads them there (the greedy rule,
         Kernels.accept_greedy; the MTP head) and brings back only what it needs.
         """
-        cfg, kern = self.cfg, self.kernels
-        x = kern.to_device(self.embed(tokens))  # [T, D]
-        self.n_forward_tokens += x.shape[0]
-        if ring is not None:
-            ring.mark_pass(state.pos, x.shape[0])
-        for i, (w, layer_state, recurrent) in enumerate(zip(self.layers, state.layers, cfg.recurrent)):
-            u = kern.rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
-            if recurrent:
-                x = x + gdn_layer(u, w, layer_state, cfg, kern, chunked=chunked,
-                                  ring=ring.layer(i) if ring is not None else None)
-            else:
-                x = x + attention_layer(u, w, layer_state, cfg, kern)
-            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
-        state.pos += x.shape[0]
-        hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [T, D]
-        out = kern.linear(hidden, self.output) if logits else None  # [T, N]
-        if to_host:
-            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
+        out, hidden, _ = self.forward_batch([tokens], [state], [ring], logits, to_host, chunked)
         return out, hidden
 
     def forward_batch(self, tokens: list, states: list[ModelState], rings: list | None = None,
-                      logits: bool = True, to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+                      logits: bool = True, to_host: bool = True,
+                      chunked: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens, host or device ids
         as in forward) from states[b].
 
@@ -244,7 +229,8 @@ class Model:
             raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
         rings = rings if rings is not None else [None] * len(states)
         bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
-        x = kern.to_device(np.concatenate([self.embed(t) for t in tokens]))  # [R, D]
+        parts = [kern.to_device(self.embed(t)) for t in tokens]  # [T_b, D] each, where the model computes
+        x = parts[0] if len(parts) == 1 else np.concatenate(parts)  # [R, D]
         self.n_forward_tokens += x.shape[0]
         for ring, state, t in zip(rings, states, tokens):
             if ring is not None:
@@ -254,7 +240,7 @@ class Model:
             layer_states = [s.layers[i] for s in states]
             if recurrent:
                 x = x + gdn_layer_ragged(u, w, layer_states, bounds, cfg, kern,
-                                         [r.layer(i) if r is not None else None for r in rings])
+                                         [r.layer(i) if r is not None else None for r in rings], chunked=chunked)
             else:
                 x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern)
             x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)

@@ -26,7 +26,7 @@ import numpy as np
 from .attention import attention_layer_ragged
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, embed_rows, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
-from .speculate import Draft, StopRule, device_draft, fetch_drafts, run_alone
+from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -123,7 +123,7 @@ def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.n
     return np.concatenate([first, hidden[:-1]], axis=0)
 
 
-class MTPDrafter:
+class MTPDrafter(Proposing):
     """Self-speculation with the MTP head: chain the nextn block k times from the pending token.
 
     Draft i feeds (d_{i-1}, h) where h is the target's hidden row for the first draft and the head's own
@@ -156,8 +156,7 @@ class MTPDrafter:
     rule assumes. 0 (the default) proposes every draft made.
     """
 
-    stops_by_confidence = True  # propose reports each draft's probability and honours stop.keep_going
-    drafts_on_device = True  # propose(on_device=True) leaves greedy drafts where the head computes (Draft.ids)
+    stops_by_confidence = True  # drafting reports each draft's probability and honours stop.keep_going
 
     def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
                  p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None):
@@ -196,30 +195,21 @@ class MTPDrafter:
         self.head.forward(prompt, shift_hidden(hidden), self._cache, logits=False)
         self.h_last = hidden[-1]
 
-    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None, on_device: bool = False) -> Draft:
-        """on_device=True (the speculative loop asks it when greedy): greedy drafts made where the model computes
-        are returned there (Draft.ids), not fetched; the default returns host tokens."""
-        return run_alone(self.drafting(pending, k, params, rng, stop, on_device), self.draft_pass)
-
     def draft_pass(self, asks: list[HeadPass]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Several sequences' head passes as one (MTPHead.draft_pass)."""
         return self.head.draft_pass(asks)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                 stop: StopRule | None = None, on_device: bool = False):
-        """propose as a coroutine: yields each head pass it needs (a HeadPass), is sent back (h_mtp of the
-        pass's last row, its scores), returns the Draft. propose runs it alone; a batch runs every sequence's
-        together, one head pass per draft depth for all of them (batch.py).
+                 stop: StopRule | None = None, on_device: bool = False) -> Drafting:
+        """The k drafts as a coroutine (drafting.Drafter): yields each head pass it needs (a HeadPass), is sent
+        back (h_mtp of the pass's last row, its scores), returns the Draft.
 
-        Where the drafts are (issue 27): a greedy draft over the whole vocabulary is an argmax where the head
-        computes, and the next pass embeds it there (model.embed_rows: device ids, in range by construction),
-        so the k drafts come to the host in ONE transfer at the end (on the NumPy backends the device is the
-        host: the same code, no copies), or, with on_device, stay there as Draft.ids for the speculative loop
-        to feed its verify pass and fetch with the run (speculate.propose: no transfer here at all). A draft
-        costs a transfer of its own only when asked for its probability (p_min, a floor, the stop rule's
-        keep_going: one float per draft, read on the host), with a draft vocabulary (its draw maps ids on the
-        host) or when sampled (the law q is read on the host)."""
+        A greedy draft over the whole vocabulary is an argmax where the head computes, and the next pass embeds
+        it there (model.embed_rows: device ids, in range by construction): the k drafts come to the host
+        together at the end, or with on_device stay there as Draft.ids for the verify pass (drafting.py). A
+        draft is read on the host by itself only when its probability is asked for (p_min, a floor, the stop
+        rule's keep_going: one float per draft), with a draft vocabulary (its draw maps ids on the host), or
+        when sampled (the law q is read on the host)."""
         if not k:  # nothing to draft: the queued kept tokens stay queued for the next drafting step
             return Draft()
         stop = stop or StopRule()

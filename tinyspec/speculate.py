@@ -1,65 +1,40 @@
 """Speculative decoding: draft k tokens cheaply, verify them with ONE target pass, keep what agrees.
 
-The loop (pending = the next token, already chosen but not yet fed to the target):
+The engine runs B sequences at once, each in a slot; one sequence (speculative_generate) is the B = 1 case
+of the same step, so every fix and every speed-up lands once. Per sequence, pending is the next token,
+already chosen but not yet fed to the target. Each step, for every running sequence b:
 
-    Step 1  draft    d_1..d_k = drafter.propose(pending, k)         with proposal laws q_1..q_k (k from
-                     the policy's plan; a drafter may stop early or propose nothing)
-    Step 2  verify   logits = target.forward([pending, d_1..d_k])   one pass of k+1 tokens ("folded":
-                     row i is the target's law p_i for the token after input i, so row k doubles as
-                     the next step's logits and there is never a separate "commit" forward)
-    Step 3  accept   keep d_1..d_m while the rule accepts (greedy: d_i == argmax p_{i-1}); then a
-                     correction from the residual law, or, if all k were kept, a bonus token from p_k
-    Step 4  rollback the pass fed k+1 tokens but only pending + d_1..d_m are kept: restore every GDN
-                     layer from the snapshot ring slot m (written during the pass, no recompute; or,
-                     with a ReplayRing, rescan the m+1 kept tokens from the pre-pass memory), truncate
-                     the KV caches, tell the drafter which tokens were kept
+    Step 1  draft    d_1..d_k = drafter.drafting(pending, k)       with proposal laws q_1..q_k (k from the
+                     policy's plan; a drafter may stop early or propose nothing). Drafters that run a model
+                     (the MTP head, a draft model) make all sequences' passes together, one per draft depth
+    Step 2  verify   logits = target.forward_batch([pending, d_1..d_k] for every b)   ONE pass of
+                     R = sum_b (k_b + 1) rows, packed sequence after sequence (bounds[b]: where b's rows
+                     start). "Folded": row i is the target's law p_i for the token after input i, so the last
+                     row doubles as the next step's logits and there is never a separate "commit" forward
+    Step 3  accept   keep d_1..d_m while the rule accepts (greedy: d_i == argmax p_{i-1}); then a correction
+                     from the residual law, or, if all k were kept, a bonus token from p_k
+    Step 4  rollback the pass fed k+1 tokens but only pending + d_1..d_m are kept: restore every GDN layer
+                     from the ring's slot m (written during the pass, no recompute; or, with a ReplayRing,
+                     rescan the m+1 kept tokens from the pre-pass memory), truncate the KV cache, tell the
+                     drafter which tokens were kept
     Step 5  emit     d_1..d_m and the new token, which becomes the next pending token
 
-Where the numbers are (issue 27): greedy, the target's logits and hidden rows stay where the model computes
-(Model.forward(to_host=False)): the rule of step 3 is the kernels' accept_greedy, which on the cuda backend
-runs on the device and brings back the run's two ints (fast/cuda_accept.py), and the drafters take the hidden
-rows where they are. The greedy drafts of MTP and the draft model stay on the device while drafting, and the
-loop asks them to stay there (propose(..., on_device=True), from a drafter whose drafts_on_device is True):
-the verify pass is fed [pending] + those device ids, and accept_greedy brings back the run and the drafts in
-one transfer ([n, token, d_1..d_k]), so every greedy verify step costs one sync. Without asking, propose
-brings its drafts to the host once, at the end of drafting (fetch_drafts: what notebooks and batch.py read).
-A drafter asked for each draft's probability (p_min, a floor, a stop rule's keep_going), with a draft
-vocabulary, or sampling, reads on the host per draft: one sync each. Sampled, the laws are read on the host.
+Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the rollback
+keeps exactly the tokens before the cut, so every piece of state (target KV, GDN, MTP KV, drafter) always
+equals that of a sequence that plainly decoded the emitted tokens. The final emitted token is never fed (as in
+plain generation), and a pending token is never redrawn. A sequence that ends frees its slot (and its KV
+blocks, in a paged pool) for the next waiting one: continuous batching.
 
-Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the
-rollback keeps exactly the tokens before the cut, so every piece of state (target KV, GDN, MTP KV,
-drafter) always equals that of a sequence that plainly decoded the emitted tokens. The final
-emitted token is never fed (as in plain generation), and a pending token is never redrawn.
+Lossless, per sequence. Greedy output equals plain greedy output token for token because the target computes
+each row of a pass bit for bit as a one-token decode of that sequence alone would (batch invariance: the
+matmul is row-by-row, the conv, the scan and attention run per sequence on its own state; kernels.py), and
+greedy acceptance is an equality test. Sampled output has exactly the target's law by the rejection rule
+(spec_sampling.py); with its own random stream, a sequence draws the same tokens alone or in a batch.
 
-Lossless. Greedy output equals plain greedy output token for token because the target computes
-each verify row bit for bit as a one-token decode would (batch invariance, see ops.linear,
-attention.py and gdn.py) and greedy acceptance is an equality test. Sampled output has exactly the
-target's law by the rejection rule (spec_sampling.py).
-
-Two objects are handed to the loop, and everything that crosses between them is in these signatures:
-
-    Drafter (lookup.LookupDrafter, mtp.MTPDrafter, draft.DraftModelDrafter)
-        start(prompt, hidden, k_max)       after the target prefilled the prompt (hidden [n, D] post-norm,
-                                           where the model computes when greedy: a device array on cuda)
-        propose(pending, k, params, rng, stop=None) -> Draft(tokens [<= k], q_rows, probs, withdrawn)
-                                           tokens: host ints (a drafter that drafts on the device fetches
-                                           them once, at the end: fetch_drafts)
-        propose(..., on_device=True)       asked only of a drafter whose drafts_on_device is True, only when
-                                           greedy: -> Draft(tokens=None, ids [k'] where its model computes)
-                                           if it drafted there (or host tokens, if it did not); the loop
-                                           fills tokens from the verify step's one transfer (with_tokens)
-        commit(fed, hidden)                the target kept these tokens (fed[0] = pending) with hidden rows
-        stops_by_confidence                True if propose honours stop.keep_going (it knows each draft's p)
-        drafts_on_device                   True if propose takes on_device (mtp.MTPDrafter, DraftModelDrafter)
-    DraftPolicy (FixedDraftLength here; tinyspec.fast.adaptive.AdaptiveDraftLength in the wing)
-        k_max                              drafts a step at most (sizes the snapshot ring)
-        plan(room) -> Plan(k, stop)        how many drafts this step, and when a drafter may stop earlier
-        observe(draft, n_accepted, step_s) what the step gave and cost
-        summary() -> dict | None           for the stats
-
-k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts).
-Many sequences at once: batch.py runs these steps for every slot of a batch in one verify pass (the same
-accept and token_marks per slot; MTPDrafter and DraftModelDrafter draft through coroutines, run_alone here).
+Where the numbers are. Greedy, the logits and hidden rows stay where the model computes (a GPU on the cuda
+backend): the drafters ask nothing of the host while drafting and leave their drafts there (Draft.ids), the
+verify pass is fed from there, and Kernels.accept_greedy runs every sequence's rule there and brings back
+every run and its drafts in one transfer. Sampled, the laws are read on the host.
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
 (docs/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
@@ -68,27 +43,16 @@ Official implementation: llama.cpp examples/speculative-simple + common/speculat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .kernels import NUMPY, Kernels
+from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length, policy_for, run_together
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_step
-
-# Drafts per verify pass, at most. The ring holds a state per draft (19 MB each at the 0.8B shape), and a
-# pass of more drafts never pays: at acceptance a a step emits at most 1 / (1 - a) tokens (20 at a = 0.95).
-MAX_DRAFT = 64
-
-
-def check_draft_length(k: int, what: str = "the draft length", low: int = 0) -> int:
-    """k drafts a pass, checked against MAX_DRAFT: the one place the limit is enforced (the CLI calls it with
-    its flag's name, and low = 1 where 0 would mean nothing, before it loads a model)."""
-    if not isinstance(k, (int, np.integer)) or not low <= k <= MAX_DRAFT:
-        raise ValueError(f"{what} must be in {low}..{MAX_DRAFT} drafts per verify pass, got {k}")
-    return int(k)
 
 
 def check_lengths(model: Model, n_prompt: int, max_new: int, k_max: int = 0) -> None:
@@ -106,114 +70,19 @@ def check_lengths(model: Model, n_prompt: int, max_new: int, k_max: int = 0) -> 
                          f"{n_ctx} (context_length in the file): ask for {room}")
 
 
-@dataclass(frozen=True)
-class StopRule:
-    """When a drafter that knows how sure it is (Drafter.stops_by_confidence) stops short of k drafts.
-
-    keep_going(probs): after each draft, given the probability the drafter gave each draft so far: draft
-    another? (the adaptive policy's keep_drafting). floor (greedy only): a draft the drafter gives less than
-    this is withdrawn, not proposed, and drafting stops (Draft.withdrawn says so). Honoured by the drafters
-    that can (mtp.MTPDrafter both; draft.DraftModelDrafter keep_going only); others ignore the rule."""
-    keep_going: Callable[[list[float]], bool] | None = None
-    floor: float = 0.0
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What a drafter proposes for one step: everything the loop and the policy read.
-
-    The drafts are in one of two places, never both: `tokens`, host ints (what propose returns by default), or
-    `ids`, left where the drafter's model computes (only when the engine asked for it, propose(on_device=True),
-    and then tokens is None until the verify step's one transfer brings them back: with_tokens)."""
-    tokens: list[int] | None = field(default_factory=list)  # d_1..d_k' (k' <= k); None while they are in `ids`
-    q_rows: list = field(default_factory=list)  # per draft its proposal law q [N], or None: one-hot on it
-    probs: list[float] = field(default_factory=list)  # per draft the drafter's probability of it, if it knows
-    withdrawn: bool = False  # a draft was made, found under the floor and not proposed (drafting stopped there)
-    ids: object = None  # [k'] int64 where the drafter's model computes (a device array on cuda), or None
-
-    @property
-    def n(self) -> int:
-        """Drafts proposed, known on the host wherever they are (an array's shape needs no transfer)."""
-        return len(self.tokens) if self.tokens is not None else int(self.ids.shape[0])
-
-    def with_tokens(self, tokens: list[int]) -> Draft:
-        """This draft with its drafts as host ints (fetched with the verify step's run): what the loop reads after."""
-        return replace(self, tokens=[int(t) for t in tokens], ids=None)
-
-
-NO_DRAFT = Draft()
-
-
-def fetch_drafts(ids: list, model: Model) -> list[int]:  # k [1] ids where `model` computes -> k host ints
-    """The greedy drafts a drafter made where its model computes (mtp.py, draft.py: each an argmax, fed to the
-    next pass from there) brought to the host in one transfer: drafting's one sync on the cuda backend, a
-    plain read on the NumPy ones (their device is the host). What propose does by default; asked for
-    on_device=True, a drafter returns them as Draft.ids instead (device_draft)."""
-    return [int(t) for t in model.to_host(np.concatenate(ids))] if ids else []
-
-
-def device_draft(ids: list, q_rows: list, probs: list, withdrawn: bool = False) -> Draft:
-    """A Draft whose k' >= 1 greedy drafts (each a [1] id where the drafter's model computes) stay there as one
-    [k'] array: no transfer; the engine feeds them to the verify pass and fetches them with its run."""
-    return Draft(None, q_rows, probs, withdrawn, ids=np.concatenate(ids))
-
-
-@dataclass(frozen=True)
-class Plan:
-    k: int  # drafts at most this step (0: a plain decoding step)
-    stop: StopRule | None = None
-
-
-class Drafter(Protocol):
-    stops_by_confidence: bool
-    drafts_on_device: bool  # True: propose takes on_device and may then return Draft.ids (the module docstring)
-
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None: ...
-
-    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft: ...  # (..., on_device: bool = False) if drafts_on_device
-
-    def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
-
-
-def run_alone(drafting, step: Callable[[list], list]) -> Draft:
-    """Run a drafting coroutine (MTPDrafter.drafting, DraftModelDrafter.drafting) to the Draft it returns: each
-    pass it yields is made by step([ask]) -> [answer] and sent back. (batch.run_together makes the passes of
-    many sequences' coroutines as one pass per round.)"""
+def check_prompt(model: Model, prompt: list[int], max_new: int) -> str | None:
+    """Why a prompt cannot run (None: it can): empty, ids outside the vocabulary, longer than the context."""
+    bad = [t for t in prompt if not 0 <= t < model.cfg.n_vocab]
+    if bad:
+        return f"token id {bad[0]} is outside the vocabulary (0 .. {model.cfg.n_vocab - 1})"
     try:
-        ask = next(drafting)
-        while True:
-            ask = drafting.send(step([ask])[0])
-    except StopIteration as done:
-        return done.value
+        check_lengths(model, len(prompt), max_new)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
-class DraftPolicy(Protocol):
-    k_max: int
-
-    def plan(self, room: int) -> Plan: ...
-
-    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None: ...
-
-    def summary(self) -> dict | None: ...
-
-
-@dataclass
-class FixedDraftLength:
-    """The textbook policy: k drafts every step (fewer only where max_new leaves less room)."""
-    k_max: int
-
-    def __post_init__(self):
-        self.k_max = check_draft_length(self.k_max)
-
-    def plan(self, room: int) -> Plan:
-        return Plan(min(self.k_max, room))
-
-    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None:
-        pass
-
-    def summary(self) -> None:
-        return None
+PHASES = ("prefill", "draft", "verify", "accept", "rollback")
 
 
 @dataclass
@@ -262,30 +131,23 @@ class SpecStats:
         } | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
 
-PHASES = ("prefill", "draft", "verify", "sample", "rollback")
-
-
 class PhaseClock:
-    """Seconds per phase: lap(name) charges the time since the previous lap to `name`; step() is the time since
-    the step began (what a policy is told a step cost)."""
+    """Seconds per phase: lap(name) charges the time since the previous lap to `name`."""
 
     def __init__(self, phase_s: dict[str, float]):
         self.phase_s, self.now = phase_s, time.perf_counter
-        self.t_start = self.t_step = self.t_lap = self.now()
+        self.t_lap = self.now()
 
-    def begin_step(self) -> None:
-        self.t_step = self.t_lap = self.now()
+    def begin(self) -> None:
+        """Start timing afresh (what happened since the last lap, outside the engine, is nobody's phase)."""
+        self.t_lap = self.now()
 
-    def lap(self, phase: str) -> None:
+    def lap(self, phase: str) -> float:
         t = self.now()
-        self.phase_s[phase] += t - self.t_lap
+        spent = t - self.t_lap
+        self.phase_s[phase] += spent
         self.t_lap = t
-
-    def step(self) -> float:
-        return self.now() - self.t_step
-
-    def total(self) -> float:
-        return self.now() - self.t_start
+        return spent
 
 
 def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
@@ -296,22 +158,213 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
     return emitted[:room]
 
 
-def accept(logits: np.ndarray, fed: list[int], draft: Draft, params: SamplingParams,
-           rng: np.random.Generator, kern: Kernels = NUMPY) -> tuple[int, int]:
-    """Step 3 on one sequence's verify rows (logits [k+1, N] for fed = [pending, d_1..d_k]): the number of drafts
-    the rule keeps and the target's own next token (a correction, or a bonus after all k). Greedy, the logits
-    may be where the model computes and kern.accept_greedy reads them there; sampled, they are host rows."""
-    if params.greedy:  # the same tokens as verify_step on one-hot laws, straight from the logits
-        n_accepted, token, _ = kern.accept_greedy(logits, fed[1:])
-        return n_accepted, token
-    p_rows = [probs_from_logits(row, params) for row in logits]
-    return verify_step(p_rows, fed[1:], list(draft.q_rows), rng)
+def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: SamplingParams,
+           rngs: list[np.random.Generator], kern) -> list[tuple[int, int, Draft]]:
+    """Step 3 for every sequence of a verify pass (logits [R, N]; sequence b's rows bounds[b] .. bounds[b+1]-1
+    for its fed [pending, d_1..d_k]): the drafts its rule keeps, the target's own next token (a correction, or a
+    bonus after all k), and its Draft with the drafts as host ints. Greedy, the rule runs where the logits are
+    (Kernels.accept_greedy: one transfer brings back every run, and the drafts that were left there);
+    sampled, each sequence's host rows and its own random stream."""
+    if params.greedy:
+        runs = kern.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
+        return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
+                for (n, token, tokens), d in zip(runs, drafts)]
+    out = []
+    for lo, hi, d, rng in zip(bounds[:-1], bounds[1:], drafts, rngs):
+        p_rows = [probs_from_logits(row, params) for row in logits[lo:hi]]
+        out.append((*verify_step(p_rows, d.tokens, list(d.q_rows), rng), d))
+    return out
 
 
 def token_marks(draft: Draft, n_accepted: int) -> list[str]:
     """How each token of a step's run was produced: accepted drafts, then the target's own token."""
     last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
     return ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
+
+
+@dataclass
+class SeqResult:
+    index: int  # position in the input
+    prompt_tokens: list[int]
+    tokens: list[int] = field(default_factory=list)  # generated ids, exactly as the sequence alone gets them
+    marks: list[str] = field(default_factory=list)  # per token: target (first), accepted, correction, bonus
+    stats: dict = field(default_factory=dict)
+    error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
+
+
+@dataclass
+class Running:
+    """A sequence in a slot: everything the step reads and writes for it."""
+    seq: SeqResult
+    state: object  # its ModelState (KV in the engine's pool, if it has one)
+    rng: np.random.Generator
+    max_new: int
+    stats: SpecStats
+    reserved: int  # pool blocks held back for its longest run
+    t_join: float
+    pending: int = -1  # the next token, chosen, not yet fed
+
+
+class Engine:
+    """Up to `slots` sequences decoding together, one step() at a time.
+
+    add(seq, max_new, rng) queues a sequence; step() admits waiting ones into free slots (each prefilled by
+    its own pass), then makes one verify pass for every running sequence (the module docstring's steps);
+    `active` maps slot -> Running, the state a test or a notebook may look at between steps.
+    drafter: None (plain decoding) or the first slot's Drafter (the others get drafter.another());
+    policy: a DraftPolicy (its k_max sizes the rings); pool: a paged.BlockPool the sequences' KV lives in
+    (None: each its own cache; a sequence is then admitted at once). on_emit(seq, tokens, marks): each step's
+    run as it is decided; on_finish(seq): as each sequence ends."""
+
+    def __init__(self, model: Model, slots: int = 1, drafter: Drafter | None = None, policy: DraftPolicy | None = None,
+                 params: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (), pool=None,
+                 on_emit: Callable[[SeqResult, list[int], list[str]], None] | None = None,
+                 on_finish: Callable[[SeqResult], None] | None = None):
+        if not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.model, self.slots, self.params, self.pool = model, int(slots), params, pool
+        self.on_emit, self.on_finish = on_emit, on_finish
+        self.drafters = None if drafter is None else [drafter] + [drafter.another() for _ in range(self.slots - 1)]
+        self.policy = policy or policy_for(0 if drafter is None else None, None)
+        self.k_max, self.stops = self.policy.k_max, {int(t) for t in stop_ids}
+        self.rings = [model.new_ring(self.k_max + 1) for _ in range(self.slots)]  # per slot, allocated once
+        self.waiting: deque[tuple[SeqResult, int, np.random.Generator]] = deque()
+        self.active: dict[int, Running] = {}
+        self.finished: list[Running] = []
+        self.reserved = 0  # pool blocks promised to the running sequences' longest runs
+        self.steps = self.rows = self.emitted = 0
+        self.phase_s = dict.fromkeys(PHASES, 0.0)
+        self.clock = PhaseClock(self.phase_s)
+
+    def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator) -> None:
+        """Queue a sequence with its random stream (a seed, or a Generator); one that cannot run gets seq.error
+        instead (the others are not affected)."""
+        seq.error = check_prompt(self.model, seq.prompt_tokens, max_new)
+        rng = seed
+        if seq.error is None and not isinstance(seed, np.random.Generator):
+            if not isinstance(seed, (int, np.integer)) or seed < 0:
+                seq.error = f"a seed must be a non-negative integer, got {seed}"
+            else:
+                rng = np.random.default_rng(int(seed))
+        if seq.error is None:
+            self.waiting.append((seq, max_new, rng))
+
+    def done(self) -> bool:
+        return not self.waiting and not self.active
+
+    def step(self) -> None:
+        """Admit waiting sequences, then one step for every running one: the five steps, all sequences at once."""
+        self.clock.begin()
+        self._join()
+        if not self.active:
+            return
+        slots = sorted(self.active)  # the order of their rows in the pass
+        seqs, params, clock = [self.active[b] for b in slots], self.params, self.clock
+        # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
+        drafts = self._draft(slots, seqs, self._plan(seqs))
+        draft_s = clock.lap("draft")
+        # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
+        fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
+        rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
+        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings, to_host=not params.greedy)
+        verify_s = clock.lap("verify")
+        # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
+        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels)
+        clock.lap("accept")
+        for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
+            fed_b = [s.pending] + draft.tokens
+            run = cut_at_stop(draft.tokens[:n_accepted] + [token], self.stops, s.max_new - len(s.seq.tokens))
+            n_keep = len(run)  # the run's last token is the next pending one: fed next step
+            # Step 4: rollback: keep pending and the run but its last token
+            if n_keep < len(fed_b):
+                self.rings[b].restore(s.state, n_keep - 1)
+                s.stats.rollbacks += 1
+            clock.lap("rollback")
+            if self.drafters is not None:
+                self.drafters[b].commit(fed_b[:n_keep], hidden[lo : lo + n_keep])
+            clock.lap("draft")  # the drafter's bookkeeping counts as drafting
+            # Step 5: emit
+            s.stats.record(draft.n, n_accepted)
+            self.emitted += n_keep
+            self._emit(b, s, run, token_marks(draft, n_accepted)[:n_keep])
+            clock.lap("accept")
+        self.steps, self.rows = self.steps + 1, self.rows + int(bounds[-1])
+        self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(bounds[-1]))
+
+    def _plan(self, seqs: list[Running]) -> list:
+        """The policy's Plan per sequence, checked before anything is drafted: k_b within the room max_new leaves."""
+        rooms = [min(self.k_max, s.max_new - len(s.seq.tokens) - 1) for s in seqs]
+        plans = self.policy.plan(rooms)
+        if len(plans) != len(rooms) or any(not 0 <= p.k <= room for p, room in zip(plans, rooms)):
+            raise ValueError(f"the policy planned k = {[p.k for p in plans]} for sequences whose rooms are {rooms}")
+        return plans
+
+    def _draft(self, slots: list[int], seqs: list[Running], plans: list) -> list[Draft]:
+        """Step 1 for every sequence: its drafter's coroutine for those the policy gives k > 0, run together
+        (one pass per draft depth for all of them). Greedy, the drafts may stay where the drafter's model
+        computes (on_device): the verify pass is fed from there."""
+        if self.drafters is None or not any(p.k for p in plans):
+            return [NO_DRAFT] * len(seqs)
+        drafting = [self.drafters[b].drafting(s.pending, p.k, self.params, s.rng, p.stop, self.params.greedy)
+                    for b, s, p in zip(slots, seqs, plans) if p.k]
+        made = iter(run_together(drafting, self.drafters[0].draft_pass))
+        return [next(made) if p.k else NO_DRAFT for p in plans]
+
+    def _fed(self, pending: int, draft: Draft):
+        """What a sequence feeds the verify pass: [pending, d_1..d_k], host ints, or where the drafts are."""
+        if draft.tokens is not None:
+            return [pending] + draft.tokens
+        to_device = self.model.to_device
+        return np.concatenate([to_device(np.array([pending])), to_device(draft.ids)])  # embed_rows: unchecked
+
+    def _join(self) -> None:
+        """Free slots take waiting sequences, in order; with a pool, while it can hold their longest runs."""
+        pool, model = self.pool, self.model
+        for b in range(self.slots):
+            while b not in self.active and self.waiting:
+                seq, max_new, rng = self.waiting[0]
+                need = 0 if pool is None else pool.blocks_for(len(seq.prompt_tokens) + max_new + self.k_max + 1)
+                if pool is not None and need > pool.n_blocks:  # could never fit: reported, the others go on
+                    self.waiting.popleft()
+                    seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
+                    continue
+                if pool is not None and self.reserved + need > pool.n_blocks:
+                    return  # wait for a running sequence to give its blocks back
+                self.waiting.popleft()
+                t_join, state = time.perf_counter(), model.new_state(pool)
+                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not self.params.greedy)
+                self.reserved += need
+                s = self.active[b] = Running(seq, state, rng, max_new, SpecStats(self.k_max), need, t_join)
+                if self.drafters is not None:
+                    self.drafters[b].start(seq.prompt_tokens, hidden, self.k_max)
+                if max_new == 0:
+                    self.clock.lap("prefill")
+                    self._finish(b)
+                    continue
+                first = pick(logits[-1], self.params, rng)  # the first token: the prefill's own
+                self.clock.lap("prefill")
+                self._emit(b, s, [first], ["target"])
+
+    def _emit(self, b: int, s: Running, run: list[int], marks: list[str]) -> None:
+        """Step 5: the run joins the output; its last token is the next pending one. A stop or max_new ends it."""
+        s.seq.tokens += run
+        s.seq.marks += marks
+        s.pending = run[-1]
+        if self.on_emit:
+            self.on_emit(s.seq, run, marks)
+        if run[-1] in self.stops or len(s.seq.tokens) >= s.max_new:
+            self._finish(b)
+
+    def _finish(self, b: int) -> None:
+        s = self.active.pop(b)
+        if self.pool is not None:
+            s.state.release()  # every KV block back to the pool
+        self.reserved -= s.reserved
+        s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
+        s.seq.stats = {k: v for k, v in s.stats.as_dict().items() if k != "phase_ms"}  # phases: the engine's
+        self.finished.append(s)
+        if self.on_finish:
+            self.on_finish(s.seq)
 
 
 @dataclass
@@ -328,86 +381,19 @@ def speculative_generate(model: Model, drafter: Drafter, prompt: Sequence[int], 
                          policy: DraftPolicy | None = None,
                          on_emit: Callable[[list[int], list[str]], None] | None = None) -> SpecResult:
     """Generate up to max_new tokens after `prompt`, with draft_n drafts per verify pass (default 3), or as many
-    as `policy` plans each step (tinyspec.fast.adaptive.AdaptiveDraftLength; its k_max bounds them).
-    on_emit(tokens, marks): called with each step's emitted tokens as they are decided (streamed output)."""
-    policy = _policy(draft_n, policy)
-    prompt, stops = [int(t) for t in prompt], {int(t) for t in stop_ids}
+    as `policy` plans each step (tinyspec.fast.adaptive.AdaptiveDraftLength; its k_max bounds them): the engine
+    with one slot. on_emit(tokens, marks): called with each step's emitted tokens as they are decided."""
+    policy = policy_for(draft_n, policy)
+    prompt = [int(t) for t in prompt]
     check_lengths(model, len(prompt), max_new, policy.k_max)
-    rng = rng if rng is not None else np.random.default_rng()
-    stats = SpecStats(policy.k_max)
-    clock = PhaseClock(stats.phase_s)
-    state, ring = model.new_state(), model.new_ring(policy.k_max + 1)  # the ring: allocated once, k+1 slots
-    on_host = not params.greedy  # greedy: logits and hidden stay where the model computes (the module docstring)
-    logits, hidden = model.forward(np.array(prompt), state, to_host=on_host)  # prefill: [n, N], [n, D]
-    drafter.start(prompt, hidden, policy.k_max)
-    clock.lap("prefill")
-    out, marks = [], []
-    pending = pick(logits[-1], params, rng) if max_new else None  # chosen, not yet fed to the target
-    if pending is not None:
-        out, marks = [pending], ["target"]
-        if on_emit:
-            on_emit([pending], ["target"])
-    while out and pending not in stops and len(out) < max_new:
-        clock.begin_step()
-        # Step 1: draft (never more than max_new leaves room for: each step also emits the target's own token)
-        plan = policy.plan(min(policy.k_max, max_new - len(out) - 1))
-        draft = propose(drafter, pending, plan, params, rng)
-        clock.lap("draft")
-        # Step 2: verify: one target pass over [pending, d_1..d_k]; the ring receives the state after each token
-        if draft.tokens is None:  # greedy drafts left on the device: fed from there, fetched with the run
-            ids = model.to_device(draft.ids)  # [k] (a no-op when drafter and target share a device)
-            fed_ids = np.concatenate([model.to_device(np.array([pending])), ids])  # [k+1] (embed_rows: unchecked)
-            logits, hidden = model.forward(fed_ids, state, ring=ring, to_host=False)  # [k+1, N], [k+1, D]
-            clock.lap("verify")
-            # Step 3, greedy: the rule where the logits are; the run and the drafts come back in one transfer
-            n_accepted, new_token, tokens = model.kernels.accept_greedy(logits, ids)
-            draft = draft.with_tokens(tokens)
-            fed = [pending] + draft.tokens
-        else:
-            fed = [pending] + [int(d) for d in draft.tokens]
-            logits, hidden = model.forward(np.array(fed), state, ring=ring if draft.tokens else None,
-                                           to_host=on_host)  # [k+1, N], [k+1, D]
-            clock.lap("verify")
-            # Step 3: accept the longest prefix the rule keeps, then the target's own token (a correction or a bonus)
-            n_accepted, new_token = accept(logits, fed, draft, params, rng, model.kernels)
-        emitted = cut_at_stop(fed[1 : 1 + n_accepted] + [new_token], stops, max_new - len(out))
-        clock.lap("sample")
-        # Step 4: rollback: keep pending + the emitted tokens but the last one (the next pending token)
-        n_keep = len(emitted)
-        if n_keep < len(fed):
-            ring.restore(state, n_keep - 1)
-            stats.rollbacks += 1
-        clock.lap("rollback")
-        drafter.commit(fed[:n_keep], hidden[:n_keep])
-        clock.lap("draft")  # the drafter's bookkeeping counts as drafting
-        # Step 5: emit
-        kinds = token_marks(draft, n_accepted)
-        out += emitted
-        marks += kinds[:n_keep]
-        pending = emitted[-1]
-        stats.record(len(draft.tokens), n_accepted)
-        policy.observe(draft, n_accepted, clock.step())
-        if on_emit:
-            on_emit(emitted, kinds[:n_keep])
-    stats.emitted, stats.wall_s, stats.adaptive = len(out), clock.total(), policy.summary()
-    return SpecResult(out, stats, state, marks)
-
-
-def propose(drafter: Drafter, pending: int, plan: Plan, params: SamplingParams, rng: np.random.Generator) -> Draft:
-    """Step 1 as the loop asks for it: nothing when the plan drafts nothing; greedy, from a drafter that can
-    (drafts_on_device), the drafts left where its model computes (Draft.ids: the verify step feeds them from
-    there and brings them back with its run, one transfer for both); otherwise host tokens."""
-    if not plan.k:
-        return NO_DRAFT
-    if params.greedy and drafter.drafts_on_device:
-        return drafter.propose(pending, plan.k, params, rng, plan.stop, on_device=True)
-    return drafter.propose(pending, plan.k, params, rng, plan.stop)
-
-
-def _policy(draft_n: int | None, policy: DraftPolicy | None) -> DraftPolicy:
-    """draft_n alone: a fixed k (3 if neither is given); a policy: its k_max, which a draft_n given too must equal."""
-    if policy is None:
-        return FixedDraftLength(3 if draft_n is None else draft_n)
-    if draft_n is not None and draft_n != policy.k_max:
-        raise ValueError(f"draft_n={draft_n} and a policy of k_max={policy.k_max} disagree: give one of them")
-    return policy
+    seq = SeqResult(0, prompt)
+    engine = Engine(model, 1, drafter, policy, params, stop_ids,
+                    on_emit=(lambda _, tokens, marks: on_emit(tokens, marks)) if on_emit else None)
+    engine.add(seq, max_new, rng if rng is not None else np.random.default_rng())
+    if seq.error is not None:
+        raise ValueError(seq.error)
+    while not engine.done():
+        engine.step()
+    done = engine.finished[0]
+    done.stats.phase_s, done.stats.adaptive = engine.phase_s, policy.summary()
+    return SpecResult(seq.tokens, done.stats, done.state, seq.marks)

@@ -46,7 +46,8 @@ from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
 from tinyspec.sampling import SamplingParams  # noqa: E402
-from tinyspec.speculate import FixedDraftLength, StopRule, speculative_generate  # noqa: E402
+from tinyspec.drafting import FixedDraftLength, StopRule  # noqa: E402
+from tinyspec.speculate import speculative_generate  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
 
@@ -108,8 +109,8 @@ class _Timer(FixedDraftLength):
         super().__post_init__()
         self.steps: list[tuple[int, float]] = []  # (drafts, seconds) per step
 
-    def observe(self, draft, n_accepted, step_s):
-        self.steps.append((len(draft.tokens), step_s))
+    def observe(self, drafts, accepted, draft_s, verify_s, rows):
+        self.steps.append((len(drafts[0].tokens), draft_s + verify_s))
 
 
 def measure_costs(model, prompts: list[list[int]], max_new: int, ks=(0, 1, 2, 4, 8), repeats: int = 3) -> Costs:

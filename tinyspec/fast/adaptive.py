@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..speculate import Draft, Plan, StopRule
+from ..drafting import Draft, Plan, StopRule
 
 
 def _expected(accept: list[float]) -> list[float]:
@@ -274,7 +274,7 @@ class AdaptiveDraftLength:
             x = self._xs[k]
             self.fit = [f * v + d for v, d in zip(self.fit, (1.0, x, step_s, x * x, x * step_s))]
 
-    # ------------------------------------------------------------------ the engine's view (speculate.DraftPolicy)
+    # ------------------------------------------------------------------ the engine's view (drafting.DraftPolicy)
 
     @classmethod
     def for_drafter(cls, drafter, k_max: int, model=None, **options) -> "AdaptiveDraftLength":
@@ -287,13 +287,18 @@ class AdaptiveDraftLength:
             options["cost_curve"] = step_cost_curve(model, k_max, options.get("cost_prior", cls.cost_prior))
         return cls(k_max, by_confidence=drafter.stops_by_confidence, **options)
 
-    def plan(self, room: int) -> Plan:
-        """choose()'s k, with keep_drafting as the stop rule when drafting by confidence, and the floor."""
-        k = self.choose(room)
-        return Plan(k, StopRule(self.keep_drafting if self.by_confidence else None, self.floor))
+    def plan(self, rooms: list[int]) -> list[Plan]:
+        """choose()'s k, with keep_drafting as the stop rule when drafting by confidence, and the floor. A policy
+        for one sequence: its one choice serves every sequence there is (each within its own room)."""
+        k = self.choose(max(rooms))
+        stop = StopRule(self.keep_drafting if self.by_confidence else None, self.floor)
+        return [Plan(min(k, room), stop) for room in rooms]
 
-    def observe(self, draft: Draft, n_accepted: int, step_s: float) -> None:
-        self.update(len(draft.tokens), n_accepted, step_s, draft.probs if draft.tokens else None, draft.withdrawn)
+    def observe(self, drafts: list[Draft], accepted: list[int], draft_s: float, verify_s: float, rows: int) -> None:
+        """A step costs its drafting and its verify pass (what the choice of k changes)."""
+        for draft, n_accepted in zip(drafts, accepted):
+            self.update(len(draft.tokens), n_accepted, draft_s + verify_s, draft.probs if draft.tokens else None,
+                        draft.withdrawn)
 
     def summary(self) -> dict:
         return self.as_dict()

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..speculate import Draft, Plan, check_draft_length
+from ..drafting import Draft, Plan, check_draft_length
 from .adaptive import _expected
 
 
@@ -105,7 +105,7 @@ class BatchDraftLength:
         self.probed_best, self.next_probe = best, self.steps + self.gap
         return (0 if best else 1), True
 
-    # ---------------------------------------------------------------- the BatchPolicy protocol (batch.py)
+    # ---------------------------------------------------------------- the DraftPolicy protocol (drafting.py)
     def plan(self, rooms: list[int]) -> list[Plan]:
         k, probe = self.choose(len(rooms))
         self.chosen[k] = self.chosen.get(k, 0) + 1

@@ -48,7 +48,7 @@ from ..generate import generate
 from ..lookup import LookupDrafter
 from ..model import Model
 from ..mtp import MTPDrafter
-from .synthetic import SyntheticBatch, SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
+from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -174,19 +174,20 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
     """Many sequences at once (batch.batch_generate): for each B in slot_counts, B prompts (slot_prompts: the
     prompt with its first token changed per copy, so the sequences differ) decode max_new greedy tokens each
     in B slots, plainly (drafter None: one row per slot per pass) and speculatively: batched MTP drafting
-    (batch.Together(MTPDrafter(model), B): one head pass per draft depth for every slot) at k = draft_n, or,
-    with synth_len L, SyntheticBatch at the per-position rate giving L tokens per step, drafting for real with
-    the same batched MTP head (its tokens discarded; reference per prompt: its plain greedy run).
+    (MTPDrafter(model) for the first slot, another() for the others: one head pass per draft depth for every
+    slot) at k = draft_n, or, with synth_len L, SyntheticDrafter at the per-position rate giving L tokens per
+    step, drafting for real with the same batched MTP head (its tokens discarded; reference per prompt: its
+    plain greedy run).
 
     Returns {B: {plain_tok_s, spec_tok_s, rows_per_pass, spec_rows_per_pass, speedup, identical,
     mean_accepted_length, acceptance_rate, kv_blocks_peak}}: tokens/s are aggregate over all slots after the
     prefills (batch stats decode_tok_s), medians over `repeats` rounds; speedup is the median of the per-round
     spec / plain ratios (each pair taken back to back); identical: every sequence's spec tokens equal its plain
     tokens. No stop ids, so every sequence runs max_new tokens and plain rows_per_pass is exactly B.
-    policy_factory(B) -> a batch policy (batch.BatchPolicy, e.g. fast.batch_draft_length.BatchDraftLength) for a
+    policy_factory(B) -> a policy (drafting.DraftPolicy, e.g. fast.batch_draft_length.BatchDraftLength) for a
     third run at each B, "policy_tok_s" / "policy_speedup" / "policy" beside the fixed k's; draft_vocab: the
     MTP head drafts over it (cheaper drafting; the synthetic drafts are unchanged)."""
-    from ..batch import Together, batch_generate
+    from ..batch import batch_generate
 
     if not model.cfg.n_nextn:
         raise ValueError("bench --slots times batched MTP drafting: this model has no MTP head")
@@ -196,8 +197,8 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
         references[tuple(p)] = generate(model, p, max_new).tokens
 
     def spec_drafter(B: int):
-        mtp = Together(MTPDrafter(model, vocab=draft_vocab), B)
-        return mtp if synth_p is None else SyntheticBatch(references, synth_p, B, seed=0, inner=mtp)
+        mtp = MTPDrafter(model, vocab=draft_vocab)
+        return mtp if synth_p is None else SyntheticDrafter(references, synth_p, seed=0, inner=mtp)
 
     def run(B: int, spec: bool, n_new: int = max_new, adaptive: bool = False):
         policy = policy_factory(B) if adaptive else None

@@ -51,12 +51,14 @@ def greedy_run(logits, drafts):  # [k+1, N], [k] int64, where the logits are -> 
 
 
 class DeviceGreedyRule:
-    """Kernels.accept_greedy for the array module xp (CuPy): (logits [k+1, N] on the device, drafts: k host ints
-    or [k] int64 device ids) -> (n_accepted, token, drafts as host ints), with one transfer: the run's two ints,
-    and the drafts too when they came as device ids (host drafts are known: returned as given, not fetched).
-    graphs=True: greedy_run replayed from a CUDA graph per (k+1, N, k) (cuda_graphs.GraphedCall: its ~10
-    launches become one, plus two input copies); self.graphs says what was captured and why a shape fell back
-    to plain launches."""
+    """Kernels.accept_greedy for the array module xp (CuPy): (logits [R, N] on the device for B sequences' rows,
+    bounds [B+1] host ints, drafts: per sequence k_b host ints or a [k_b] int64 device array) -> per sequence
+    (n_accepted, token, drafts as host ints), with ONE transfer for all of them: each sequence's run
+    (greedy_run on its rows), with its drafts when they came as device ids (host drafts are known: returned as
+    given, not fetched), concatenated on the device and brought back together.
+    graphs=True: a one-sequence step's greedy_run replayed from a CUDA graph per (k+1, N, k)
+    (cuda_graphs.GraphedCall: its ~10 launches become one, plus two input copies); self.graphs says what was
+    captured and why a shape fell back to plain launches. Several sequences' runs launch plainly."""
 
     def __init__(self, xp, to_host: Callable, graphs: bool = False):
         from .cuda_graphs import GraphedCall
@@ -64,9 +66,21 @@ class DeviceGreedyRule:
         self.xp, self.to_host = xp, to_host
         self.graphs = GraphedCall(greedy_run, xp, enabled=graphs)
 
-    def __call__(self, logits, drafts) -> tuple[int, int, list[int]]:
-        on_device = isinstance(drafts, self.xp.ndarray)
-        drafts_dev = drafts if on_device else self.xp.asarray(np.asarray(drafts, dtype=np.int64))  # [k] up: async
-        out = self.graphs(logits, drafts_dev)  # [2 + k]
-        fetched = [int(v) for v in self.to_host(out if on_device else out[:2])]  # the step's one sync
-        return fetched[0], fetched[1], fetched[2:] if on_device else [int(d) for d in drafts]
+    def __call__(self, logits, bounds, drafts: list) -> list[tuple[int, int, list[int]]]:
+        on_device = [isinstance(d, self.xp.ndarray) for d in drafts]
+        ids = [d if dev else self.xp.asarray(np.asarray(d, dtype=np.int64)) for d, dev in zip(drafts, on_device)]
+        spans = list(zip(bounds[:-1], bounds[1:]))
+        if len(drafts) == 1:  # one sequence: the whole verify pass's rows, the graphed rule
+            runs = [self.graphs(logits, ids[0])]  # [2 + k]
+        else:
+            runs = [greedy_run(logits[lo:hi], d) for (lo, hi), d in zip(spans, ids)]  # [2 + k_b] each
+        wanted = [run if dev else run[:2] for run, dev in zip(runs, on_device)]  # host drafts: not fetched
+        together = wanted[0] if len(wanted) == 1 else np.concatenate(wanted)  # dispatches (NEP 18)
+        fetched = [int(v) for v in self.to_host(together)]  # the step's one sync
+        out, at = [], 0
+        for d, dev in zip(drafts, on_device):
+            k = len(d) if not dev else int(d.shape[0])
+            n, token = fetched[at], fetched[at + 1]
+            out.append((n, token, fetched[at + 2 : at + 2 + k] if dev else [int(t) for t in d]))
+            at += 2 + (k if dev else 0)
+        return out

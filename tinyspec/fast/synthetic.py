@@ -56,9 +56,9 @@ Drafting costs: alone, this drafter drafts for free, so a measured speedup is th
 ceiling. With inner=<a real drafter> (e.g. MTPDrafter) every propose first runs the real drafter for
 the same k and discards its tokens, and start/commit reach it too, so the run pays exactly the real
 drafting cost (bench --synth-len, as llama.cpp's --spec-synth-len does with real drafting).
-Many sequences (batch.py): SyntheticBatch is the batch drafter of the same dial, one SyntheticDrafter per
-slot, each over the reference of the prompt its slot runs, and an inner BATCH drafter (Together(MTPDrafter))
-that makes every slot's real drafting as one pass per depth and whose tokens are discarded (bench --slots).
+Many sequences (batch.py): given the reference per prompt (a mapping or a function), each slot's drafter
+(another()) looks up the reference of the prompt its slot runs, and the inner drafters' passes are made
+together, one pass per draft depth for every slot, their tokens discarded (bench --slots).
 Does NOT include: per-position rates other than p, p^2, .. (llama.cpp's --spec-synth-rates),
 content-dependent rates, sampled targets (a sampled run leaves the greedy reference at once), serial
 independence: step s + 1's draws are step s's turned by alpha (a drafter-side predictor could learn
@@ -67,13 +67,12 @@ that; the adaptive draft length's estimates only average, adaptive.py).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..sampling import SamplingParams
-from ..speculate import NO_DRAFT, Draft, StopRule
+from ..drafting import Draft, Drafting, Proposing, StopRule
 
 
 def kronecker_steps(n: int) -> np.ndarray:
@@ -104,28 +103,50 @@ def acceptance_for_mean_length(length: float, k: int) -> float:
     return 0.5 * (lo + hi)
 
 
-class SyntheticDrafter:
-    """The drafter protocol (speculate.py) over a known greedy continuation, right with probability `acceptance`.
+class SyntheticDrafter(Proposing):
+    """The drafter protocol (drafting.Drafter) over a known greedy continuation, right with probability `acceptance`.
 
-    reference_tokens: the target's greedy output after the prompt (r_0 is the first generated token).
+    references: the target's greedy output after the prompt (r_0 is the first generated token); or, for a
+    drafter that runs many sequences one after another (a batch slot), the output per prompt: a mapping
+    tuple(prompt) -> tokens, or a function prompt -> tokens, looked up when a sequence starts.
+    inner: a real drafter whose drafting is run and paid for, and whose tokens are dropped (or None).
     history: one (drafted, kept) pair per verify step: drafts proposed, drafts the target kept.
+    another(): the drafter of the next slot, with seed + 1 (so the slots do not accept in lockstep) and
+    inner.another() (so a batch pays one real pass per draft depth for all slots).
     """
 
-    def __init__(self, reference_tokens: Sequence[int], acceptance: float, seed: int = 0, inner=None):
+    stops_by_confidence = False  # the synthetic drafts ignore a stop rule (an inner drafter sees it)
+
+    def __init__(self, references: Sequence[int] | Mapping[tuple, Sequence[int]] | Callable[[list[int]], Sequence[int]],
+                 acceptance: float, seed: int = 0, inner=None):
         if not 0.0 <= float(acceptance) <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
-        self.reference = [int(t) for t in reference_tokens]
-        if any(t < 0 for t in self.reference):
-            raise ValueError("reference tokens must be non-negative token ids")
+        self.references = references
+        self.reference = [] if isinstance(references, Mapping) or callable(references) else self._checked(references)
         self.acceptance, self.seed = float(acceptance), seed
         self.inner = inner  # a real drafter whose cost is paid (its tokens are not used), or None
         self.i, self.diverged_at, self.history, self._n_drafted, self.step = 0, None, [], 0, 0
         self._shifts = self._alphas = np.zeros(0)
 
-    stops_by_confidence = False
-    drafts_on_device = False  # its drafts are host ints (the reference's); inner's are fetched and dropped
+    @staticmethod
+    def _checked(tokens: Sequence[int]) -> list[int]:
+        tokens = [int(t) for t in tokens]
+        if any(t < 0 for t in tokens):
+            raise ValueError("reference tokens must be non-negative token ids")
+        return tokens
+
+    def another(self) -> "SyntheticDrafter":
+        inner = self.inner.another() if self.inner is not None else None
+        return SyntheticDrafter(self.references, self.acceptance, self.seed + 1, inner)
 
     def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0) -> None:
+        if isinstance(self.references, Mapping):
+            key = tuple(int(t) for t in prompt)
+            if key not in self.references:
+                raise ValueError(f"SyntheticDrafter: no reference continuation for the prompt {list(key)[:8]}..")
+            self.reference = self._checked(self.references[key])
+        elif callable(self.references):
+            self.reference = self._checked(self.references(list(prompt)))
         if self.inner is not None:
             self.inner.start(prompt, hidden, k_max)
         self.step = 0  # every generation sees the same draws
@@ -139,26 +160,26 @@ class SyntheticDrafter:
         if self.diverged_at is None and index < len(self.reference) and self.reference[index] != token:
             self.diverged_at = index
 
-    def drafts_for(self, pending: int, k: int) -> int:
-        """How many drafts propose(pending, k) makes: k cut at the reference's end, 0 once the output has left
-        the reference (SyntheticBatch asks, to make its inner drafter pay for exactly these)."""
-        self._check(self.i, int(pending))
-        return 0 if self.diverged_at is not None else len(self.reference[self.i + 1:self.i + 1 + k])
-
-    def propose(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None) -> Draft:
+    def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: StopRule | None = None, on_device: bool = False) -> Drafting:
+        """The synthetic drafts; with inner, its drafting for as many drafts first (its passes are this
+        coroutine's, so a batch makes them together; its tokens are dropped)."""
         self._n_drafted = 0
         self._check(self.i, int(pending))
         if self.diverged_at is not None:
             return Draft()
         truth = self.reference[self.i + 1:self.i + 1 + k]  # cut at the end of the reference
         if self.inner is not None and truth:
-            self.inner.propose(pending, len(truth), params, rng, stop)  # pay the real drafting cost
+            yield from self.inner.drafting(pending, len(truth), params, rng, stop)  # pay the real drafting cost
         right = self.draws(len(truth)) < self.acceptance  # one draw per position, used or not
         self.step += 1
         drafts = [t if ok else (t - 1 if t > 0 else t + 1) for t, ok in zip(truth, right)]
         self._n_drafted = len(drafts)
         return Draft(drafts, [None] * len(drafts))  # deterministic proposals: q is one-hot
+
+    def draft_pass(self, asks: list) -> list:
+        """The inner drafter's passes (the synthetic drafts make none)."""
+        return self.inner.draft_pass(asks) if self.inner is not None else []
 
     def draws(self, k: int) -> np.ndarray:
         """u_1(s) .. u_k(s) for the current step s (shifts c_j: the first k uniforms of the seed's stream)."""
@@ -172,63 +193,5 @@ class SyntheticDrafter:
         for j, token in enumerate(fed):
             self._check(self.i + j, int(token))
         self.history.append((self._n_drafted, len(fed) - 1))
-        self._n_drafted = 0  # a step without propose (k = 0: no room left, or an adaptive plain step) drafted 0
+        self._n_drafted = 0  # a step without drafting (k = 0: no room left, or an adaptive plain step) drafted 0
         self.i += len(fed)  # the next pending token sits right after the kept ones
-
-
-class SyntheticBatch:
-    """The synthetic dial for many sequences (batch.BatchDrafter, as batch.EachAlone): one SyntheticDrafter per
-    slot, without inner, plus an optional `inner` batch drafter (e.g. batch.Together(MTPDrafter(model), B))
-    whose cost is paid and whose tokens are discarded, as SyntheticDrafter's inner does for one sequence.
-
-    references: the target's plain greedy continuation of each prompt, as a mapping tuple(prompt) -> tokens or
-    a function prompt -> tokens; a slot looks its prompt up when a sequence starts in it (a slot runs several
-    sequences one after another under continuous batching). The j-th sequence started draws with seed + j
-    (sequences start in input order), so the slots do not accept in lockstep.
-
-    propose(asks) first runs inner.propose for the same asks with k capped to what each slot's synthetic drafter
-    will draft (its reference's end, or 0 once it has left it), so the real batched drafting cost is paid for
-    exactly the drafts proposed; then it returns the synthetic drafts. start and commit reach both.
-    history: (drafted, kept) per verify step of every sequence, in step order, sequences mixed."""
-
-    stops_by_confidence = False  # the synthetic drafts ignore a stop rule (the inner drafter sees it)
-
-    def __init__(self, references: Mapping[tuple, Sequence[int]] | Callable[[list[int]], Sequence[int]],
-                 acceptance: float, n_slots: int, seed: int = 0, inner=None):
-        if not 0.0 <= float(acceptance) <= 1.0:
-            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
-        self.references, self.acceptance, self.seed, self.inner = references, float(acceptance), seed, inner
-        self.drafters: list[SyntheticDrafter | None] = [None] * n_slots
-        self.n_slots = n_slots
-        self.started = 0
-        self.history: list[tuple[int, int]] = []
-
-    def reference_for(self, prompt: list[int]) -> list[int]:
-        if callable(self.references):
-            return list(self.references(prompt))
-        key = tuple(int(t) for t in prompt)
-        if key not in self.references:
-            raise ValueError(f"SyntheticBatch: no reference continuation for the prompt {list(key)[:8]}..")
-        return list(self.references[key])
-
-    def start(self, slot: int, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
-        drafter = self.drafters[slot] = SyntheticDrafter(self.reference_for(prompt), self.acceptance,
-                                                         seed=self.seed + self.started)
-        self.started += 1
-        drafter.start(prompt, hidden, k_max)
-        if self.inner is not None:
-            self.inner.start(slot, prompt, hidden, k_max)
-
-    def propose(self, asks: list) -> list[Draft]:
-        if self.inner is not None:  # pay the real drafting cost, for as many drafts as the dial makes
-            paid = [replace(a, k=self.drafters[a.slot].drafts_for(a.pending, a.k)) if a.k else a for a in asks]
-            self.inner.propose(paid)
-        return [self.drafters[a.slot].propose(a.pending, a.k, a.params, a.rng, a.stop) if a.k else NO_DRAFT
-                for a in asks]
-
-    def commit(self, slot: int, fed: list[int], hidden: np.ndarray) -> None:
-        drafter = self.drafters[slot]
-        drafter.commit(fed, hidden)
-        self.history.append(drafter.history[-1])
-        if self.inner is not None:
-            self.inner.commit(slot, fed, hidden)
