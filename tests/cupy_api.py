@@ -1,16 +1,18 @@
 """The CuPy API that tests/fake_cupy.py accepts: names and parameters that real CuPy 13.x AND 14.x both have.
 
 A stand-in is only as good as its refusals. The fake runs NumPy underneath, and NumPy has more than CuPy: a
-function CuPy 13.x lacks (np.concat, np.permute_dims: 14.x only), a keyword CuPy does not take (`where=` on a
-ufunc, `shape=` on ndarray.reshape, `kind=` on ndarray.sort before 14.x), a method CuPy's arrays lack (.resize,
-.setflags, .byteswap before 14.x), __index__ (a device array as a slice bound or in range()). Without a list
-the fake would run all of them, and the cuda backend would first fail on a GPU. So the fake checks every call
-against this module before it runs NumPy:
+function CuPy 13.x lacks (np.cumulative_sum, np.matrix_transpose: 14.x only), a keyword CuPy does not take
+(`where=` on a ufunc, `initial=` on np.sum, `shape=` on ndarray.reshape, `kind=` on ndarray.sort before 14.x),
+a method CuPy's arrays lack (.resize, .setflags, .byteswap before 14.x), __index__ (a device array as a slice
+bound or in range()). Without a list the fake would run all of them, and the cuda backend would first fail on
+a GPU. So the fake checks every call against this module before it runs NumPy:
 
     cupy.<name>(...)                 FUNCTIONS[name]: the parameters CuPy's function takes
     np.<name>(device array, ...)     FUNCTIONS[name] too: CuPy's ndarray.__array_function__ (NEP 18) looks up
-                                     cupy.<name> (cupy.linalg.<name> for np.linalg) and calls it with the same
-                                     arguments; where CuPy has no such function NumPy raises TypeError
+                                     cupy.<func.__name__> (cupy.linalg.<...> for np.linalg) and calls it with
+                                     the same arguments; where CuPy has no such function NumPy raises TypeError.
+                                     (By __name__: NumPy's aliases reach their original, np.concat is
+                                     np.concatenate, so it works on CuPy 13.x too.)
     np.<ufunc>(device array, ...)    UFUNCS, with UFUNC_CALL (CuPy's ufunc.__call__ takes out=, dtype=, casting=
                                      and nothing else; not NumPy's where=) or UFUNC_METHODS (.reduce, .at, ...)
     x @ y                            "matmul": a generalized ufunc in CuPy (cupy/_core/_gufuncs.py), MATMUL_CALL

@@ -83,7 +83,8 @@ class NotInCuPy(AttributeError, TypeError):
 
 
 def _not_in_cupy(what: str) -> NotInCuPy:
-    return NotInCuPy(f"fake cupy: {what}: not in CuPy 13.x and 14.x (tests/cupy_api.py lists what is)")
+    return NotInCuPy(f"fake cupy: {what}: not on tests/cupy_api.py, the API CuPy 13.x and 14.x both have (if both "
+                     "do have it, add it there with CuPy's parameters)")
 
 
 @functools.cache
@@ -97,7 +98,7 @@ def _check(what: str, params: str, args, kwargs) -> None:
     try:
         _signature(params).bind(*args, **kwargs)
     except TypeError as e:
-        raise _not_in_cupy(f"{what}({params}) called with {e}") from None
+        raise _not_in_cupy(f"{what}({params}) refuses this call ({e})") from None
 
 
 def _check_ufunc(name: str, method: str, inputs, kwargs) -> None:
@@ -603,7 +604,7 @@ class _Namespace(types.SimpleNamespace):
     def __getattr__(self, name):  # only for a member that is not there
         if name.startswith("__"):
             raise AttributeError(name)
-        raise _not_in_cupy(f"{self._path}.{name} (or not emulated by the fake)")
+        raise _not_in_cupy(f"{self._path}.{name}")
 
 
 cuda = _Namespace(_path="cupy.cuda", Device=_Device,
