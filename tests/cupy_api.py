@@ -73,6 +73,9 @@ FUNCTIONS = {
     "squeeze": "a, axis=None",
     "expand_dims": "a, axis",
     "broadcast_to": "array, shape",
+    "shape": "a",
+    "ndim": "a",
+    "result_type": "*arrays_and_dtypes",
     "concatenate": "tup, axis=0, out=None, *, dtype=None, casting='same_kind'",
     "stack": "tup, axis=0, out=None, *, dtype=None, casting='same_kind'",
     "split": "ary, indices_or_sections, axis=0",
@@ -123,11 +126,11 @@ FUNCTIONS = {
 }
 
 # np.<name> on device arrays that CuPy runs as a ufunc (isinstance(cupy.<name>, cupy.ufunc) in both versions).
-# The operators are ufuncs too: + - * / // % ** -x abs() ~ & | ^ << >> < <= > >= == !=
+# The operators are ufuncs too: + - * / // % ** divmod() -x abs() ~ & | ^ << >> < <= > >= == != (and @: matmul)
 UFUNCS = frozenset("""
-    add subtract multiply divide true_divide floor_divide remainder power negative positive absolute
+    add subtract multiply divide true_divide floor_divide remainder fmod divmod power negative positive absolute
     maximum minimum fmax fmin exp exp2 log log2 log1p expm1 sqrt square cbrt reciprocal
-    rint floor ceil trunc sign sin cos tan tanh arctan copysign ldexp isfinite isnan isinf
+    rint floor ceil trunc sign sin cos tan tanh arctan arctan2 hypot logaddexp copysign ldexp isfinite isnan isinf
     bitwise_and bitwise_or bitwise_xor invert left_shift right_shift
     logical_and logical_or logical_not logical_xor less less_equal greater greater_equal equal not_equal
 """.split())

@@ -325,6 +325,9 @@ class ndarray(NDArrayOperatorsMixin):
             return kwargs.get("out")
         return _wrap(_run(call, makes=True, inputs=raw))
 
+    def __imatmul__(self, other):  # CuPy's ndarray has no __imatmul__: `x @= y` makes a new array, as x = x @ y
+        return NotImplemented
+
     # --- what CuPy allows
     shape = property(lambda self: self._a.shape)
     dtype = property(lambda self: self._a.dtype)
