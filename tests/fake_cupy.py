@@ -31,8 +31,9 @@ Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() a
 crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
 
     sync     the host blocks until the device is done and bytes come back: asnumpy, .get(), float/int/bool/
-             item/tolist of a device array (len() and iteration are not: the shape is on the host), a device boolean mask (CuPy counts its True entries),
-             Device/Stream.synchronize, and the real get_rows's range check of device ids (`bool(... .any())`)
+             item/tolist of a device array (not len() or iteration: the shape is on the host), a device boolean
+             mask (CuPy counts its True entries), Device/Stream.synchronize, and the real get_rows's range
+             check of device ids (`bool(... .any())`)
     upload   host bytes go to the device: cupy.asarray(host), dev[...] = host array, a host index array
     launch   a CuPy call that computes (a ufunc, a NumPy function, a method that makes an array, a kernel, a
              memset of cupy.zeros), or one graph launch; views (reshape, slicing, .T) launch nothing
