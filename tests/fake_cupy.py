@@ -12,6 +12,14 @@ refuses them the same way, so a leak fails here, in CI, and not first on somebod
     float(dev0d), int(...), bool(...), dev.item(), dev.tolist() allowed (CuPy syncs and copies)
     dev[...] = host                                              allowed (CuPy uploads the value)
     cupy.asarray(host), cupy.asnumpy(dev), dev.get()             the explicit copies
+    x[:dev0d], range(dev0d), operator.index(dev0d)              TypeError (CuPy's ndarray has no __index__;
+                                                                 int(dev0d) first: a sync, and visibly one)
+
+And it accepts only the API real CuPy has, in 13.x and 14.x both (tests/cupy_api.py, read from CuPy's
+sources): a cupy.<name>, a NumPy function or ufunc on a device array (CuPy's __array_function__ and
+__array_ufunc__ hand it to cupy.<name>), a method or attribute of a device array, each with the keywords
+CuPy's own takes. Anything else raises NotInCuPy, naming what is missing, even where NumPy underneath could
+run it: the fake must not hide an API the cuda backend would first miss on a GPU.
 
 `ndarray` wraps a NumPy array; every NumPy function and ufunc on it runs NumPy on the wrapped arrays and wraps
 the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, gdn_scan: the NumPy
@@ -23,8 +31,9 @@ Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() a
 crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
 
     sync     the host blocks until the device is done and bytes come back: asnumpy, .get(), float/int/bool/
-             item/tolist/__index__ of a device array, a device boolean mask (CuPy counts its True entries),
-             Device/Stream.synchronize, and the real get_rows's range check of device ids (`bool(... .any())`)
+             item/tolist of a device array (not len() or iteration: the shape is on the host), a device boolean
+             mask (CuPy counts its True entries), Device/Stream.synchronize, and the real get_rows's range
+             check of device ids (`bool(... .any())`)
     upload   host bytes go to the device: cupy.asarray(host), dev[...] = host array, a host index array
     launch   a CuPy call that computes (a ufunc, a NumPy function, a method that makes an array, a kernel, a
              memset of cupy.zeros), or one graph launch; views (reshape, slicing, .T) launch nothing
@@ -46,13 +55,18 @@ CUDA graphs keep one per graph; with CuPy's shared pool a freed intermediate cou
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+
+import cupy_api
 
 from tinyspec import gdn, ops
 from tinyspec.quants import GGMLType
@@ -60,6 +74,78 @@ from tinyspec.quants import GGMLType
 
 def _leak(kind) -> TypeError:
     return TypeError(f"fake cupy: {kind} (CuPy refuses this: a host/device leak in the cuda backend)")
+
+
+# --- what CuPy has (tests/cupy_api.py): anything else is refused by name
+
+class NotInCuPy(AttributeError, TypeError):
+    """An API real CuPy (13.x and 14.x) lacks. CuPy itself raises AttributeError for a missing name and TypeError
+    for an unknown keyword or a NumPy function it has no twin for; this is both, so either `except` catches it."""
+
+
+def _not_in_cupy(what: str) -> NotInCuPy:
+    return NotInCuPy(f"fake cupy: {what}: not on tests/cupy_api.py, the API CuPy 13.x and 14.x both have (if both "
+                     "do have it, add it there with CuPy's parameters)")
+
+
+@functools.cache
+def _signature(params: str) -> inspect.Signature:
+    """A parameter list as tests/cupy_api.py writes it ("a, axis=None, *, dtype=None") as a Signature."""
+    return inspect.signature(eval(f"lambda {params}: None", {"float": float}))
+
+
+def _check(what: str, params: str, args, kwargs) -> None:
+    """Refuse a call that CuPy's `what`, taking `params`, would refuse: an unknown keyword, an extra argument."""
+    try:
+        _signature(params).bind(*args, **kwargs)
+    except TypeError as e:
+        raise _not_in_cupy(f"{what}({params}) refuses this call ({e})") from None
+
+
+def _check_ufunc(name: str, method: str, inputs, kwargs) -> None:
+    """np.<ufunc>(device array ...): CuPy's __array_ufunc__ calls cupy.<name> (or its .reduce, .at, ...)."""
+    if name == "matmul" and method == "__call__":  # a generalized ufunc in CuPy, with keywords of its own
+        allowed = cupy_api.MATMUL_CALL
+    elif name not in cupy_api.UFUNCS:
+        raise _not_in_cupy(f"np.{name}{'' if method == '__call__' else '.' + method} as a CuPy ufunc")
+    elif method in cupy_api.UFUNC_METHODS:
+        return _check(f"cupy.{name}.{method}", cupy_api.UFUNC_METHODS[method], inputs, kwargs)
+    elif method == "__call__":
+        allowed = cupy_api.UFUNC_CALL
+    else:
+        raise _not_in_cupy(f"np.{name}.{method}")
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise _not_in_cupy(f"np.{name}(..., {', '.join(k + '=' for k in unknown)}) (cupy.{name} takes "
+                           f"{', '.join(sorted(allowed))})")
+
+
+def _cupy_name(func) -> str:
+    """The cupy function CuPy's __array_function__ hands a NumPy function to: np.argmax -> "argmax",
+    np.linalg.norm -> "linalg.norm" (cupy.linalg.norm)."""
+    module = func.__module__.removeprefix("numpy").lstrip(".")
+    return f"{module}.{func.__name__}" if module else func.__name__
+
+
+def _check_function(func, args, kwargs) -> None:
+    name = _cupy_name(func)
+    if name not in cupy_api.FUNCTIONS:
+        raise _not_in_cupy(f"np.{name} on a device array (CuPy's __array_function__ finds no cupy.{name}; "
+                           "NumPy then raises TypeError)")
+    _check(f"cupy.{name}", cupy_api.FUNCTIONS[name], args, kwargs)
+
+
+def _cupy(name: str):
+    """Decorator: the fake's cupy.<name>, refusing the calls CuPy's own would (cupy_api.FUNCTIONS[name])."""
+    params = cupy_api.FUNCTIONS[name]
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            _check(f"cupy.{name}", params, args, kwargs)
+            return fn(*args, **kwargs)
+        return checked
+    return decorate
 
 
 # --- what crosses between host and device, and what runs (the counting half of this module)
@@ -203,7 +289,7 @@ def _writes(func, kwargs) -> bool:
 
 
 _SYNCING = (np.nonzero, np.flatnonzero, np.argwhere, np.unique, np.compress, np.extract)  # output size from data
-_MUTATING_METHODS = ("fill", "put", "sort", "partition", "itemset", "resize")
+_MUTATING_METHODS = ("fill", "put", "sort", "partition")
 
 
 class ndarray(NDArrayOperatorsMixin):
@@ -220,6 +306,7 @@ class ndarray(NDArrayOperatorsMixin):
         raise _leak("implicit conversion of a device array to NumPy")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _check_ufunc(ufunc.__name__, method, inputs, kwargs)
         raw = _unwrap((inputs, kwargs), strict=True)
         call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])
         if method == "at" or kwargs.get("out") is not None:  # in place: x += y, np.add(x, y, out=...)
@@ -229,6 +316,7 @@ class ndarray(NDArrayOperatorsMixin):
         return _wrap(_run(call, makes=True, inputs=raw))
 
     def __array_function__(self, func, types_, args, kwargs):
+        _check_function(func, args, kwargs)
         raw = _unwrap((args, kwargs), strict=True)
         call = lambda: func(*raw[0], **raw[1])
         if func in _SYNCING:
@@ -237,6 +325,9 @@ class ndarray(NDArrayOperatorsMixin):
             _run(call, makes=False)
             return kwargs.get("out")
         return _wrap(_run(call, makes=True, inputs=raw))
+
+    def __imatmul__(self, other):  # CuPy's ndarray has no __imatmul__: `x @= y` makes a new array, as x = x @ y
+        return NotImplemented
 
     # --- what CuPy allows
     shape = property(lambda self: self._a.shape)
@@ -252,11 +343,14 @@ class ndarray(NDArrayOperatorsMixin):
     def __getattr__(self, name):  # methods: reshape, copy, astype, sum, max, view, fill, ...
         if name.startswith("__"):  # __array_interface__, __array_struct__: NumPy's back doors to the data
             raise AttributeError(name)
-        attr = getattr(self._a, name)
-        if not callable(attr):
-            return _wrap(attr)
+        if name in cupy_api.NDARRAY_ATTRIBUTES:
+            return _wrap(getattr(self._a, name))
+        if name not in cupy_api.NDARRAY_METHODS:
+            raise _not_in_cupy(f"cupy.ndarray.{name}")
+        attr, params = getattr(self._a, name), cupy_api.NDARRAY_METHODS[name]
 
         def method(*args, **kwargs):
+            _check(f"cupy.ndarray.{name}", params, args, kwargs)
             raw = _unwrap((args, kwargs), strict=True)
             if name == "nonzero":
                 _transfer("sync", 8, ".nonzero() of a device array")
@@ -276,10 +370,12 @@ class ndarray(NDArrayOperatorsMixin):
         raw_value = _unwrap(value, strict=False)
         _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False)
 
+    # --- conversions, as core.pyx has them: len() and iteration read the host's shape (no sync; TypeError on a
+    # 0-d array); int(), float(), bool() bring the value back (a sync). No __index__: a device array is no index.
     def __len__(self):
         return len(self._a)
 
-    def __iter__(self):
+    def __iter__(self):  # CuPy: (self[i] for i in range(len(self)))
         return (_wrap(row) for row in self._a)
 
     def _fetch(self, what: str):
@@ -292,13 +388,20 @@ class ndarray(NDArrayOperatorsMixin):
     def __int__(self):
         return int(self._fetch("int()"))
 
-    def __index__(self):
-        return self._fetch("an index (__index__)").__index__()
-
-    def __bool__(self):
+    def __bool__(self):  # CuPy's __nonzero__: only a one-element array is read back
+        if self.size == 0:
+            warnings.warn("The truth value of an empty array is ambiguous. Returning False, but in future this will "
+                          "result in an error. Use `array.size > 0` to check that an array is not empty.",
+                          DeprecationWarning, stacklevel=2)
+            return False
+        if self.size > 1:
+            raise ValueError("The truth value of an array with more than one element is ambiguous. "
+                             "Use a.any() or a.all()")
         return bool(self._fetch("bool()"))
 
     def item(self):
+        if self.size != 1:  # CuPy checks before it copies
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
         return self._fetch(".item()").item()
 
     def tolist(self):
@@ -355,6 +458,7 @@ def _unwrap(x, strict: bool):
 
 # --- the module functions the backend and the model use (cupy.*)
 
+@_cupy("asarray")
 def asarray(x, dtype=None):
     if isinstance(x, ndarray):
         if dtype is None or x.dtype == dtype:
@@ -367,12 +471,14 @@ def asarray(x, dtype=None):
     return ndarray(a)
 
 
+@_cupy("ascontiguousarray")
 def ascontiguousarray(x, dtype=None):
     if not isinstance(x, ndarray):
         raise _leak("cupy.ascontiguousarray of a host array")
     return ndarray(_run(lambda: np.ascontiguousarray(x._a, dtype=dtype), makes=True, inputs=(x._a,)))
 
 
+@_cupy("asnumpy")
 def asnumpy(x):
     if isinstance(x, ndarray):
         _transfer("sync", x.nbytes, "cupy.asnumpy")
@@ -389,23 +495,28 @@ def _alloc(fn, launches: bool):
     return make
 
 
-empty = _alloc(np.empty, False)
-zeros, ones, full, arange = (_alloc(f, True) for f in (np.zeros, np.ones, np.full, np.arange))
-float32, float64, int32, int64, uint8, uint32 = np.float32, np.float64, np.int32, np.int64, np.uint8, np.uint32
+empty = _cupy("empty")(_alloc(np.empty, False))
+zeros, ones, full, arange = (_cupy(f.__name__)(_alloc(f, True)) for f in (np.zeros, np.ones, np.full, np.arange))
+float16, float32, float64 = np.float16, np.float32, np.float64
+int8, int16, int32, int64, uint8, uint16, uint32, uint64 = (np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                                            np.uint16, np.uint32, np.uint64)
+bool_ = np.bool_
 
 
+@_cupy("empty_like")
 def empty_like(x, dtype=None, shape=None):
     _allocated()
     return ndarray(np.empty_like(x._a, dtype=dtype, shape=shape))
 
 
+@_cupy("zeros_like")
 def zeros_like(x, dtype=None, shape=None):
     return ndarray(_run(lambda: np.zeros_like(x._a, dtype=dtype, shape=shape), makes=True))
 
 
 class _Device:
-    def __init__(self, i=0):
-        self.id = i
+    def __init__(self, device=None):
+        self.id = device or 0
         self.compute_capability = "90"
 
     def synchronize(self):
@@ -436,7 +547,7 @@ class Stream:
 
     null: "Stream"
 
-    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+    def __init__(self, null=False, non_blocking=False, ptds=False):  # 14.x adds priority=
         self.is_null, self._capture = null, None
 
     def __enter__(self):
@@ -491,18 +602,39 @@ def get_current_stream() -> Stream:
     return _streams[-1] if _streams else Stream.null
 
 
-cuda = types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
-                             Stream=Stream, Graph=Graph, graph=types.SimpleNamespace(Graph=Graph),
-                             get_current_stream=get_current_stream, MemoryPool=MemoryPool,
-                             using_allocator=using_allocator)
+class _Namespace(types.SimpleNamespace):
+    """cupy.cuda, cupy.cuda.runtime, ...: the members given; any other is refused by name."""
+
+    def __getattr__(self, name):  # only for a member that is not there
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _not_in_cupy(f"{self._path}.{name}")
+
+
+cuda = _Namespace(_path="cupy.cuda", Device=_Device,
+                  runtime=_Namespace(_path="cupy.cuda.runtime", getDevice=lambda: 0, getDeviceCount=lambda: 1),
+                  Stream=Stream, Graph=Graph, graph=_Namespace(_path="cupy.cuda.graph", Graph=Graph),
+                  get_current_stream=get_current_stream, MemoryPool=MemoryPool, using_allocator=using_allocator)
+
+_EXPORTS = ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
+            "empty_like", "zeros_like", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+            "uint16", "uint32", "uint64", "bool_", "cuda")
+
+
+def _module_getattr(name):
+    """cupy.<name> the fake does not define: CuPy's, not emulated yet (add it here), or not CuPy's at all."""
+    if name in cupy_api.FUNCTIONS or name in cupy_api.NAMES:
+        raise AttributeError(f"fake cupy: cupy.{name} is CuPy's, but the fake does not emulate it (add it to "
+                             "tests/fake_cupy.py)")
+    raise _not_in_cupy(f"cupy.{name}")
 
 
 def module() -> types.ModuleType:
     """This file as the `cupy` module (what `import cupy` finds while the fixture is active)."""
     m = types.ModuleType("cupy")
-    for name in ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
-                 "empty_like", "zeros_like", "float32", "float64", "int32", "int64", "uint8", "uint32", "cuda"):
+    for name in _EXPORTS:
         setattr(m, name, globals()[name])
+    m.__getattr__ = _module_getattr  # PEP 562: asked for a name the module lacks
     return m
 
 
