@@ -14,6 +14,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from tinyspec.config import ModelConfig
 from tinyspec.gdn import causal_conv, delta_rule_step, gdn_chunked, gdn_layer, gdn_scan
+from tinyspec.kernels import NUMPY
 from tinyspec.ops import l2_norm
 from tinyspec.state import GDNState
 
@@ -253,15 +254,15 @@ def test_gdn_layer_matches_hf(rng, chunked):
         ref = module(torch.from_numpy(x)[None])[0].numpy()
 
     state = GDNState.zeros(cfg)
-    out = gdn_layer(x, w, state, cfg, chunked=chunked)
+    out = gdn_layer(x, w, state, cfg, NUMPY, chunked=chunked)
     assert out.dtype == np.float32 and out.shape == (T, cfg.n_embd)
     assert np.abs(out - ref).max() <= 1e-4
 
     # prefill T1 tokens, then decode the rest one by one from the carried state
     T1 = 23
     state = GDNState.zeros(cfg)
-    rows = [gdn_layer(x[:T1], w, state, cfg, chunked=chunked)]
-    rows += [gdn_layer(x[t : t + 1], w, state, cfg) for t in range(T1, T)]
+    rows = [gdn_layer(x[:T1], w, state, cfg, NUMPY, chunked=chunked)]
+    rows += [gdn_layer(x[t : t + 1], w, state, cfg, NUMPY) for t in range(T1, T)]
     assert np.abs(np.concatenate(rows) - ref).max() <= 1e-4
 
 
@@ -276,8 +277,8 @@ def test_hf_head_order_matters(rng):
     x = rng.standard_normal((16, cfg.n_embd)).astype(np.float32)
     with torch.no_grad():
         ref = module(torch.from_numpy(x)[None])[0].numpy()
-    assert np.abs(gdn_layer(x, w, GDNState.zeros(cfg), cfg) - ref).max() <= 1e-4
-    assert np.abs(gdn_layer(x, w_grouped, GDNState.zeros(cfg), cfg) - ref).max() > 1e-3
+    assert np.abs(gdn_layer(x, w, GDNState.zeros(cfg), cfg, NUMPY) - ref).max() <= 1e-4
+    assert np.abs(gdn_layer(x, w_grouped, GDNState.zeros(cfg), cfg, NUMPY) - ref).max() > 1e-3
 
 
 # ---------------------------------------------------------------- 4. batch invariance
@@ -293,15 +294,16 @@ def test_gdn_layer_is_batch_invariant(rng, cfg):
     start = random_state(rng, cfg)
 
     state_block = start.copy()
-    out_block = gdn_layer(x, w, state_block, cfg)
+    out_block = gdn_layer(x, w, state_block, cfg, NUMPY)
 
     state_tok = start.copy()
-    out_tok = np.concatenate([gdn_layer(x[t : t + 1], w, state_tok, cfg) for t in range(len(x))])
+    out_tok = np.concatenate([gdn_layer(x[t : t + 1], w, state_tok, cfg, NUMPY) for t in range(len(x))])
     assert_array_equal(out_block, out_tok)
     assert_array_equal(state_block.conv, state_tok.conv)
     assert_array_equal(state_block.ssm, state_tok.ssm)
 
     state_mixed = start.copy()  # uneven blocks, like verify passes of different draft lengths
-    out_mixed = np.concatenate([gdn_layer(x[a:b], w, state_mixed, cfg) for a, b in [(0, 5), (5, 6), (6, 14), (14, 19)]])
+    blocks = [(0, 5), (5, 6), (6, 14), (14, 19)]
+    out_mixed = np.concatenate([gdn_layer(x[a:b], w, state_mixed, cfg, NUMPY) for a, b in blocks])
     assert_array_equal(out_mixed, out_block)
     assert_array_equal(state_mixed.ssm, state_block.ssm)

@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .ops import rope_neox, softmax
 from .state import KVCache
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
     from .kernels import Kernels
 
 
@@ -71,11 +71,10 @@ def attend_paged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: n
 
 
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
-                    kern: Kernels | None = None) -> np.ndarray:
+                    kern: Kernels) -> np.ndarray:
     """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n.
     kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
-    function above or one with its contract, e.g. fast/numba_attention.py's); None: the oracle's."""
-    kern = kern or _oracle()
+    function above or one with its contract, e.g. fast/numba_attention.py's)."""
     q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
     q, k = norm_rope(q, k, np.arange(cache.n, cache.n + x.shape[0]), w, cfg, kern)  # 2. q/k norm and rope
     o = attend_own(q, k, v, cache, cfg, kern)  # 3. into this sequence's cache, attention over it
@@ -83,12 +82,11 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
-                           cfg: ModelConfig, kern: Kernels | None = None) -> np.ndarray:
+                           cfg: ModelConfig, kern: Kernels) -> np.ndarray:
     """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
     cu_seqlens) -> [R, D]. The projections, norms, rope (each row at its own sequence's position) and output run
     once over all R rows, so each weight is read once; each sequence's rows go into its own cache and attend
     over it, exactly as attention_layer does for it alone (no row ever sees another sequence's keys)."""
-    kern = kern or _oracle()
     spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
     q, gate, k, v = project(x, w, cfg, kern)
     positions = np.concatenate([np.arange(c.n, c.n + r.stop - r.start) for c, r in zip(caches, spans)])
@@ -126,8 +124,3 @@ def attend_own(q, k, v, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
 def output(o, gate, w, kern: Kernels) -> np.ndarray:  # [T, H*d] x2 -> [T, D]
     return kern.linear(o * kern.sigmoid(gate), w["attn_output.weight"])
 
-
-def _oracle() -> Kernels:
-    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
-
-    return NUMPY

@@ -49,7 +49,7 @@ from .config import ModelConfig
 from .ops import asarray_like
 from .state import GDNState, ReplayLog, SnapshotSlots
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
     from .kernels import Kernels
 
 
@@ -196,21 +196,20 @@ def gdn_chunked(
 
 
 def gdn_layer(
-    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels | None = None,
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
     chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm.
 
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
     kern: the functions to compute with (kernels.py: matmul, row functions, causal_conv and gdn_scan,
-    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's); None: the oracle's.
+    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's).
     chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant; no ring).
     ring: this layer's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says where
     the conv and the scan write the state after each token (a SnapshotRing's slots: slot t is what a
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
-    kern = kern or _oracle()
     mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
     c, conv_after = gdn_conv(mixed, w, state, kern, ring)  # 2. the conv over this sequence's window
     q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
@@ -219,12 +218,11 @@ def gdn_layer(
 
 
 def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray,
-                     cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None) -> np.ndarray:
+                     cfg: ModelConfig, kern: Kernels, rings: list | None = None) -> np.ndarray:
     """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
     cu_seqlens) -> [R, D]. Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all
     R rows, so each weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from
     its own state into its own ring entry (rings[b], None: no ring), exactly as gdn_layer does for it alone."""
-    kern = kern or _oracle()
     rings = rings or [None] * len(states)
     spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
     mixed, z, beta, log_decay = gdn_project(x, w, kern)
@@ -296,8 +294,3 @@ def gdn_output(o: np.ndarray, z: np.ndarray, w: Mapping[str, np.ndarray], cfg: M
     y = kern.rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * kern.silu(z.reshape(T, HV, V))  # [T, HV, V]
     return kern.linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]
 
-
-def _oracle() -> Kernels:
-    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
-
-    return NUMPY
