@@ -29,8 +29,9 @@ by following an argument, not by searching for who patched what.
                  (verify_greedy, here)   [k] int64 array where the logits are) -> (n_accepted, token, drafts as
                                          k host ints): the greedy rule (the argmax of each row against the
                                          drafts, the kept prefix, the target's own token); the cuda backend's
-                                         runs on the device and brings back the run's two ints, with the
-                                         drafts in the same transfer when they were on the device (one sync)
+                                         runs on the device and brings back only the run's two ints (and the
+                                         drafts in the same transfer when they were on the device): the host
+                                         never needs the [k+1, N] logits themselves
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
 
 What every replacement must keep:
