@@ -5,7 +5,8 @@
    against gdn_scan (odd T, several chunk sizes), and scan/chunked split in time from the carried state;
 3. gdn_layer against HF transformers' Qwen3_5GatedDeltaNet (float32 torch fallback) with HF weights
    mapped to GGUF layout the way llama.cpp's converter does, n_k != n_v so the head order matters;
-4. batch invariance: a T-token call equals T one-token calls bit for bit (outputs and state).
+4. batch invariance: a T-token call equals T one-token calls bit for bit (outputs and state), and a ragged
+   call over several sequences equals each sequence's own call (the scan and the chunked form).
 """
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 from tinyspec.config import ModelConfig
-from tinyspec.gdn import causal_conv, delta_rule_step, gdn_chunked, gdn_layer, gdn_scan
+from tinyspec.gdn import causal_conv, delta_rule_step, gdn_chunked, gdn_layer, gdn_layer_ragged, gdn_scan
+from tinyspec.kernels import NUMPY
 from tinyspec.ops import l2_norm
 from tinyspec.state import GDNState
 
@@ -253,15 +255,15 @@ def test_gdn_layer_matches_hf(rng, chunked):
         ref = module(torch.from_numpy(x)[None])[0].numpy()
 
     state = GDNState.zeros(cfg)
-    out = gdn_layer(x, w, state, cfg, chunked=chunked)
+    out = gdn_layer(x, w, state, cfg, NUMPY, chunked=chunked)
     assert out.dtype == np.float32 and out.shape == (T, cfg.n_embd)
     assert np.abs(out - ref).max() <= 1e-4
 
     # prefill T1 tokens, then decode the rest one by one from the carried state
     T1 = 23
     state = GDNState.zeros(cfg)
-    rows = [gdn_layer(x[:T1], w, state, cfg, chunked=chunked)]
-    rows += [gdn_layer(x[t : t + 1], w, state, cfg) for t in range(T1, T)]
+    rows = [gdn_layer(x[:T1], w, state, cfg, NUMPY, chunked=chunked)]
+    rows += [gdn_layer(x[t : t + 1], w, state, cfg, NUMPY) for t in range(T1, T)]
     assert np.abs(np.concatenate(rows) - ref).max() <= 1e-4
 
 
@@ -276,8 +278,8 @@ def test_hf_head_order_matters(rng):
     x = rng.standard_normal((16, cfg.n_embd)).astype(np.float32)
     with torch.no_grad():
         ref = module(torch.from_numpy(x)[None])[0].numpy()
-    assert np.abs(gdn_layer(x, w, GDNState.zeros(cfg), cfg) - ref).max() <= 1e-4
-    assert np.abs(gdn_layer(x, w_grouped, GDNState.zeros(cfg), cfg) - ref).max() > 1e-3
+    assert np.abs(gdn_layer(x, w, GDNState.zeros(cfg), cfg, NUMPY) - ref).max() <= 1e-4
+    assert np.abs(gdn_layer(x, w_grouped, GDNState.zeros(cfg), cfg, NUMPY) - ref).max() > 1e-3
 
 
 # ---------------------------------------------------------------- 4. batch invariance
@@ -293,15 +295,58 @@ def test_gdn_layer_is_batch_invariant(rng, cfg):
     start = random_state(rng, cfg)
 
     state_block = start.copy()
-    out_block = gdn_layer(x, w, state_block, cfg)
+    out_block = gdn_layer(x, w, state_block, cfg, NUMPY)
 
     state_tok = start.copy()
-    out_tok = np.concatenate([gdn_layer(x[t : t + 1], w, state_tok, cfg) for t in range(len(x))])
+    out_tok = np.concatenate([gdn_layer(x[t : t + 1], w, state_tok, cfg, NUMPY) for t in range(len(x))])
     assert_array_equal(out_block, out_tok)
     assert_array_equal(state_block.conv, state_tok.conv)
     assert_array_equal(state_block.ssm, state_tok.ssm)
 
     state_mixed = start.copy()  # uneven blocks, like verify passes of different draft lengths
-    out_mixed = np.concatenate([gdn_layer(x[a:b], w, state_mixed, cfg) for a, b in [(0, 5), (5, 6), (6, 14), (14, 19)]])
+    blocks = [(0, 5), (5, 6), (6, 14), (14, 19)]
+    out_mixed = np.concatenate([gdn_layer(x[a:b], w, state_mixed, cfg, NUMPY) for a, b in blocks])
     assert_array_equal(out_mixed, out_block)
     assert_array_equal(state_mixed.ssm, state_block.ssm)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_ragged_layer_is_each_sequence_alone(rng, chunked):
+    """Several sequences packed in one call (fla's varlen = concatenation of per-sequence runs): each sequence's
+    rows and state are bitwise those of its own call, for the scan and for the chunked prefill form."""
+    cfg = tiny_cfg()
+    w = random_gguf_weights(rng, cfg)
+    sizes = [7, 1, 12]
+    bounds = np.cumsum([0] + sizes)
+    x = rng.standard_normal((bounds[-1], cfg.n_embd)).astype(np.float32)
+    starts = [random_state(rng, cfg) for _ in sizes]
+
+    alone = [s.copy() for s in starts]
+    out_alone = np.concatenate([gdn_layer(x[a:b], w, s, cfg, NUMPY, chunked=chunked)
+                                for a, b, s in zip(bounds[:-1], bounds[1:], alone)])
+    packed = [s.copy() for s in starts]
+    out_packed = gdn_layer_ragged(x, w, packed, bounds, cfg, NUMPY, chunked=chunked)
+    assert_array_equal(out_packed, out_alone)
+    for a, b in zip(packed, alone):
+        assert_array_equal(a.conv, b.conv)
+        assert_array_equal(a.ssm, b.ssm)
+
+
+def test_a_ring_refuses_the_chunked_form_before_any_state_changes(rng):
+    """The chunked form never forms the per-token states a ring keeps: asked for both, the layer raises, and
+    no sequence's state has moved (the check runs before the first sequence is scanned)."""
+    from tinyspec.state import SnapshotRing
+
+    cfg = tiny_cfg()
+    w = random_gguf_weights(rng, cfg)
+    states = [random_state(rng, cfg) for _ in range(2)]
+    before = [s.copy() for s in states]
+    x = rng.standard_normal((6, cfg.n_embd)).astype(np.float32)
+    rings = [None, SnapshotRing(cfg, slots=4).layer(0)]
+    with pytest.raises(ValueError, match="a ring needs the scan"):
+        gdn_layer_ragged(x, w, states, np.array([0, 3, 6]), cfg, NUMPY, rings, chunked=True)
+    with pytest.raises(ValueError, match="room for 6 tokens"):
+        gdn_layer(x, w, states[0], cfg, NUMPY, ring=SnapshotRing(cfg, slots=4).layer(0))
+    for s, b in zip(states, before):
+        assert_array_equal(s.conv, b.conv)
+        assert_array_equal(s.ssm, b.ssm)

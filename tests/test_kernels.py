@@ -4,11 +4,13 @@
                (xp, to_device, to_host, backend) cannot be assigned, and ops keeps no table of fast paths
     backends   the cpu backend's Kernels name the Numba functions, the numpy backend's the oracle's
     the core   kernels, model and the modules they import never import tinyspec.fast
+    one way    kernels imports the layers for its defaults; the layers are handed a Kernels and never import it
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import subprocess
 import sys
 
@@ -80,3 +82,20 @@ def test_the_core_never_imports_the_fast_wing():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_the_layers_never_import_the_kernels():
+    """The import goes one way: kernels.py imports gdn.py and attention.py for the oracle's defaults, and the
+    layers take their Kernels as a required argument, with no import back (not even a lazy one inside a
+    function for a default); only the type checker reads kernels.py from them, for the annotation."""
+    import ast
+
+    for module in (gdn, attention):
+        tree = ast.parse(inspect.getsource(module))
+        type_only = {id(node) for stmt in tree.body if isinstance(stmt, ast.If) and ast.unparse(stmt.test) ==
+                     "TYPE_CHECKING" for node in ast.walk(stmt)}
+        back = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module ==
+                "kernels" and id(node) not in type_only]
+        assert not back, f"{module.__name__} imports tinyspec.kernels at line {back}"
+    for layer in (gdn.gdn_layer, gdn.gdn_layer_ragged, attention.attention_layer, attention.attention_layer_ragged):
+        assert inspect.signature(layer).parameters["kern"].default is inspect.Parameter.empty, layer.__name__

@@ -18,6 +18,7 @@ decode results bit for bit (tests/test_model.py checks it).
 Several sequences in one pass (attention_layer_ragged, batch.py): the projections and the output run once
 over every sequence's rows packed together; the norm, rope, cache and attention run per sequence on its own
 rows and its own cache (contiguous, or paged: attend_paged reads the sequence's blocks through its table).
+One sequence (attention_layer) is the case of one: the steps are written once.
 
 Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF transformers
 `Qwen3_5Attention` (modeling_qwen3_5.py). Does NOT include: sliding windows, M-RoPE for images.
@@ -30,10 +31,10 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import rope_neox, softmax
+from .ops import join_rows, rope_neox, softmax
 from .state import KVCache
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
     from .kernels import Kernels
 
 
@@ -71,30 +72,29 @@ def attend_paged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: n
 
 
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
-                    kern: Kernels | None = None) -> np.ndarray:
-    """[T, D] -> [T, D]. Appends the T new keys/values to `cache`; positions continue from cache.n.
-    kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
-    function above or one with its contract, e.g. fast/numba_attention.py's); None: the oracle's."""
-    kern = kern or _oracle()
-    q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
-    q, k = norm_rope(q, k, np.arange(cache.n, cache.n + x.shape[0]), w, cfg, kern)  # 2. q/k norm and rope
-    o = attend_own(q, k, v, cache, cfg, kern)  # 3. into this sequence's cache, attention over it
-    return output(o, gate, w, kern)  # 4. gate and out projection
+                    kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
+    """Gated attention of one layer on one sequence's T new tokens: attention_layer_ragged with one sequence."""
+    return attention_layer_ragged(x, w, [cache], np.array([0, x.shape[0]]), cfg, kern)
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
-                           cfg: ModelConfig, kern: Kernels | None = None) -> np.ndarray:
-    """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
-    cu_seqlens) -> [R, D]. The projections, norms, rope (each row at its own sequence's position) and output run
-    once over all R rows, so each weight is read once; each sequence's rows go into its own cache and attend
-    over it, exactly as attention_layer does for it alone (no row ever sees another sequence's keys)."""
-    kern = kern or _oracle()
+                           cfg: ModelConfig, kern: Kernels) -> np.ndarray:  # [R, D] -> [R, D]
+    """Gated attention of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
+    bounds[b] .. bounds[b+1]-1, like cu_seqlens). Appends each sequence's new keys/values to caches[b]; its
+    positions continue from caches[b].n. One sequence is the case bounds = [0, T].
+
+    kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
+    function above or one with its contract, e.g. fast/numba_attention.py's).
+    The projections, norms, rope (each row at its own sequence's position) and output run once over all R
+    rows, so each weight is read once; each sequence's rows go into its own cache and attend over it (no row
+    ever sees another sequence's keys), so each sequence's rows are bitwise those it computes alone.
+    """
     spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    q, gate, k, v = project(x, w, cfg, kern)
-    positions = np.concatenate([np.arange(c.n, c.n + r.stop - r.start) for c, r in zip(caches, spans)])
-    q, k = norm_rope(q, k, positions, w, cfg, kern)
-    o = np.concatenate([attend_own(q[r], k[r], v[r], cache, cfg, kern) for cache, r in zip(caches, spans)])
-    return output(o, gate, w, kern)
+    q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
+    positions = join_rows([np.arange(c.n, c.n + r.stop - r.start) for c, r in zip(caches, spans)])
+    q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
+    o = join_rows([attend_own(q[r], k[r], v[r], cache, cfg, kern) for cache, r in zip(caches, spans)])  # 3.
+    return output(o, gate, w, kern)  # 4. gate and out projection
 
 
 def project(x, w, cfg: ModelConfig, kern: Kernels):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]
@@ -126,8 +126,3 @@ def attend_own(q, k, v, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
 def output(o, gate, w, kern: Kernels) -> np.ndarray:  # [T, H*d] x2 -> [T, D]
     return kern.linear(o * kern.sigmoid(gate), w["attn_output.weight"])
 
-
-def _oracle() -> Kernels:
-    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
-
-    return NUMPY

@@ -35,7 +35,7 @@ Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequenc
 for the WY / UT chunk form. Math reference: docs/qwen35.md section 3.1.
 Several sequences in one pass (gdn_layer_ragged, batch.py): the projections run once over every sequence's
 rows packed together, the conv and the scan per sequence from its own state, so each sequence's rows are
-bitwise those it computes alone.
+bitwise those it computes alone. One sequence (gdn_layer) is the case of one: the steps are written once.
 Does NOT include: qwen3next's fused qkvz / ba layouts, backward pass.
 """
 
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import asarray_like
+from .ops import asarray_like, join_rows
 from .state import GDNState, ReplayLog, SnapshotSlots
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
     from .kernels import Kernels
 
 
@@ -196,44 +196,46 @@ def gdn_chunked(
 
 
 def gdn_layer(
-    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels | None = None,
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
     chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
-    """The GDN mixer of one layer on T new tokens. Updates state.conv and state.ssm.
+    """The GDN mixer of one layer on one sequence's T new tokens: gdn_layer_ragged with one sequence."""
+    return gdn_layer_ragged(x, w, [state], np.array([0, x.shape[0]]), cfg, kern, [ring], chunked)
+
+
+def gdn_layer_ragged(
+    x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray, cfg: ModelConfig,
+    kern: Kernels, rings: list | None = None, chunked: bool = False,
+) -> np.ndarray:  # [R, D] -> [R, D]
+    """The GDN mixer of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
+    bounds[b] .. bounds[b+1]-1, like cu_seqlens). Updates each states[b].conv and states[b].ssm.
 
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
     kern: the functions to compute with (kernels.py: matmul, row functions, causal_conv and gdn_scan,
-    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's); None: the oracle's.
-    chunked=True uses gdn_chunked (faster for long prefills, not bitwise batch-invariant; no ring).
-    ring: this layer's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says where
-    the conv and the scan write the state after each token (a SnapshotRing's slots: slot t is what a
+    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's).
+    Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all R rows, so each
+    weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from its own state,
+    so each sequence's rows are bitwise those it computes alone. One sequence is the case bounds = [0, T].
+    chunked=True scans with gdn_chunked (faster for a long prefill, not bitwise batch-invariant; no ring).
+    rings[b]: sequence b's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says
+    where the conv and the scan write the state after each token (a SnapshotRing's slots: slot t is what a
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
-    kern = kern or _oracle()
-    mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
-    c, conv_after = gdn_conv(mixed, w, state, kern, ring)  # 2. the conv over this sequence's window
-    q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
-    o = gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w, state, kern, chunked, ring)  # 4. the scan
-    return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
-
-
-def gdn_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray,
-                     cfg: ModelConfig, kern: Kernels | None = None, rings: list | None = None,
-                     chunked: bool = False) -> np.ndarray:
-    """Several sequences' new tokens packed in one [R, D] (sequence b: rows bounds[b] .. bounds[b+1]-1, like
-    cu_seqlens) -> [R, D]. Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all
-    R rows, so each weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from
-    its own state into its own ring entry (rings[b], None: no ring), exactly as gdn_layer does for it alone."""
-    kern = kern or _oracle()
     rings = rings or [None] * len(states)
     spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    mixed, z, beta, log_decay = gdn_project(x, w, kern)
-    convs = [gdn_conv(mixed[r], w, state, kern, ring) for r, state, ring in zip(spans, states, rings)]
-    q, k, v = gdn_qkv(np.concatenate([c for c, _ in convs]), cfg, kern)
-    o = np.concatenate([gdn_memory(q[r], k[r], v[r], log_decay[r], beta[r], mixed[r], conv_after, w, state, kern,
-                                   chunked, ring) for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])
-    return gdn_output(o, z, w, cfg, kern)
+    for r, ring in zip(spans, rings):  # checked before any state changes
+        T = r.stop - r.start
+        if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states)
+                                                if b is not None)):
+            raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
+    mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
+    convs = [gdn_conv(mixed[r], w, state, kern, ring) for r, state, ring in zip(spans, states, rings)]  # 2. conv
+    q, k, v = gdn_qkv(join_rows([c for c, _ in convs]), cfg, kern)  # 3. q, k, v per row
+    o = join_rows([gdn_memory(q[r], k[r], v[r], log_decay[r], beta[r], mixed[r], conv_after, w, state, kern,
+                              chunked, ring)
+                   for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])  # 4. the scan
+    return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
 
 
 def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tuple:
@@ -277,9 +279,6 @@ def gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w: Mapping[str, np.n
     prefill) -> o [T, HV, V]; then the state takes the new window (conv_after) and memory. Without a ring the
     new memory overwrites the old in place; with one, the ring says where the per-token states and the new
     memory go, and records what a rollback needs (mixed: the conv's input, for a replay)."""
-    T = q.shape[0]
-    if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states) if b is not None)):
-        raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
     scan = gdn_chunked if chunked else kern.gdn_scan
     states_out, memory_out = (None, state.ssm) if ring is None else (ring.ssm_states, ring.memory_out(state))
     o, ssm_after = scan(q, k, v, log_decay, beta, state.ssm, states_out=states_out, out=memory_out)  # [T, HV, V]
@@ -297,8 +296,3 @@ def gdn_output(o: np.ndarray, z: np.ndarray, w: Mapping[str, np.ndarray], cfg: M
     y = kern.rms_norm(o, w["ssm_norm.weight"], cfg.rms_eps) * kern.silu(z.reshape(T, HV, V))  # [T, HV, V]
     return kern.linear(y.reshape(T, HV * V), w["ssm_out.weight"])  # [T, D]
 
-
-def _oracle() -> Kernels:
-    from .kernels import NUMPY  # imported here: kernels.py imports this module for its defaults
-
-    return NUMPY

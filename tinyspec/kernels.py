@@ -48,7 +48,8 @@ The matmul itself is swapped in the weights, not here: a backend's weight is a P
 multiplies it (backends.py), and ops.linear hands it x. `linear` is a field so a reader sees it among the rest.
 
 This module imports the oracle only, never tinyspec.fast: the core reads and runs without the wing
-(tests/test_kernels.py checks it).
+(tests/test_kernels.py checks it). The import goes one way: the layers (gdn.py, attention.py) are handed
+a Kernels by their caller and never import this module, which imports them for its defaults.
 """
 
 from __future__ import annotations

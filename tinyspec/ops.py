@@ -10,6 +10,7 @@
     quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K for K-quants and IQ4_XS, to Q8_0
                                           for Q8_0, Q4_0, Q5_0, IQ4_NL)   the cpu backend's contract
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
+    join_rows(parts)                    np.concatenate(parts), one part as it is
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
 
 Batch invariance: linear() computes every row with its own matrix-vector product, so row t of a
@@ -118,6 +119,12 @@ def asarray_like(a: np.ndarray, x):
     if isinstance(x, np.ndarray):
         return a
     return sys.modules[type(x).__module__.split(".")[0]].asarray(a)
+
+
+def join_rows(parts: list) -> np.ndarray:  # [T_b, ...] each -> [sum T_b, ...]
+    """The parts stacked along the first axis, as np.concatenate, but one part is returned as it is (no copy):
+    a layer's per-sequence results joined back into the packed rows, for one sequence or many."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:

@@ -77,13 +77,16 @@ class KVCache:
         T = k.shape[0]
         if self.n + T > self.k.shape[0]:
             capacity = max(2 * self.k.shape[0], self.n + T)
-            for name in ("k", "v"):
-                grown = self.xp.zeros((capacity,) + self.k.shape[1:], np.float32)
-                grown[: self.n] = getattr(self, name)[: self.n]
-                setattr(self, name, grown)
+            self.k, self.v = self._grown(self.k, capacity), self._grown(self.v, capacity)
         self.k[self.n : self.n + T] = k
         self.v[self.n : self.n + T] = v
         self.n += T
+
+    def _grown(self, a: np.ndarray, capacity: int) -> np.ndarray:  # [old capacity, H_kv, d] -> [capacity, H_kv, d]
+        """A larger buffer holding a's first n positions (the rest zeros)."""
+        grown = self.xp.zeros((capacity,) + a.shape[1:], np.float32)
+        grown[: self.n] = a[: self.n]
+        return grown
 
     def truncate(self, n: int) -> None:
         """Forget every position >= n."""

@@ -1,4 +1,4 @@
-"""CUDA graphs: capture a step's launches once per shape, replay them with one launch (issue 27).
+"""CUDA graphs: capture a step's launches once per shape, replay them with one launch.
 
 At decode sizes a CuPy launch costs the host 5-20 us of Python and driver time and the GPU about as much
 work, so a step of hundreds of small launches runs at the host's pace. A CUDA graph is a recording of the

@@ -27,9 +27,9 @@ Float path, _quant_linear_parallel (weight-stationary: x is small, W is the memo
                     acc[l] = fma(wrow[256 s + l], x[t, 256 s + l], acc[l])   (simd.fma_spans256)
                 y[t, r] = pairwise sum of acc[0..LANES-1]     fixed tree: (l, l + 128), (l, l + 64), ...
 
-(An earlier loop order - decode a span, then every t's 256 lanes from memory - gave the same bits and
-paid a load and a store of every accumulator per span, so each extra input row cost far more than its
-fmas: docs/performance-log.md old 30.)
+(Why the lanes stay in registers: the other loop order - decode a span, then every t's 256 lanes from
+memory - gives the same bits but pays a load and a store of every accumulator per span, so each extra
+input row costs far more than its fmas: docs/performance-log.md old 30.)
 
 Each block decodes into float32 values bit-identical to the oracle's (the same f32 operations in the
 same order, `d * q`, `(d * sc) * q - (dmin * m)`, no fused multiply-add), as explicit vector IR

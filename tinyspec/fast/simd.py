@@ -582,8 +582,8 @@ def q6_k_half(typingctx, u8, lo, hi, sc, k, w, j):
 # (|pair| <= 2 * 63 * 127, a 16-lane i32 partial stays below 2^24 so its float conversion is exact too);
 # g * mins[j] is exact too (an fp16 times a small integer, formed once per block), and -(dx * bs[j]) is
 # formed once per row of x (the kernel's xb): the float part is two fmas per lane per block and the fixed
-# 16-lane tree at the end of a row. (Until old 30 in docs/performance-log.md the offset was an integer
-# mins . bsums per row and block, a load, a widening, a vpmulld and a convert more per row.) The *_block2
+# 16-lane tree at the end of a row. (An integer mins . bsums per row and block would cost each row a load,
+# a widening, a vpmulld and a convert more: docs/performance-log.md old 30 times both.) The *_block2
 # forms (rows=2) take the same block of two weight rows: each input row's codes are loaded once for both,
 # and the two rows' lanes are two independent chains of fmas through acc (one row's chain, load -> fma ->
 # fma -> store a block, was what a verify pass waited on: LESSONS 7). Each row gets exactly its one-row bits.
