@@ -195,11 +195,6 @@ def cmd_logits(args) -> int:
     return 0
 
 
-DRAFT_MAX = {"mtp": 8, "lookup": 8, "draft": 4, "none": 0}  # adaptive draft length: the largest k tried (mtp, draft:
-# their confidence ends a step early, fast/adaptive.py keep_drafting, so a long cap costs little where drafts are
-# unsure; the shipped draft model is slower at 8 than at 4: docs/performance-log.md old 29)
-
-
 def draft_vocab(args, model, tokenizer=None):
     """--draft-vocab N: the N most frequent tokens (fast/draft_vocab.py), ranked by --ranking, the file's record or,
     given the tokenizer, the cached standard-library count. N = None (generate's default): AUTO_SIZE above
@@ -216,23 +211,18 @@ def draft_vocab(args, model, tokenizer=None):
 
 
 def make_drafter(args, model, tokenizer=None):
-    if args.spec == "none":
-        return None
-    if args.spec == "mtp":
-        from .mtp import MTPDrafter
-
-        return MTPDrafter(model, draft_vocab(args, model, tokenizer), p_min=args.draft_p_min)
-    if args.spec == "lookup":
-        from .lookup import LookupDrafter
-
-        return LookupDrafter()
+    """--spec's drafter for one sequence (drafters.py; a batch's other slots get another() of it), or None."""
     from .backends import load_model as load
-    from .draft import DraftModelDrafter
+    from .drafters import DRAFTERS, DraftOptions, build_drafter
 
-    if not args.draft_model:
-        raise ValueError("--spec draft needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
-    return DraftModelDrafter(load(args.draft_model, model.backend), target=model,
-                             vocab=draft_vocab(args, model, tokenizer))
+    kind = DRAFTERS.get(args.spec)
+    if kind is None:
+        return None
+    if kind.needs_draft_model and not args.draft_model:
+        raise ValueError(f"--spec {kind.name} needs --draft-model FILE (a small qwen35 GGUF with the same vocabulary)")
+    draft_model = load(args.draft_model, model.backend) if kind.needs_draft_model else None
+    vocab = draft_vocab(args, model, tokenizer) if kind.uses_vocab else None
+    return build_drafter(kind.name, model, DraftOptions(draft_model, vocab, args.draft_p_min))
 
 
 class StreamPrinter:
@@ -276,6 +266,7 @@ def decoding_args(args):
 
 
 def cmd_generate(args) -> int:
+    from .drafters import DRAFTERS
     from .generate import generate
     from .drafting import check_draft_length
 
@@ -298,7 +289,7 @@ def cmd_generate(args) -> int:
         print(f"tinyspec generate: note: {', '.join(ignored)} ignored with --spec {args.spec}"
               f"{' and --json' if args.json and args.show else ''}", file=sys.stderr)
     adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
-    draft_n = args.draft_n if not adaptive else args.draft_max or DRAFT_MAX[args.spec]
+    draft_n = args.draft_n if not adaptive else args.draft_max or (DRAFTERS[args.spec].k_max if args.spec in DRAFTERS else 0)
     model, tokenizer = load_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer)
     stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
@@ -463,7 +454,8 @@ def cmd_synth(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .fast.bench import bench
+    from .drafters import DRAFTERS
+    from .fast.bench import bench, report_text
     from .drafting import check_draft_length
 
     check_draft_length(args.draft_n, "--draft-n", low=1)
@@ -480,8 +472,9 @@ def cmd_bench(args) -> int:
                              f"context length {model.cfg.n_ctx}")
         tokens = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, args.prompt_len)]
     drafters = tuple(d for d in args.drafters.split(",") if d)
-    if bad := [d for d in drafters if d not in ("mtp", "lookup", "synthetic")]:
-        raise ValueError(f"--drafters: unknown {', '.join(bad)} (choose from mtp, lookup, synthetic)")
+    choices = [k.name for k in DRAFTERS.values() if not k.needs_draft_model] + ["synthetic"]
+    if bad := [d for d in drafters if d not in choices]:
+        raise ValueError(f"--drafters: unknown {', '.join(bad)} (choose from {', '.join(choices)})")
     if not 0 <= args.synth_acceptance <= 1:
         raise ValueError(f"--synth-acceptance must be in [0, 1], got {args.synth_acceptance}")
     if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1 or args.spec_repeats < 1:
@@ -510,45 +503,7 @@ def cmd_bench(args) -> int:
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
                    spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"{report['model']}  backend {report['backend']}  ({report['weight_bytes'] / 1e6:.1f} MB of weights per token)")
-    print(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token)")
-    print(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
-          f"({100 * report['weight_bw_fraction']:.0f}%)")
-    print("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
-                                         for T, r in report["verify_cost_ratio"].items()) + " a one-token pass")
-    if "experts" in report:
-        ex = report["experts"]
-        print(f"experts         distinct experts a pass of T tokens reads per MoE layer ({ex['n_expert_used']} of "
-              f"{ex['n_expert']} a token; uniform routing in brackets):")
-        print("                " + "  ".join(f"T={T}: {u:.1f} ({ex['uniform_union'][T]:.1f})"
-                                             for T, u in ex["distinct_per_layer"].items()))
-        print(f"                (note: {ex['note']})")
-    if report["spec"]:
-        w = max(15, *(len(name) for name in report["spec"]))
-        print(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
-        for name, s in report["spec"].items():
-            expected = f" (set {s['expected_mean_accepted_length']:.2f})" if "expected_mean_accepted_length" in s else ""
-            print(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
-                  f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step{expected}   "
-                  f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
-    if "slots" in report:
-        setup = report["slots_setup"]
-        expected = (f", set {setup['expected_mean_accepted_length']:.2f} tokens/step"
-                    if "expected_mean_accepted_length" in setup else "")
-        print(f"slots           B sequences at once, {setup['max_new']} tokens each, plain vs {setup['drafter']} "
-              f"(k = {setup['draft_n']}{expected}); tok/s over all slots")
-        for B, s in report["slots"].items():
-            print(f"  B = {B:<3}  plain {s['plain_tok_s']:8.2f} tok/s ({s['rows_per_pass']:.2f} rows/pass)   spec "
-                  f"{s['spec_tok_s']:8.2f} tok/s ({s['spec_rows_per_pass']:.2f} rows/pass, "
-                  f"{s['mean_accepted_length']:.2f} tokens/step)   speedup {s['speedup']:.2f}x   "
-                  f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
-            if "policy_tok_s" in s:
-                chosen = (s["policy"] or {}).get("chosen_k", {})
-                print(f"          batch-aware k {s['policy_tok_s']:8.2f} tok/s   speedup {s['policy_speedup']:.2f}x   "
-                      f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
+    print(json.dumps(report) if args.json else report_text(report))
     return 0
 
 
@@ -564,7 +519,9 @@ def parse_slot_counts(text: str) -> tuple[int, ...]:
 
 
 def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=default,
+    from .backends import BACKENDS
+
+    p.add_argument("--backend", choices=BACKENDS, default=default,
                    help="numpy: the oracle (weights expanded to float32); cpu: Numba kernels on the packed weights; "
                         "cuda: CuPy kernels on a GPU (default: "
                         + (default or "$TINYSPEC_BACKEND if set, else cuda if a GPU, else cpu") + ")")
@@ -576,6 +533,28 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="prompt text (encoded with the file's own tokenizer)")
     src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
     src.add_argument("--tokens", help="prompt as comma-separated token ids, e.g. 1,2,3")
+
+
+def add_decoding_args(p: argparse.ArgumentParser, max_new_help: str, seed_help: str) -> None:
+    """The flags generate and batch share: what to decode and how, and which drafter (drafters.py)."""
+    from .drafters import spec_help, SPEC_CHOICES
+
+    p.add_argument("--max-new", type=int, default=32, help=max_new_help)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--spec", choices=SPEC_CHOICES, default="none",
+                   help=spec_help() + "; with many sequences, mtp and draft make every slot's drafts in one pass "
+                                      "per draft depth")
+    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
+                                         "with the shipped model: the shipped draft model)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="mtp/draft: score only the N most frequent tokens when drafting (FR-Spec; output unchanged; "
+                        "default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
+    p.add_argument("--ranking", default=None, metavar="FILE.npy",
+                   help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
+                        "else a count over the Python standard library's sources, computed once and cached)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -608,31 +587,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text: plain or speculative (--spec mtp|lookup|draft), greedy or sampled",
                        description="Generate up to --max-new tokens after the prompt; stops at the end-of-sequence token.")
     add_prompt_args(p)
-    p.add_argument("--max-new", type=int, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default 0)")
-    p.add_argument("--spec", choices=["none", "mtp", "lookup", "draft"], default="none",
-                   help="speculative decoding drafter: none (plain), mtp (the model's own nextn head), lookup "
-                        "(n-grams from the prompt and output), draft (a separate small model, --draft-model)")
+    add_decoding_args(p, max_new_help="tokens to generate (default 32)", seed_help="seed of the sampling RNG (default 0)")
     p.add_argument("--draft-n", type=int, default=None,
                    help="a fixed number of draft tokens per verify pass (default: adaptive, chosen per step for the "
                         "most tokens per second from measured acceptance and step costs, up to --draft-max)")
     p.add_argument("--draft-max", type=int, default=None,
                    help="largest draft length the adaptive choice tries (default: mtp 8, lookup 8, draft 4; mtp and draft "
                         "end a step early after a draft they are unsure of, where the next one would not pay)")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="mtp/draft: score only the N most frequent tokens when drafting (FR-Spec; output unchanged; "
-                        "default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
-    p.add_argument("--ranking", default=None, metavar="FILE.npy",
-                   help="token ids by frequency for --draft-vocab (default: the model file's training.token_ranking, "
-                        "else a count over the Python standard library's sources, computed once and cached)")
     p.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
                    help="mtp: stop drafting after a draft the head gives probability < P (llama.cpp's --spec-draft-p-min; "
                         "0, the default: draft every position the draft length allows)")
-    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
-                                         "with the shipped model: the shipped draft model)")
     p.add_argument("--show", action="store_true",
                    help="after the output, print it again marked by how each token was made: accepted drafts "
                         "[in brackets], corrections {in braces}, bonus tokens <in angle brackets> (in colour on a "
@@ -663,31 +627,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "starting with '{'); '-': standard input")
     p.add_argument("--slots", type=int, default=4,
                    help="sequences decoded at once; the other prompts wait for a free slot, in order (default 4)")
-    p.add_argument("--spec", choices=["none", "mtp", "lookup", "draft"], default="none",
-                   help="drafter for every slot: none (plain), mtp (the model's nextn head, all slots' drafts in one "
-                        "head pass per depth), lookup (n-grams from each prompt and output), draft (a small model, "
-                        "--draft-model, all slots in one pass per depth)")
-    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (same vocabulary as --model; default "
-                                         "with the shipped model: the shipped draft model)")
     p.add_argument("--draft-n", type=int, default=None,
                    help=f"draft tokens per slot and verify pass, the same for every slot every step "
                         f"(0..64, default {BATCH_DRAFT_N})")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="mtp/draft: score only the N most frequent tokens when drafting, as generate does (output "
-                        "unchanged greedy; default: 32768 for vocabularies over 65536 tokens, else all; 0: all)")
-    p.add_argument("--ranking", default=None, metavar="FILE.npy",
-                   help="token ids by frequency for --draft-vocab (default: as generate)")
     p.add_argument("--adaptive", action="store_true",
                    help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass of "
                         "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
                         "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
                         "but no longer repeats a solo run's seed")
-    p.add_argument("--max-new", type=int, default=32, help="tokens to generate per prompt at most (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="sampling seed S: prompt i (0 first, blank lines not counted) uses S + i (default 0)")
+    add_decoding_args(p, max_new_help="tokens to generate per prompt at most (default 32)",
+                      seed_help="sampling seed S: prompt i (0 first, blank lines not counted) uses S + i (default 0)")
     p.add_argument("--json", action="store_true",
                    help='print {"sequences": [{"index", "prompt_tokens", "tokens", "text", "stats", "error"}], '
                         '"stats": {"tok_s", "decode_tok_s", "steps", "rows_per_pass", "kv_blocks_peak", '
@@ -781,8 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "plainly and with MTP, prompt-lookup and draft-model speculation; print tokens/s, "
                                    "speedup, acceptance and tokens per verify pass, check the outputs are identical, "
                                    "and show one generation with its accepted drafts marked.")
-    p.add_argument("--backend", choices=["numpy", "cpu", "cuda"], default=None,
-                   help="compute backend (default: the fastest here: $TINYSPEC_BACKEND if set, else cuda with a GPU, else cpu)")
+    add_backend_arg(p)
     p.add_argument("--max-new", type=int, default=40, help="tokens per prompt (40)")
     p.set_defaults(func=lambda args: demo_main(args.backend, args.max_new))
     return parser

@@ -27,10 +27,8 @@ from pathlib import Path
 
 from .backends import default_backend, first_run_compiles, load_model
 from .batch import batch_generate
-from .draft import DraftModelDrafter
+from .drafters import DRAFTERS, DraftOptions, build_drafter
 from .generate import generate, marks_legend, render_marked, wants_colour
-from .lookup import LookupDrafter
-from .mtp import MTPDrafter
 from .tokenizer import Tokenizer
 
 ASSETS = Path(str(resources.files("tinyspec") / "assets"))
@@ -60,8 +58,9 @@ EDITS = [
 ]
 EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
 SHOWN = EDITS[2][0] + "\n\n" + EDITS[2][1]  # the generation the demo prints with its drafts marked
-# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to 8 (fast/adaptive.py)
-METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", 8), ("lookup", 8), ("draft", 4)]
+# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to its k_max (fast/adaptive.py)
+METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", DRAFTERS["mtp"].k_max), ("lookup", DRAFTERS["lookup"].k_max),
+           ("draft", DRAFTERS["draft"].k_max)]
 
 
 def auto_policy(drafter, k_max: int):
@@ -76,10 +75,9 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
     tokens = steps = drafted = accepted = 0
     outputs, seconds, phase_ms, decode_s = [], 0.0, {}, 0.0
     for prompt in prompts:
-        make = {"plain": None, "mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_max=4),
-                "draft": lambda: DraftModelDrafter(draft, target=target)}[name.split()[0]]
+        kind = name.split()[0]  # a drafter of drafters.py, or "plain"
         t0 = time.perf_counter()
-        drafter = make() if make else None
+        drafter = build_drafter(kind, target, DraftOptions(draft_model=draft)) if kind != "plain" else None
         policy = auto_policy(drafter, k) if name.endswith("auto") else None
         res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter, draft_n=None if policy else k,
                        policy=policy)
@@ -143,7 +141,7 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     same = all([o.tokens for o in results[name]["outputs"]] == plain for name, _ in METHODS)
     say()
     say(f"  greedy outputs identical to plain decoding for every method and prompt: {'yes' if same else 'NO'}")
-    lookup_edit = generate(target, prompts[-1], max_new, stop_ids=stop_ids, drafter=LookupDrafter(n_max=4), draft_n=8)
+    lookup_edit = generate(target, prompts[-1], max_new, stop_ids=stop_ids, drafter=build_drafter("lookup", target), draft_n=8)
     say(f"  lookup on the edit-this-code prompt alone: {lookup_edit.stats['mean_accepted_length']:.2f} tokens/step")
     say()
     mtp, step = results["mtp"], results["plain"]["decode_ms"]
@@ -157,7 +155,7 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     say()
     together = many_sequences(target, prompts, max_new, stop_ids, plain, base, say)
     say()
-    drafter = MTPDrafter(target)
+    drafter = build_drafter("mtp", target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
                      policy=auto_policy(drafter, 8))
     colour = wants_colour(out)
@@ -184,7 +182,7 @@ def many_sequences(target, prompts, max_new: int, stop_ids, plain: list[list[int
     slots, rows = 3, {}
     say(f"Many sequences at once ({slots} slots: one verify pass a step for all of them, `python -m tinyspec batch`):")
     ok = True
-    for name, drafter, k in (("plain", None, None), ("mtp", MTPDrafter(target), 3)):
+    for name, drafter, k in (("plain", None, None), ("mtp", build_drafter("mtp", target), 3)):
         t0 = time.perf_counter()
         res = batch_generate(target, prompts, max_new, slots=slots, drafter=drafter, draft_n=k, stop_ids=stop_ids)
         tok_s = sum(len(s.tokens) for s in res.sequences) / (time.perf_counter() - t0)

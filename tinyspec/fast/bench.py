@@ -45,7 +45,7 @@ import numpy as np
 from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
 from ..generate import generate
-from ..lookup import LookupDrafter
+from ..drafters import DRAFTERS, build_drafter
 from ..model import Model
 from ..mtp import MTPDrafter
 from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
@@ -257,11 +257,9 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     slot_counts: also "slots" and "slots_setup", many sequences at once (bench_slots; slots_policy is its
     policy_factory)."""
     makers: dict[str, Callable] = {}
-    for name in drafters:
-        if name == "mtp" and model.cfg.n_nextn:
-            makers["mtp"] = lambda ref: MTPDrafter(model)
-        elif name == "lookup":
-            makers["lookup"] = lambda ref: LookupDrafter()
+    for name in drafters:  # a drafter of the registry (drafters.py), or the wing's synthetic one
+        if name in DRAFTERS and (name != "mtp" or model.cfg.n_nextn):
+            makers[name] = lambda ref, name=name: build_drafter(name, model)
         elif name == "synthetic":
             makers["synthetic"] = lambda ref: SyntheticDrafter(ref, synth_acceptance, seed=0)
     mtp = "mtp" in drafters and model.cfg.n_nextn
@@ -344,3 +342,45 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
             report["slots_setup"] |= {"synth_len": synth_len, "acceptance_setting": p,
                                       "expected_mean_accepted_length": expected_mean_accepted_length(p, draft_n)}
     return report
+
+
+def report_text(report: dict) -> str:
+    """The report for a reader (what `bench` prints without --json)."""
+    out: list[str] = []
+    out.append(f"{report['model']}  backend {report['backend']}  ({report['weight_bytes'] / 1e6:.1f} MB of weights per token)")
+    out.append(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token)")
+    out.append(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
+               f"({100 * report['weight_bw_fraction']:.0f}%)")
+    out.append("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
+                                              for T, r in report["verify_cost_ratio"].items()) + " a one-token pass")
+    if "experts" in report:
+        ex = report["experts"]
+        out.append(f"experts         distinct experts a pass of T tokens reads per MoE layer ({ex['n_expert_used']} of "
+                   f"{ex['n_expert']} a token; uniform routing in brackets):")
+        out.append("                " + "  ".join(f"T={T}: {u:.1f} ({ex['uniform_union'][T]:.1f})"
+                                                  for T, u in ex["distinct_per_layer"].items()))
+        out.append(f"                (note: {ex['note']})")
+    if report["spec"]:
+        w = max(15, *(len(name) for name in report["spec"]))
+        out.append(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
+        for name, s in report["spec"].items():
+            expected = f" (set {s['expected_mean_accepted_length']:.2f})" if "expected_mean_accepted_length" in s else ""
+            out.append(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
+                       f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step{expected}   "
+                       f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
+    if "slots" in report:
+        setup = report["slots_setup"]
+        expected = (f", set {setup['expected_mean_accepted_length']:.2f} tokens/step"
+                    if "expected_mean_accepted_length" in setup else "")
+        out.append(f"slots           B sequences at once, {setup['max_new']} tokens each, plain vs {setup['drafter']} "
+                   f"(k = {setup['draft_n']}{expected}); tok/s over all slots")
+        for B, s in report["slots"].items():
+            out.append(f"  B = {B:<3}  plain {s['plain_tok_s']:8.2f} tok/s ({s['rows_per_pass']:.2f} rows/pass)   spec "
+                       f"{s['spec_tok_s']:8.2f} tok/s ({s['spec_rows_per_pass']:.2f} rows/pass, "
+                       f"{s['mean_accepted_length']:.2f} tokens/step)   speedup {s['speedup']:.2f}x   "
+                       f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
+            if "policy_tok_s" in s:
+                chosen = (s["policy"] or {}).get("chosen_k", {})
+                out.append(f"          batch-aware k {s['policy_tok_s']:8.2f} tok/s   speedup {s['policy_speedup']:.2f}x   "
+                           f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
+    return "\n".join(out)

@@ -1,6 +1,6 @@
-"""Greedy acceptance on the device: a verify step brings back two ints, not [k+1, N] logits (issue 27).
+"""Greedy acceptance on the device: a verify step brings back a few ints per sequence, not its logits.
 
-The greedy rule (spec_sampling.verify_greedy, the oracle) reads the target's verify rows, logits [k+1, N] for
+The greedy rule (spec_sampling.verify_greedy, the oracle) reads a sequence's verify rows, logits [k+1, N] for
 fed = [pending, d_1..d_k]:
 
     top[i]  = argmax logits[i]                         the target's own choice after fed token i
@@ -11,24 +11,23 @@ On the host this needs the whole [k+1, N] block brought down (k+1 rows of a 248k
 shape: 4 MB a step at k = 3) before the argmax can start. Here every step of it runs where the logits are:
 an argmax per row, one compare with the drafts (host drafts uploaded: k ints, an asynchronous copy), a cumulative
 product that stays 1 while every draft so far matched (its sum is n), a gather of top[n]. What crosses back
-is the run's two ints, in one transfer: the verify step's one sync. When the drafts are host ints (lookup) the
-engine knows them, so n and the token are the whole emitted run (fed[1 : 1 + n] + [token]). When they are
-device ids (greedy MTP and draft-model drafts, left where they were made: speculate.propose with on_device)
-they ride along: greedy_run returns [n, token, d_1..d_k], and one transfer of 16 + 8k bytes gives the engine
-the run and the drafts together, so drafting costs no sync of its own.
+is the run's two ints. When the drafts are host ints (lookup) the engine knows them, so n and the token are the
+whole emitted run (fed[1 : 1 + n] + [token]). When they are device ids (greedy MTP and draft-model drafts, left
+where they were made: drafting with on_device) they ride along: greedy_run returns [n, token, d_1..d_k].
+A batch's sequences each get their greedy_run on their own rows, and all the runs come back concatenated, in
+ONE transfer for the whole step: 8 bytes per int, 2 per sequence plus its device drafts.
 
 greedy_run is written with NumPy functions that dispatch on their arguments (NEP 18): on CuPy arrays each is
 a CuPy launch, on NumPy arrays it is the oracle's rule again (tests/test_cuda_syncs.py checks both against
 verify_greedy, ties included: argmax takes the first maximum on both).
 
-What is still not on the device (tests/test_cuda_syncs.py counts each):
+What is still read on the host (tests/test_cuda_syncs.py counts each):
     the sampled rule (temperature > 0): the target's laws come to the host (speculate.accept), as do the
         drafters' laws q; a device version needs the residual draw on the device (one uniform per draft,
         drawn on the host and uploaded, would keep the RNG stream the engine's)
     drafts whose probability is read (p_min, a floor, the adaptive policy's keep_going: one float per draft),
         drafts over a draft vocabulary (DraftVocabulary.draw maps subset ids on the host) and sampled drafts:
-        one sync per draft; and drafts made for batch.py, which fetches them when drafting ends
-        (speculate.fetch_drafts) because its rule runs on the host
+        one transfer per draft
     the token id range check: model.embed_rows checks host ids (free) and trusts device ids (a drafter's
         argmax, in range by construction; an id out of range would give a NaN row on the GPU)
 """
