@@ -208,7 +208,7 @@ def test_greedy_speculative_equals_plain(files, drafter, backend, rollback):
     loaded = load_model(files / "target.gguf", backend)
     target = loaded.with_kernels(replace(loaded.kernels, rollback=rollback))
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
-            "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", backend))}[drafter]
+            "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", backend), target)}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]
     plain = generate(target, prompt, 24)
     spec = generate(target, prompt, 24, drafter=make(), draft_n=3)

@@ -351,7 +351,7 @@ def test_self_speculation_accepts_everything(target, temperature):
     greedy drafts equal the argmax; sampled drafts have q == p, so min(1, p/q) = 1."""
     from tinyspec.sampling import SamplingParams
 
-    spec = speculative_generate(target, DraftModelDrafter(target), [3, 1, 4, 1, 5], 16, draft_n=3,
+    spec = speculative_generate(target, DraftModelDrafter(target, target), [3, 1, 4, 1, 5], 16, draft_n=3,
                                 params=SamplingParams(temperature), rng=np.random.default_rng(0))
     assert spec.stats.drafted > 0 and spec.stats.accepted == spec.stats.drafted
 

@@ -330,7 +330,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-BATCH_DRAFT_N = 3  # batch --draft-n's default: the same k for every slot every step (batch.SameDraftLength)
+BATCH_DRAFT_N = 3  # batch --draft-n's default: the same k for every slot every step (drafting.FixedDraftLength)
 
 
 def read_prompts(source: str) -> list[tuple[str | None, str | None]]:

@@ -40,12 +40,13 @@ class DraftPass:
 class DraftModelDrafter(Proposing):
     stops_by_confidence = True  # it knows its law over each draft, and honours stop.keep_going
 
-    def __init__(self, draft_model: Model, target: Model | None = None, vocab: DraftVocabulary | None = None,
-                 scores=None):
-        if target is not None and draft_model.cfg.n_vocab != target.cfg.n_vocab:
+    def __init__(self, draft_model: Model, target: Model, vocab: DraftVocabulary | None = None, scores=None):
+        """target: the model the drafts are for; its vocabulary must be the draft model's (a draft is a target
+        token id, fed to the target from where the draft model made it, unchecked on a GPU)."""
+        if draft_model.cfg.n_vocab != target.cfg.n_vocab:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
-        self.model = draft_model
+        self.model, self.target = draft_model, target
         self.ring: SnapshotRing | None = None  # one slot per draft, allocated by start()
         self._state = draft_model.new_state()
         self.queue: list[int] = []  # kept tokens the draft model has not been fed yet (see commit)
@@ -58,7 +59,7 @@ class DraftModelDrafter(Proposing):
     def another(self) -> "DraftModelDrafter":
         """A drafter for another sequence of the same batch: its own state and ring, this one's draft model and
         scores weight (so a batch's draft passes score every sequence with one product)."""
-        return DraftModelDrafter(self.model, None, self.vocab, self.scores)
+        return DraftModelDrafter(self.model, self.target, self.vocab, self.scores)
 
     @property
     def state(self):  # the draft model's ModelState, every kept token fed

@@ -34,7 +34,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
 
     drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
     draft.DraftModelDrafter) proposing draft_n tokens per verify pass (default 3), or as many as `policy`
-    plans each step (speculate.DraftPolicy, e.g. tinyspec.fast.adaptive.AdaptiveDraftLength) (speculate.py).
+    plans each step (drafting.DraftPolicy, e.g. tinyspec.fast.adaptive.AdaptiveDraftLength) (speculate.py).
     on_emit(tokens, marks): called as tokens are decided (plain: one at a time, marked "target"; speculative:
     a verify step's run at once), for streamed output.
     """

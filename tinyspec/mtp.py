@@ -163,7 +163,7 @@ class MTPDrafter(Proposing):
         if not 0.0 <= p_min <= 1.0 or not 0.0 <= p_floor <= 1.0:
             raise ValueError(f"p_min and p_floor must be in [0, 1], got {p_min}, {p_floor}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
-        self.head = head or MTPHead(model)  # head, scores: given by a batch whose sequences share them (batch.py)
+        self.head = head or MTPHead(model)  # head, scores: shared with the drafters another() makes
         self._cache = self.head.new_cache()
         self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
         self.max_queue = max_queue
