@@ -316,6 +316,21 @@ def test_prompt_file(tiny_model, tmp_path, capsys):
     assert main(base + ["--prompt-file", str(tmp_path / "absent.txt")]) == 2
 
 
+def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_encoded(tmp_path, capsys):
+    """A megabyte without a space (one pre-token: encoding it was quadratic, minutes of silence) is refused from
+    its byte length alone: no token of the shipped vocabulary is longer than max_token_bytes. In a batch that
+    prompt is skipped with the same reason and the others run."""
+    big = "x" * 1_000_000
+    (tmp_path / "big.txt").write_text(big, encoding="utf-8")
+    assert main(["generate", "--prompt-file", str(tmp_path / "big.txt"), "--max-new", "2"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading line: the error, one line
+    assert last.startswith("tinyspec generate: error: the prompt is 1,000,000 bytes, so at least") and "context" in last
+    (tmp_path / "prompts.txt").write_text("import os\n" + big + "\n", encoding="utf-8")
+    assert main(["batch", "--prompts", str(tmp_path / "prompts.txt"), "--max-new", "2", "--json"]) == 0
+    seqs = json.loads(capsys.readouterr().out)["sequences"]
+    assert seqs[0]["error"] is None and "so at least" in seqs[1]["error"]
+
+
 @pytest.mark.parametrize("spec", ["none", "mtp"])
 def test_streamed_output_equals_the_printed_text(tiny_model, capsys, spec):
     """--stream writes tokens as generate decides them (a speculative step's run at once): the same text and,

@@ -159,12 +159,25 @@ def check_prompt_args(args, required: bool = True) -> None:
         raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
 
 
-def prompt_tokens(args, tokenizer) -> list[int]:
+def prompt_tokens(args, tokenizer, n_ctx: int | None = None) -> list[int]:
+    """The prompt as token ids; with n_ctx, a text that cannot fit is refused before it is encoded."""
     if args.tokens is not None:
         return parse_token_list(args.tokens)
     if not args.prompt:
         raise ValueError("the prompt is empty: give --prompt TEXT or --tokens IDS")
+    if n_ctx is not None and (why := too_long(tokenizer, args.prompt, n_ctx)):
+        raise ValueError(why)
     return tokenizer.encode(args.prompt)
+
+
+def too_long(tokenizer, text: str, n_ctx: int) -> str | None:
+    """Why `text` cannot fit a context of n_ctx tokens, told by its byte length alone (None: it may fit)."""
+    fewest = tokenizer.fewest_tokens(text)
+    if fewest <= n_ctx:
+        return None
+    return (f"the prompt is {len(text.encode('utf-8', errors='replace')):,} bytes, so at least {fewest:,} tokens "
+            f"(no token is longer than {tokenizer.max_token_bytes} bytes): more than the model's context length "
+            f"{n_ctx:,} (context_length in the file)")
 
 
 def npz_path(out: str) -> str:
@@ -184,7 +197,7 @@ def cmd_logits(args) -> int:
     shipped_model_default(args)
     check_prompt_args(args)
     model, tokenizer = load_model(args.model, args.backend)
-    tokens = prompt_tokens(args, tokenizer)
+    tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     logits, hidden = model.forward(np.array(tokens), model.new_state())
     out = {"tokens": np.array(tokens, np.int64), "logits": logits, "hidden": hidden}
     if model.cfg.n_nextn:
@@ -291,7 +304,7 @@ def cmd_generate(args) -> int:
     adaptive = args.draft_n is None  # default: choose k per step, up to --draft-max
     draft_n = args.draft_n if not adaptive else args.draft_max or (DRAFTERS[args.spec].k_max if args.spec in DRAFTERS else 0)
     model, tokenizer = load_model(args.model, args.backend)
-    tokens = prompt_tokens(args, tokenizer)
+    tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
     printer = StreamPrinter(tokenizer) if stream else None
     drafter = make_drafter(args, model, tokenizer)
@@ -382,6 +395,8 @@ def cmd_batch(args) -> int:
     if ignored:
         print(f"tinyspec batch: note: {', '.join(ignored)} ignored with --spec {args.spec}", file=sys.stderr)
     model, tokenizer = load_model(args.model, args.backend)
+    long = [text is not None and too_long(tokenizer, text, model.cfg.n_ctx) for text, _ in texts]  # before encoding
+    texts = [(None, why) if why else (text, error) for (text, error), why in zip(texts, long)]
     prompts = [tokenizer.encode(text) if text is not None else [] for text, _ in texts]
     errors = [error or check_prompt(model, p, args.max_new) for (_, error), p in zip(texts, prompts)]
     if all(errors):
@@ -465,7 +480,7 @@ def cmd_bench(args) -> int:
     check_prompt_args(args, required=False)  # no prompt: random ids
     model, tokenizer = load_model(args.model, args.backend)
     if args.tokens is not None or args.prompt is not None:
-        tokens = prompt_tokens(args, tokenizer)
+        tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     else:  # random ids: the timings do not depend on what the tokens say
         if args.prompt_len + max(args.max_new, args.decode_n, 8) > model.cfg.n_ctx:
             raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for the timed tokens in the model's "

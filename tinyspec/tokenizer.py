@@ -29,7 +29,7 @@ llama.cpp's table (src/unicode-data.cpp); the two agree on every character assig
 
 from __future__ import annotations
 
-import math
+import heapq
 from enum import IntEnum
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -148,6 +148,7 @@ class Tokenizer:
         self.specials = [(self.tokens[i], i) for i in special_ids]
         self.user_defined = [(t, i) for t, i in self.specials if self.token_type[i] == TokenType.USER_DEFINED]
         self.cache: dict[str, list[int]] = {}  # pre-token -> ids, emptied when it reaches 100k words
+        self._max_token_bytes: int | None = None  # max_token_bytes, computed when first asked
 
     @classmethod
     def from_gguf(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
@@ -171,6 +172,18 @@ class Tokenizer:
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The most bytes one token stands for: a text of b bytes is at least ceil(b / this) tokens."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(len(self.token_bytes(i)) for i in range(len(self.tokens))) or 1
+        return self._max_token_bytes
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) from its byte length alone: whether a prompt can fit a context is
+        often decided before encoding it."""
+        return -(-len(text.encode("utf-8", errors="replace")) // self.max_token_bytes)
 
     @property
     def eog_ids(self) -> tuple[int, ...]:
@@ -235,22 +248,36 @@ class Tokenizer:
         """Step 4 on one byte-level word: merge the lowest-rank adjacent pair until none is left.
 
         With merges ["Ġ h", "i n", "Ġh in"]:  "Ġhin" -> Ġ h i n -> Ġh i n -> Ġh in -> Ġhin
+
+        The candidate pairs wait in a heap ordered by (rank, where the pair starts), so each merge costs
+        O(log n) and a word of n characters O(n log n) (llama.cpp's llm_bigram_bpe queue does the same).
+        Rescanning every pair for the best one after each merge costs O(n) a merge, O(n^2) a word: minutes
+        for a 100k-character line without a space. A merged part keeps the position of its left half, so
+        positions still order the parts left to right and the heap picks the leftmost of equal ranks. An entry
+        whose parts have changed since it was pushed is stale (a part only grows, so its text tells) and skipped.
         """
         rank = self.merge_rank
-        parts = list(word)
-        ranks = [rank.get(pair, math.inf) for pair in zip(parts, parts[1:])]  # ranks[i]: parts[i] + parts[i+1]
-        while ranks:
-            best = min(ranks)
-            if best == math.inf:
-                break
-            i = ranks.index(best)  # the leftmost pair of the lowest rank
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
-            del ranks[i]
-            # the merged part has new neighbours: re-rank the pair on its left and the pair on its right
-            if i > 0:
-                ranks[i - 1] = rank.get((parts[i - 1], parts[i]), math.inf)
-            if i < len(ranks):
-                ranks[i] = rank.get((parts[i], parts[i + 1]), math.inf)
+        parts = list(word)  # parts[i]: the part starting at character i ("" once merged into its left neighbour)
+        n = len(parts)
+        right = list(range(1, n + 1))  # right[i]: where the next part starts (n: none)
+        left = list(range(-1, n - 1))  # left[i]: where the previous part starts (-1: none)
+        queue = [(r, i, parts[i], parts[i + 1]) for i in range(n - 1)
+                 if (r := rank.get((parts[i], parts[i + 1]))) is not None]
+        heapq.heapify(queue)
+        while queue:
+            _, i, a, b = heapq.heappop(queue)
+            j = right[i]
+            if parts[i] != a or j >= n or parts[j] != b:
+                continue  # stale: one of the two parts has merged since
+            parts[i], parts[j] = a + b, ""  # the pair becomes one part at i
+            right[i] = right[j]
+            if right[i] < n:
+                left[right[i]] = i
+            for lo in (left[i], i):  # the merged part's pairs with its new neighbours
+                hi = right[lo] if lo >= 0 else n
+                if lo >= 0 and hi < n and (r := rank.get((parts[lo], parts[hi]))) is not None:
+                    heapq.heappush(queue, (r, lo, parts[lo], parts[hi]))
+        parts = [p for p in parts if p]
         ids = []
         for part in parts:
             if part in self.vocab:
