@@ -64,6 +64,15 @@ def test_missing_file_exit_2(tmp_path, capsys):
     assert "cannot open" in capsys.readouterr().err
 
 
+def test_a_folder_named_tinyspec_in_the_working_directory_is_named_not_a_traceback(tmp_path):
+    """cd to the folder that holds a clone named tinyspec: Python imports the clone as an empty namespace package
+    before the installed one. One line that says so, exit 2 (it was an ImportError traceback)."""
+    (tmp_path / "tinyspec").mkdir()
+    run = subprocess.run([sys.executable, "-m", "tinyspec", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "", run
+    assert run.stderr.count("\n") == 1 and "is imported as the package tinyspec instead of the installed" in run.stderr
+
+
 def test_help_lists_commands():
     run = subprocess.run([sys.executable, "-m", "tinyspec", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "inspect" in run.stdout

@@ -24,10 +24,26 @@ import json
 import sys
 from collections import Counter
 
-import numpy as np
 
-from .backends import BackendError
-from .gguf import GGUFError, GGUFFile, read_gguf
+def shadowed_by_a_folder() -> str | None:
+    """Why `python -m tinyspec` cannot run here: a folder named tinyspec in the working directory (a clone of the
+    repository, say) is found before the installed package and imported as an empty namespace package."""
+    package = sys.modules[__package__]
+    if package.__spec__.origin is not None:
+        return None
+    where = ", ".join(str(p) for p in package.__spec__.submodule_search_locations)
+    return (f"the folder {where} is imported as the package tinyspec instead of the installed one (Python looks in "
+            "the working directory first): run from another folder, or from inside that folder")
+
+
+if __name__ == "__main__" and (why := shadowed_by_a_folder()):
+    print(f"tinyspec: error: {why}", file=sys.stderr)
+    sys.exit(2)
+
+import numpy as np  # noqa: E402  (after the check: a shadowed package has nothing more to import)
+
+from .backends import BackendError  # noqa: E402
+from .gguf import GGUFError, GGUFFile, read_gguf  # noqa: E402
 
 LONG_ARRAY = 8  # arrays longer than this are summarised in the text view
 
