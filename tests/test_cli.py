@@ -423,9 +423,31 @@ def test_batch_text_output_streams_sequences_then_a_summary(prompts_file, monkey
     assert main(["batch", "--prompts", "-", "--slots", "2", "--spec", "mtp", "--max-new", "8",
                  "--backend", "numpy"]) == 0
     out, err = capsys.readouterr()
-    assert sorted(line[:3] for line in out.splitlines() if line[:1] == "[") == ["[0]", "[1]", "[2]"]
+    assert [line[:3] for line in out.splitlines() if line[:1] == "["] == ["[0]", "[1]", "[2]"]  # input order
     assert "tok/s" in err and "steps" in err and "rows per pass" in err and "KV peak" in err and "MB" in err
     assert all(f"[batch] sequence {i}:" in err for i in range(3)) and "acceptance" in err
+
+
+def test_status_line_and_errors_read_as_flags_and_files(tiny_model, tmp_path, capsys):
+    """Glitches a user met: an empty "k per step ]" after --max-new 0; plain steps and the policy's k read as a
+    contradiction; errors in internal names (top_p) or Python's "[Errno 2]"; --draft-vocab over the whole
+    vocabulary passing silently."""
+    base = ["generate", "--model", str(tiny_model), "--prompt", "a b a b", "--spec", "mtp"]
+    assert main(base + ["--max-new", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "[0 tokens in 0 target passes" in err and "k per step" not in err and "allowed ]" not in err
+    assert main(base + ["--max-new", "8"]) == 0
+    err = capsys.readouterr().err
+    assert "steps by the drafts allowed" in err and "k per step" not in err
+    assert main(base + ["--top-p", "2"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    assert main(base + ["--temperature", "-1"]) == 2
+    assert "--temperature must be" in capsys.readouterr().err
+    assert main(["batch", "--prompts", str(tmp_path / "absent.txt"), "--model", str(tiny_model)]) == 2
+    err = capsys.readouterr().err
+    assert "Errno" not in err and "absent.txt" in err
+    assert main(base + ["--max-new", "2", "--draft-vocab", "100000"]) == 0
+    assert "covers the whole vocabulary" in capsys.readouterr().err
 
 
 def test_batch_bad_prompts_are_reported_and_the_others_run(tmp_path, capsys):

@@ -235,8 +235,12 @@ def draft_vocab(args, model, tokenizer=None):
         n = AUTO_SIZE
     if not n:
         return None
+    if n >= model.cfg.n_vocab:
+        print(f"tinyspec: note: --draft-vocab {n} covers the whole vocabulary of {model.cfg.n_vocab} tokens: "
+              "drafting over all of it", file=sys.stderr)
+        return None
     ranking = ranking_for(model, args.ranking, tokenizer, progress=lambda msg: print(msg, file=sys.stderr))
-    return DraftVocab(ranking, min(n, model.cfg.n_vocab), model.cfg.n_vocab)
+    return DraftVocab(ranking, n, model.cfg.n_vocab)
 
 
 def make_drafter(args, model, tokenizer=None):
@@ -280,6 +284,12 @@ def decoding_args(args):
     from .drafting import check_draft_length
 
     shipped_model_default(args, draft=args.spec == "draft")
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise ValueError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise ValueError(f"--top-k must be >= 0 (0: off), got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1] (1: off), got {args.top_p}")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if args.max_new < 0:
         raise ValueError(f"--max-new must be >= 0, got {args.max_new}")
@@ -348,9 +358,10 @@ def cmd_generate(args) -> int:
         print(render_marked(tokenizer, result.tokens, result.marks, colour))
     s = result.stats
     if "steps" in s:  # speculative
-        ks = ", k per step " + " ".join(f"{k}:{n}" for k, n in s["adaptive"]["chosen_k"].items()) if "adaptive" in s else ""
+        chosen = s.get("adaptive", {}).get("chosen_k", {})  # the most drafts the policy allowed, per step
+        ks = ", steps by the drafts allowed " + " ".join(f"{k}:{n}" for k, n in chosen.items()) if chosen else ""
         acceptance = f"acceptance {s['acceptance_rate']:.2f}" if s["drafted"] else "no drafts made"
-        plain = f" ({s['plain_steps']} of them plain, no drafts)" if s["plain_steps"] else ""
+        plain = f" ({s['plain_steps']} of them plain: no drafts made)" if s["plain_steps"] else ""
         print(f"[{s['emitted']} tokens in {s['steps']} target passes{plain}, {s['tokens_per_s']:.1f} tok/s, {acceptance}, "
               f"{s['mean_accepted_length']:.2f} tokens/step{ks}]", file=sys.stderr)
     else:
@@ -426,8 +437,14 @@ def cmd_batch(args) -> int:
         if error:
             print(f"[batch] prompt {i}: skipped: {error}", file=sys.stderr, flush=True)
 
-    def show(seq) -> None:  # as each sequence ends
-        print(f"[{seq.index}] {tokenizer.decode(seq.tokens)}", flush=True)
+    ended, shown = {}, [0]  # the sequences that ended, by index; how many are printed
+
+    def show(seq) -> None:  # as sequences end, in input order: each once every earlier one has ended
+        ended[seq.index] = seq
+        while shown[0] < len(prompts) and (shown[0] in ended or errors[shown[0]]):
+            if shown[0] in ended:
+                print(f"[{shown[0]}] {tokenizer.decode(ended.pop(shown[0]).tokens)}", flush=True)
+            shown[0] += 1
 
     policy = None
     if args.adaptive and k is not None:  # one k for every slot, priced by the measured cost of a pass of R rows
@@ -450,6 +467,8 @@ def cmd_batch(args) -> int:
     if args.json:
         print(json.dumps({"sequences": sequences, "stats": stats}))
         return 0
+    for i in sorted(ended):  # after one the engine could not run after all: the rest, in order
+        print(f"[{i}] {tokenizer.decode(ended[i].tokens)}", flush=True)
     s = stats
     print(f"[batch] {s['generated']} tokens from {s['sequences'] - s['failed']} sequences in {s['wall_s']:.2f} s: "
           f"{s['tok_s']:.1f} tok/s ({s['decode_tok_s']:.1f} after the prefills), {s['steps']} steps, "
@@ -672,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print {"sequences": [{"index", "prompt_tokens", "tokens", "text", "stats", "error"}], '
                         '"stats": {"tok_s", "decode_tok_s", "steps", "rows_per_pass", "kv_blocks_peak", '
                         '"kv_bytes_peak", ...}} as JSON, sequences in input order (default: each sequence\'s text '
-                        'as it finishes, "[index] text", then a summary on stderr)')
+                        'as it finishes, in input order, "[index] text", then a summary on stderr)')
     add_backend_arg(p)
     p.set_defaults(func=cmd_batch, draft_p_min=0.0)
 
@@ -775,6 +794,13 @@ def demo_main(backend: str | None = None, max_new: int = 40) -> int:
     return demo(max_new=max_new, backend=backend)
 
 
+def error_text(e: Exception) -> str:
+    """One line for an error: an OS error as "cannot read FILE: reason" rather than Python's "[Errno 2] ..."."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"cannot read {e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -784,11 +810,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
-    except KeyboardInterrupt:  # Ctrl-C: no traceback
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, and not glued to a streamed line
+        sys.stdout.write("\n")
+        sys.stdout.flush()
         print(f"tinyspec {args.command or 'demo'}: interrupted", file=sys.stderr)
         return 130
     except (GGUFError, ValueError, OSError, BackendError) as e:
-        print(f"tinyspec {args.command or 'demo'}: error: {e}", file=sys.stderr)
+        print(f"tinyspec {args.command or 'demo'}: error: {error_text(e)}", file=sys.stderr)
         return 2
 
 
