@@ -23,11 +23,11 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_cited_test_exists():
-    """README.md and LESSONS.md name the tests behind their claims (`test_x.py::test_name`, or `::test_name`
+    """README.md, LESSONS.md and the docs pages they point to name the tests behind their claims (`test_x.py::test_name`, or `::test_name`
     after a file already named): each must exist, so a renamed test cannot leave a claim pointing at nothing."""
     import re
 
-    for doc in ("README.md", "LESSONS.md"):
+    for doc in ("README.md", "LESSONS.md", "docs/claims.md", "docs/measurements.md"):
         text = (ROOT / doc).read_text()
         current = None
         missing = []
@@ -39,3 +39,11 @@ def test_every_cited_test_exists():
             if f"def {name}(" not in source:
                 missing.append(f"{current}::{name}")
         assert not missing, f"{doc} cites tests that do not exist: {missing}"
+
+
+def test_the_pages_the_readme_links_exist():
+    """The README is for a newcomer; the GPU, llama.cpp, measurement and claims pages it links must be there."""
+    import re
+
+    for target in re.findall(r"\]\((docs/[\w./-]+\.md)\)", (ROOT / "README.md").read_text()):
+        assert (ROOT / target).exists(), target
