@@ -56,6 +56,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     t_prefill = time.perf_counter() - t0
     out: list[int] = []
     t1 = time.perf_counter()
+    step_s = []  # each one-token pass, timed: its spread is the run's noise
     while len(out) < max_new:
         token = pick(logits[-1], params, rng)
         out.append(token)
@@ -63,11 +64,23 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
             on_emit([token], ["target"])
         if token in stop_ids or len(out) == max_new:
             break
+        t = time.perf_counter()
         logits, _ = model.forward(np.array([token]), state, to_host=on_host)
+        step_s.append(time.perf_counter() - t)
     t_decode = time.perf_counter() - t1
     stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
-             "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0}
+             "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0} | step_ms(step_s)
     return Result(prompt, out, stats=stats)
+
+
+def step_ms(step_s: list[float]) -> dict:
+    """The steps' times as {"step_ms": {median, min, max}} (nothing when no step was timed): how steady the
+    run's own timing was, so a reader can tell a slow run from a noisy one."""
+    if not step_s:
+        return {}
+    ms = sorted(1000 * s for s in step_s)
+    return {"step_ms": {"median": ms[len(ms) // 2] if len(ms) % 2 else (ms[len(ms) // 2 - 1] + ms[len(ms) // 2]) / 2,
+                        "min": ms[0], "max": ms[-1], "steps": len(ms)}}
 
 
 # How a speculative run produced each token (speculate.py): a draft the target agreed with, the target's own token

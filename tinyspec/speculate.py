@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length, policy_for, run_together
+from .generate import step_ms
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_step
@@ -98,6 +99,7 @@ class SpecStats:
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted drafts per step -> steps
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     rollbacks: int = 0
+    step_s: list[float] = field(default_factory=list)  # each step's seconds (the engine's whole step)
     wall_s: float = 0.0
     adaptive: dict | None = None  # the policy's summary (the adaptive policy's chosen k's and estimates)
 
@@ -128,7 +130,7 @@ class SpecStats:
             "phase_ms": {k: 1000 * v for k, v in self.phase_s.items()},
             "rollbacks": self.rollbacks,
             "tokens_per_s": self.emitted / decode_s if decode_s > 0 else 0.0,
-        } | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
+        } | step_ms(self.step_s) | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
 
 class PhaseClock:
@@ -136,11 +138,14 @@ class PhaseClock:
 
     def __init__(self, phase_s: dict[str, float]):
         self.phase_s, self.now = phase_s, time.perf_counter
-        self.t_lap = self.now()
+        self.t_begin = self.t_lap = self.now()
 
     def begin(self) -> None:
         """Start timing afresh (what happened since the last lap, outside the engine, is nobody's phase)."""
-        self.t_lap = self.now()
+        self.t_begin = self.t_lap = self.now()
+
+    def since_begin(self) -> float:
+        return self.now() - self.t_begin
 
     def lap(self, phase: str) -> float:
         t = self.now()
@@ -289,6 +294,8 @@ class Engine:
             self._emit(b, s, run, token_marks(draft, n_accepted)[:n_keep])
             clock.lap("accept")
         self.steps, self.rows = self.steps + 1, self.rows + int(bounds[-1])
+        for s in seqs:
+            s.stats.step_s.append(clock.since_begin())
         self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(bounds[-1]))
 
     def _plan(self, seqs: list[Running]) -> list:

@@ -60,6 +60,52 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def spread(values: list[float]) -> list[float]:
+    """[min, max] of the timings a median was taken over: what the median's noise looks like."""
+    return [min(values), max(values)]
+
+
+WIDE = 1.25  # a figure whose timings span more than this factor (max / min) is flagged as noisy
+
+
+def checks(report: dict) -> list[str]:
+    """What in a report cannot be right, or is too noisy to quote: each a sentence (empty: nothing found).
+
+    Contradictions: a verify pass of several tokens timed cheaper than a one-token pass; a speedup above the tokens
+    a verify step emits (a step costs at least a one-token pass, so it cannot return more than its tokens); plain
+    generation's tok/s far from the decode rate of its own one-token passes. Noise: a figure whose timings span
+    more than WIDE x. A busy machine is the usual cause; the figures are still reported, with this list."""
+    out = []
+    ratio = report["verify_cost_ratio"]
+    for T, r in ratio.items():
+        if T > 1 and r < 0.95:
+            out.append(f"a verify pass of {T} tokens was timed at {r:.2f}x a one-token pass: cheaper than one token, "
+                       "so one of the two timings was disturbed")
+    for name, s in report["spec"].items():
+        if s["speedup"] > 1.05 * s["mean_accepted_length"]:
+            out.append(f"{name}: a speedup of {s['speedup']:.2f}x exceeds the {s['mean_accepted_length']:.2f} tokens "
+                       "a verify step emits: plain or speculative runs were disturbed")
+    plain, decode = report.get("plain_tok_s"), report["decode_tok_s"]
+    if plain and not 0.5 < plain / decode < 1.5:
+        out.append(f"plain generation ran at {plain:.2f} tok/s beside one-token passes at {decode:.2f} tok/s: "
+                   "the two should agree within overheads, so one was disturbed")
+    noisy = [name for name, (lo, hi) in noise_ranges(report) if lo > 0 and hi / lo > WIDE]
+    if noisy:
+        out.append(f"noisy (timings spanning more than {WIDE}x): {', '.join(noisy)}; rerun with more repeats or on "
+                   "a quieter machine before quoting them")
+    return out
+
+
+def noise_ranges(report: dict) -> list[tuple[str, list[float]]]:
+    """Every (figure, [min, max]) the report carries."""
+    out = [("decode_ms", report["decode_ms_range"])]
+    out += [(f"verify_ms[{T}]", r) for T, r in report["verify_ms_range"].items()]
+    if report.get("plain_tok_s_range"):
+        out.append(("plain_tok_s", report["plain_tok_s_range"]))
+    out += [(f"spec.{name}.speedup", s["speedup_range"]) for name, s in report["spec"].items()]
+    return out
+
+
 def copy_bandwidth(mb: int = 256, repeats: int = 5, xp=np) -> float:
     """GB/s of np.copyto between two buffers of `mb` MB (read + write counted once each), allocated by xp
     (the model's array module: CuPy puts them on the GPU, and each copy is waited for)."""
@@ -86,8 +132,8 @@ def weight_bytes(model: Model) -> int:
     return total
 
 
-def decode_time(model: Model, prompt: list[int], n: int) -> float:
-    """Median seconds of a one-token forward pass, over n greedy decode steps after the prompt."""
+def decode_times(model: Model, prompt: list[int], n: int) -> list[float]:
+    """Seconds of each of n one-token forward passes, greedy decode steps after the prompt."""
     state = model.new_state()
     logits, _ = model.forward(np.array(prompt), state)
     token, times = int(np.argmax(logits[-1])), []
@@ -96,11 +142,21 @@ def decode_time(model: Model, prompt: list[int], n: int) -> float:
         logits, _ = model.forward(np.array([token]), state)
         times.append(time.perf_counter() - t0)
         token = int(np.argmax(logits[-1]))
-    return statistics.median(times)
+    return times
+
+
+def decode_time(model: Model, prompt: list[int], n: int) -> float:
+    """Median seconds of a one-token forward pass, over n greedy decode steps after the prompt."""
+    return statistics.median(decode_times(model, prompt, n))
 
 
 def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
-    """{T: median seconds of a verify pass of T tokens (k = T - 1 drafts)} from the same post-prompt state, with
+    """{T: median seconds of a verify pass of T tokens} (verify_times)."""
+    return {T: statistics.median(t) for T, t in verify_times(model, prompt, sizes, repeats).items()}
+
+
+def verify_times(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, list[float]]:
+    """{T: seconds of each timed verify pass of T tokens (k = T - 1 drafts)} from the same post-prompt state, with
     the model's ring (Model.new_ring: snapshots written, or the base kept for a replay; a rollback is not part of
     the pass)."""
     state = model.new_state()
@@ -114,7 +170,7 @@ def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: i
             t0 = time.perf_counter()
             model.forward(np.array(window[:T]), s, ring=rings[T])
             times[T].append(time.perf_counter() - t0)
-    return {T: statistics.median(t) for T, t in times.items()}
+    return times
 
 
 def warm_up(model: Model, prompt: list[int], sizes, draft_n: int, drafters: dict[str, Callable],
@@ -150,10 +206,11 @@ def spec_runs(model: Model, prompt: list[int], max_new: int, draft_n: int, draft
                                   policy=policy)
             rates[name].append(last[name].stats["tokens_per_s"])
     base = statistics.median(rates["plain"])
-    out = {"plain": {"tok_s": base, "tokens": len(plain.tokens)}}
+    out = {"plain": {"tok_s": base, "tok_s_range": spread(rates["plain"]), "tokens": len(plain.tokens)}}
     for name, res in last.items():
-        speedup = statistics.median(r / p for r, p in zip(rates[name], rates["plain"]))
-        out[name] = {"tok_s": statistics.median(rates[name]), "speedup": speedup,
+        ratios = [r / p for r, p in zip(rates[name], rates["plain"])]
+        out[name] = {"tok_s": statistics.median(rates[name]), "speedup": statistics.median(ratios),
+                     "speedup_range": spread(ratios),
                      "acceptance_rate": res.stats["acceptance_rate"],
                      "mean_accepted_length": res.stats["mean_accepted_length"], "identical": res.tokens == plain.tokens,
                      "draft_n": draft_n, "phase_ms": res.stats["phase_ms"]}
@@ -287,9 +344,11 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     say("memory copy bandwidth")
     copy = copy_bandwidth(xp=model.xp) if model.xp is np else copy_bandwidth(1024, xp=model.xp)
     say(f"decode: {decode_n} one-token passes")
-    t1 = decode_time(model, prompt, decode_n)
+    decode = decode_times(model, prompt, decode_n)
+    t1 = statistics.median(decode)
     say(f"verify passes of {', '.join(map(str, sizes))} tokens (k = {', '.join(str(T - 1) for T in sizes)} drafts)")
-    costs = verify_costs(model, prompt, sizes, repeats)
+    verify = verify_times(model, prompt, sizes, repeats)
+    costs = {T: statistics.median(t) for T, t in verify.items()}
     if makers:
         say(f"speculative runs: plain, {', '.join(makers)} ({max_new} tokens, k = {draft_n})")
     adaptive_runs = ("mtp_adaptive", "mtp_adaptive_vocab", "mtp_synth_adaptive", "mtp_synth_adaptive_vocab")
@@ -325,12 +384,15 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
               "rollback": model.kernels.rollback,
               "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
               "weight_bytes": wb, "prompt_tokens": len(prompt),
-              "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1,
+              "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1, "decode_ms_range": [1e3 * v for v in spread(decode)],
               "verify_ms": {k: 1e3 * v for k, v in costs.items()},
+              "verify_ms_range": {T: [1e3 * v for v in spread(t)] for T, t in verify.items()},
               "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
               "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
               "spec": {k: v for k, v in spec.items() if k != "plain"},
-              "plain_tok_s": spec["plain"]["tok_s"] if spec else None}
+              "plain_tok_s": spec["plain"]["tok_s"] if spec else None,
+              "plain_tok_s_range": spec["plain"]["tok_s_range"] if spec else None}
+    report["checks"] = checks(report)
     if experts:
         report["experts"] = experts
     if slot_counts:
@@ -348,7 +410,9 @@ def report_text(report: dict) -> str:
     """The report for a reader (what `bench` prints without --json)."""
     out: list[str] = []
     out.append(f"{report['model']}  backend {report['backend']}  ({report['weight_bytes'] / 1e6:.1f} MB of weights per token)")
-    out.append(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token)")
+    lo, hi = report["decode_ms_range"]
+    out.append(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token, median; "
+               f"{lo:.1f}-{hi:.1f} ms over the timed passes)")
     out.append(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
                f"({100 * report['weight_bw_fraction']:.0f}%)")
     out.append("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
@@ -365,7 +429,8 @@ def report_text(report: dict) -> str:
         out.append(f"{'plain':<{w}} {report['plain_tok_s']:8.2f} tok/s")
         for name, s in report["spec"].items():
             expected = f" (set {s['expected_mean_accepted_length']:.2f})" if "expected_mean_accepted_length" in s else ""
-            out.append(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x   acceptance "
+            lo, hi = s["speedup_range"]
+            out.append(f"{name:<{w}} {s['tok_s']:8.2f} tok/s   speedup {s['speedup']:.2f}x ({lo:.2f}-{hi:.2f})   acceptance "
                        f"{s['acceptance_rate']:.2f}   {s['mean_accepted_length']:.2f} tokens/step{expected}   "
                        f"{'identical' if s['identical'] else 'DIFFERENT'} to plain")
     if "slots" in report:
@@ -383,4 +448,8 @@ def report_text(report: dict) -> str:
                 chosen = (s["policy"] or {}).get("chosen_k", {})
                 out.append(f"          batch-aware k {s['policy_tok_s']:8.2f} tok/s   speedup {s['policy_speedup']:.2f}x   "
                            f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
+    for check in report.get("checks", []):
+        out.append(f"CHECK           {check}")
+    if not report.get("checks"):
+        out.append(f"checks          no contradiction found; every timed figure spans under {WIDE}x")
     return "\n".join(out)
