@@ -60,6 +60,15 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def claim(holds, what: str) -> bool:
+    """A timing claim a notebook makes: printed with whether this run bears it out, never asserted. A wall-clock
+    ratio is the machine's as much as the code's (a busy neighbour breaks it), so the notebooks assert what is
+    structural (bytes, passes, rows, tokens) and report timings with this."""
+    holds = bool(holds)
+    print(("holds in this run: " if holds else "NOT borne out by this run (a busy machine?): ") + what)
+    return holds
+
+
 def spread(values: list[float]) -> list[float]:
     """[min, max] of the timings a median was taken over: what the median's noise looks like."""
     return [min(values), max(values)]
