@@ -575,6 +575,9 @@ def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> N
                    help="numpy: the oracle (weights expanded to float32); cpu: Numba kernels on the packed weights; "
                         "cuda: CuPy kernels on a GPU (default: "
                         + (default or "$TINYSPEC_BACKEND if set, else cuda if a GPU, else cpu") + ")")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="cpu backend: threads for the Numba kernels (default: NUMBA_NUM_THREADS, the cores); on a "
+                        "machine busy with other work, fewer can be faster (idle threads sleep rather than spin)")
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
@@ -803,8 +806,13 @@ def error_text(e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    parser.set_defaults(threads=None)  # commands without --threads
     args = parser.parse_args(argv)
     try:
+        if args.threads is not None:
+            from .fast.threads import set_threads
+
+            set_threads(args.threads)
         if args.command is None:
             return demo_main()
         return args.func(args)

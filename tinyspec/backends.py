@@ -199,7 +199,9 @@ def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
 
 def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
     """Packed weights are views of the memory map, multiplied by the Numba kernels."""
-    from .fast import numba_ops
+    from .fast import numba_ops, threads
+
+    threads.yield_when_idle()  # before the first parallel kernel: idle workers sleep, not spin (fast/threads.py)
 
     return packed_tensors(g, numba_ops, progress=progress)
 
@@ -267,7 +269,9 @@ def cuda_gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
 
 def cpu_kernels() -> Kernels:
     """The oracle's functions with Numba's attention, scan and conv, and the replay ring."""
-    from .fast import numba_attention, numba_gdn
+    from .fast import numba_attention, numba_gdn, threads
+
+    threads.yield_when_idle()
 
     return Kernels(
         name="cpu",
