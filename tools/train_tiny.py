@@ -502,6 +502,7 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
 
     model.train()
     first, wall0 = step, time.perf_counter()
+    t_sized = wall0  # when step 10 began (--minutes times steps 10 .. SIZE_AT)
     if minutes is not None and step:
         raise SystemExit("--minutes sizes a fresh run; resume with --steps/--copy-steps/--edit-steps from its log")
     if export_now:
