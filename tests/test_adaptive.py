@@ -120,13 +120,13 @@ def test_adaptive_switches_off_against_an_adversarial_drafter(target, monkeypatc
     must then run plain steps, drafting only in its probes."""
     import time
 
-    forward = target.forward
+    forward_batch = target.forward_batch  # every pass goes through it (forward is its one-sequence case)
 
-    def slow_forward(tokens, state, **kw):
-        time.sleep(0.003 * len(tokens))
-        return forward(tokens, state, **kw)
+    def slow_forward_batch(tokens, states, *args, **kw):
+        time.sleep(0.003 * sum(len(t) for t in tokens))
+        return forward_batch(tokens, states, *args, **kw)
 
-    monkeypatch.setattr(target, "forward", slow_forward)
+    monkeypatch.setattr(target, "forward_batch", slow_forward_batch)
     policy = AdaptiveDraftLength(4)
     spec = speculative_generate(target, RandomDrafter(0), [40, 41, 42, 43], 100, policy=policy)
     assert policy.chosen.get(0, 0) >= 0.8 * spec.stats.steps, policy.as_dict()
