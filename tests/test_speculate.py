@@ -306,9 +306,9 @@ def test_snapshot_ring_save_restore_is_identity_and_ranges_are_checked(target):
     ring.restore(state, 0)
     assert state.max_abs_diff(before) == 0.0
     for bad in (-1, 1, 3):  # slot 1 was never written; 3 is outside the ring
-        with pytest.raises(ValueError, match="slot"):
+        with pytest.raises(ValueError, match="entry"):
             ring.restore(state, bad)
-    with pytest.raises(ValueError, match="slot"):
+    with pytest.raises(ValueError, match="entry"):
         ring.save(state, 3)
     target.forward(np.array([5, 6]), state, ring=ring)  # a pass of 2 fills slots 0, 1
     short = fresh_state(target, [1, 2])
@@ -323,7 +323,7 @@ def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
 
     prompt, batch = [1, 2, 3, 4], [5, 6, 7, 8]
     ring = ReplayRing(target.cfg, 4, target.kernels.causal_conv, target.kernels.gdn_scan)
-    with pytest.raises(ValueError, match="slot 0: the ring holds slots 0 .. -1"):
+    with pytest.raises(ValueError, match="entry 0: the ring holds entries 0 .. -1"):
         ring.restore(fresh_state(target, prompt), 0)
     state = fresh_state(target, prompt)
     target.forward(np.array(batch), state, ring=ring)
@@ -339,7 +339,7 @@ def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
     ring.restore(state, 0)
     assert state.max_abs_diff(fresh_state(target, prompt + batch[:2] + [9])) == 0.0
     for bad in (-1, 2):
-        with pytest.raises(ValueError, match="slot"):
+        with pytest.raises(ValueError, match="entry"):
             ring.restore(state, bad)
     with pytest.raises(ValueError, match="rollback to 8 tokens: the state holds 4"):
         ring.restore(fresh_state(target, prompt), 1)

@@ -4,7 +4,7 @@ The draft model keeps its own ModelState and steps one token at a time: from the
 feeds pending, d_1, ..., d_{k-1} (k forwards) and samples d_1..d_k from its own laws q_i. After the
 target keeps pending + d_1..d_m, the draft state must hold exactly those tokens too. It is hybrid
 like the target, so its GDN state cannot be truncated either: a SnapshotRing (allocated once) takes a
-copy after each draft forward, and commit restores slot m, or, when every draft was kept, feeds
+copy after each draft forward, and commit restores entry m, or, when every draft was kept, feeds
 d_k, the one token the draft model has not seen yet. The ring is sized at start() from the most drafts
 the engine will ask for (k_max), once per generation. With a stop rule's keep_going (the adaptive
 policy's keep_drafting) drafting stops early after a draft the model is unsure of; k is then the drafts
@@ -47,7 +47,7 @@ class DraftModelDrafter(Proposing):
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
         self.model, self.target = draft_model, target
-        self.ring: SnapshotRing | None = None  # one slot per draft, allocated by start()
+        self.ring: SnapshotRing | None = None  # one entry per draft, allocated by start()
         self._state = draft_model.new_state()
         self.queue: list[int] = []  # kept tokens the draft model has not been fed yet (see commit)
         self.n_drafted = 0  # forwards made by the last propose
@@ -69,7 +69,7 @@ class DraftModelDrafter(Proposing):
         return self._state
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
-        if self.ring is None or self.ring.slots < max(1, k_max):
+        if self.ring is None or self.ring.size < max(1, k_max):
             self.ring = SnapshotRing(self.model.cfg, max(1, k_max), self.model.xp)
         self._state, self.queue, self.n_drafted = self.model.new_state(), [], 0
         self.model.forward(np.array(prompt), self._state, logits=False)
@@ -80,9 +80,9 @@ class DraftModelDrafter(Proposing):
         sent back the scores of the pass's last row, returns the Draft. Where the drafts are: as in
         mtp.MTPDrafter.drafting (argmaxes stay where the draft model computes; a draft is read on the host by
         itself only when the stop rule asks for its probability, with a draft vocabulary, or when sampled)."""
-        if self.ring is None or k > self.ring.slots:
+        if self.ring is None or k > self.ring.size:
             raise ValueError(f"a draft of {k} exceeds the drafts start() was told of "
-                             f"({0 if self.ring is None else self.ring.slots})")
+                             f"({0 if self.ring is None else self.ring.size})")
         keep_going = stop.keep_going if stop is not None else None
         argmax_ids = params.greedy and self.vocab is None  # drafts stay where the draft model computes until the end
         drafts, q_rows, probs = [], [], []
@@ -90,7 +90,7 @@ class DraftModelDrafter(Proposing):
         self.ring.filled = 0
         for i in range(k):
             scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
-            self.ring.save(self._state, i)  # slot i: pending + d_1..d_i fed
+            self.ring.save(self._state, i)  # entry i: pending + d_1..d_i fed
             if argmax_ids:  # [1] id where the draft model computes: no transfer
                 token, q_draft = np.argmax(scores).reshape(1), None
             else:  # a sampled draft reads the law on the host

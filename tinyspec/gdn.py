@@ -47,7 +47,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .ops import asarray_like, join_rows
-from .state import GDNState, ReplayLog, SnapshotSlots
+from .state import GDNState, ReplayLog, SnapshotEntries
 
 if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
     from .kernels import Kernels
@@ -197,7 +197,7 @@ def gdn_chunked(
 
 def gdn_layer(
     x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
-    chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None,
+    chunked: bool = False, ring: SnapshotEntries | ReplayLog | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on one sequence's T new tokens: gdn_layer_ragged with one sequence."""
     return gdn_layer_ragged(x, w, [state], np.array([0, x.shape[0]]), cfg, kern, [ring], chunked)
@@ -250,7 +250,7 @@ def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tu
 
 
 def gdn_conv(mixed: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, kern: Kernels,
-             ring: SnapshotSlots | ReplayLog | None = None) -> tuple[np.ndarray, np.ndarray]:
+             ring: SnapshotEntries | ReplayLog | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Step 2 for one sequence: causal conv of its raw projections over its window, then SiLU -> c [T, C] and
     the window after them [C, w-1] (the state takes it in gdn_memory: a ReplayRing records the old one)."""
     conv_states = None if ring is None else ring.conv_states  # [>= T, C, w-1] or None
@@ -274,7 +274,7 @@ def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern: Kernels) -> tuple[np.ndarray,
 
 
 def gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w: Mapping[str, np.ndarray], state: GDNState,
-               kern: Kernels, chunked: bool = False, ring: SnapshotSlots | ReplayLog | None = None) -> np.ndarray:
+               kern: Kernels, chunked: bool = False, ring: SnapshotEntries | ReplayLog | None = None) -> np.ndarray:
     """Step 4 for one sequence: the delta-rule memory, one scan from its state (its chunked form for a long
     prefill) -> o [T, HV, V]; then the state takes the new window (conv_after) and memory. Without a ring the
     new memory overwrites the old in place; with one, the ring says where the per-token states and the new

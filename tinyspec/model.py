@@ -180,12 +180,12 @@ class Model:
         """A fresh sequence's state; pool: a paged.BlockPool its KV lives in (many sequences), else its own."""
         return ModelState(self.cfg, self.xp, pool)
 
-    def new_ring(self, slots: int) -> SnapshotRing | ReplayRing:
-        """Where a verify pass of up to `slots` tokens leaves what a rollback needs (allocated once per sequence)."""
+    def new_ring(self, size: int) -> SnapshotRing | ReplayRing:
+        """Where a verify pass of up to `size` tokens leaves what a rollback needs (allocated once per sequence)."""
         kern = self.kernels
         if kern.rollback == "replay":  # the replay reruns the conv and the scan the passes run
-            return ReplayRing(self.cfg, slots, kern.causal_conv, kern.gdn_scan, kern.xp)
-        return SnapshotRing(self.cfg, slots, kern.xp)
+            return ReplayRing(self.cfg, size, kern.causal_conv, kern.gdn_scan, kern.xp)
+        return SnapshotRing(self.cfg, size, kern.xp)
 
     def embed(self, tokens) -> np.ndarray:  # [T] host ids (checked) or device ids (a drafter's argmax) -> [T, D]
         return embed_rows(self.token_embd, tokens, self.cfg.n_vocab, self.xp)

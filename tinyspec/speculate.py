@@ -14,7 +14,7 @@ already chosen but not yet fed to the target. Each step, for every running seque
     Step 3  accept   keep d_1..d_m while the rule accepts (greedy: d_i == argmax p_{i-1}); then a correction
                      from the residual law, or, if all k were kept, a bonus token from p_k
     Step 4  rollback the pass fed k+1 tokens but only pending + d_1..d_m are kept: restore every GDN layer
-                     from the ring's slot m (written during the pass, no recompute; or, with a ReplayRing,
+                     from the ring's entry m (written during the pass, no recompute; or, with a ReplayRing,
                      rescan the m+1 kept tokens from the pre-pass memory), truncate the KV cache, tell the
                      drafter which tokens were kept
     Step 5  emit     d_1..d_m and the new token, which becomes the next pending token

@@ -18,13 +18,13 @@ Two ways to roll back, the same bits (tests/test_speculate.py checks both agains
 
 SnapshotRing is that set of copies: buffers allocated once per sequence, filled during a T-token
 verify pass with the GDN state after every token (by the scan itself, see gdn.gdn_layer), so that
-keeping the first j tokens is a copy of slot j-1 back into the state plus a KV truncate: no recompute,
+keeping the first j tokens is a copy of entry j-1 back into the state plus a KV truncate: no recompute,
 no allocation. Every rollback range is validated (a bad one is a bug: it raises, never writes out of
 bounds; peers shipped a CVE for exactly that, docs/peers.md section 5).
 
 ReplayRing trades the copies for recompute. A 4-token verify pass of the 0.8B shape writes 72 MB of
 snapshots (18 GDN layers x 4 tokens x 1 MB of memory, plus the conv windows) on every step, whether or
-not a draft is rejected, so that a rollback can copy back one slot. A replay reads one state per layer and
+not a draft is rejected, so that a rollback can copy back one entry. A replay reads one state per layer and
 reruns the j <= k kept tokens (a base read and a state written per layer: the memory traffic of the copy it
 replaces), and only when a draft was rejected. The scan writes its result into the ring's spare buffer and
 the two buffers swap (the state's old memory becomes the ring's base), so keeping the pre-pass state costs
@@ -32,8 +32,8 @@ no copy either. The cpu backend uses it
 (its Kernels say rollback="replay", and Model.new_ring follows them; `bench --rollback` picks either); the
 oracle and cuda keep SnapshotRing (on a GPU the copies are cheap and a replay would add launches to a
 rejection). LESSONS.md 15 measures both rings (docs/performance-log.md, old 25, the history). Both share
-RollbackRing: the slot bookkeeping, the range checks, and the one interface a GDN layer writes through
-(each ring's per-layer entry).
+RollbackRing: the entry bookkeeping, the range checks, and the one interface a GDN layer writes through
+(each ring's per-layer view).
 
 Where the numbers live: every class takes `xp`, the array module that allocates its buffers (NumPy by
 default; the cuda backend passes CuPy, so states, caches and rings stay on the GPU and rollback is a
@@ -177,11 +177,11 @@ class ModelState:
 
 
 class RollbackRing:
-    """What both rings share: the token count each slot of the last pass leaves, and the checks of a rollback.
+    """What both rings share: the token count each entry of the last pass leaves, and the checks of a rollback.
 
-    pos[t] = number of tokens the state holds after slot t; filled = slots written by the last pass.
-    A verify pass (Model.forward(..., ring=ring)) calls mark_pass, then hands GDN layer i its entry,
-    ring.layer(i), which every entry answers the same way (gdn.gdn_layer makes one scan call with it):
+    pos[t] = number of tokens the state holds after entry t; filled = entries written by the last pass.
+    A verify pass (Model.forward(..., ring=ring)) calls mark_pass, then hands GDN layer i its per-layer view,
+    ring.layer(i), which every ring's view answers the same way (gdn.gdn_layer makes one scan call with it):
 
         conv_states  [>= T, C, w-1] or None    where the conv writes its window after each token
         ssm_states   [>= T, n_v, K, V] or None where the scan writes the memory after each token
@@ -192,26 +192,26 @@ class RollbackRing:
                                                (mixed [T, C], conv weight) and (q, k, v, log_decay, beta)
     """
 
-    def __init__(self, slots: int):
-        if slots < 1:
-            raise ValueError(f"{type(self).__name__} needs at least one slot, got {slots}")
-        self.slots = slots
-        self.pos = np.zeros(slots, np.int64)  # host bookkeeping
+    def __init__(self, entries: int):
+        if entries < 1:
+            raise ValueError(f"{type(self).__name__} needs at least one entry, got {entries}")
+        self.size = entries
+        self.pos = np.zeros(entries, np.int64)  # host bookkeeping
         self.filled = 0
 
     def mark_pass(self, pos_before: int, n_tokens: int) -> None:
-        """Record that a forward of n_tokens from pos_before filled slots 0 .. n_tokens-1."""
-        if not 1 <= n_tokens <= self.slots:
-            raise ValueError(f"a pass of {n_tokens} tokens does not fit a ring of {self.slots} slots")
+        """Record that a forward of n_tokens from pos_before filled entries 0 .. n_tokens-1."""
+        if not 1 <= n_tokens <= self.size:
+            raise ValueError(f"a pass of {n_tokens} tokens does not fit a ring of {self.size} entries")
         self.pos[:n_tokens] = np.arange(pos_before + 1, pos_before + n_tokens + 1)
         self.filled = n_tokens
 
-    def kept(self, state: ModelState, slot: int) -> int:
-        """The token count a rollback to `slot` keeps, after checking the slot and the state (a bad range is
+    def kept(self, state: ModelState, entry: int) -> int:
+        """The token count a rollback to `entry` keeps, after checking the entry and the state (a bad range is
         a bug: it raises before anything is written)."""
-        if not 0 <= slot < self.filled:
-            raise ValueError(f"rollback to snapshot slot {slot}: the ring holds slots 0 .. {self.filled - 1}")
-        keep = int(self.pos[slot])
+        if not 0 <= entry < self.filled:
+            raise ValueError(f"rollback to ring entry {entry}: the ring holds entries 0 .. {self.filled - 1}")
+        keep = int(self.pos[entry])
         if not 0 <= keep <= state.pos:
             raise ValueError(f"rollback to {keep} tokens: the state holds {state.pos}")
         return keep
@@ -220,58 +220,58 @@ class RollbackRing:
         """GDN layer i's entry (the interface above)."""
         raise NotImplementedError
 
-    def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to the tokens slot 0 .. `slot` of the last pass leave."""
+    def restore(self, state: ModelState, entry: int) -> None:
+        """Roll `state` back to the tokens entry 0 .. `entry` of the last pass leave."""
         raise NotImplementedError
 
 
-class SnapshotSlots:
+class SnapshotEntries:
     """One GDN layer's entry in a SnapshotRing: the conv and the scan write the state after every token here."""
 
     def __init__(self, conv_states: np.ndarray, ssm_states: np.ndarray):
-        self.conv_states, self.ssm_states = conv_states, ssm_states  # [slots, C, w-1], [slots, n_v, K, V]
+        self.conv_states, self.ssm_states = conv_states, ssm_states  # [entries, C, w-1], [entries, n_v, K, V]
 
     def memory_out(self, state: GDNState) -> np.ndarray:
-        return state.ssm  # the new memory overwrites the old in place: the slots hold the copies
+        return state.ssm  # the new memory overwrites the old in place: the entries hold the copies
 
     def record(self, state: GDNState, conv_inputs: tuple, scan_inputs: tuple) -> None:
-        pass  # everything a rollback needs is in the slots already
+        pass  # everything a rollback needs is in the entries already
 
 
 class SnapshotRing(RollbackRing):
-    """Per-token GDN snapshots for passes of up to `slots` tokens; allocated once, reused every step.
+    """Per-token GDN snapshots for passes of up to `entries` tokens; allocated once, reused every step.
 
-    conv[i] [slots, C, w-1], ssm[i] [slots, n_v, K, V] for GDN layer i (None for attention layers).
+    conv[i] [entries, C, w-1], ssm[i] [entries, n_v, K, V] for GDN layer i (None for attention layers).
     """
 
-    def __init__(self, cfg: ModelConfig, slots: int, xp=np):
-        super().__init__(slots)
+    def __init__(self, cfg: ModelConfig, entries: int, xp=np):
+        super().__init__(entries)
         C, w = cfg.ssm_conv_channels, cfg.ssm_conv_kernel
-        shape_ssm = (slots, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
-        self.conv = [xp.zeros((slots, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
+        shape_ssm = (entries, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
+        self.conv = [xp.zeros((entries, C, w - 1), np.float32) if r else None for r in cfg.recurrent]
         self.ssm = [zeros_aligned(shape_ssm, xp) if r else None for r in cfg.recurrent]  # 64 B: streaming stores
 
-    def layer(self, i: int) -> SnapshotSlots:
-        return SnapshotSlots(self.conv[i], self.ssm[i])
+    def layer(self, i: int) -> SnapshotEntries:
+        return SnapshotEntries(self.conv[i], self.ssm[i])
 
-    def save(self, state: ModelState, slot: int) -> None:
-        """Copy the state's GDN layers into `slot` (used by drafters that step one token at a time)."""
-        if not 0 <= slot < self.slots:
-            raise ValueError(f"snapshot slot {slot} is outside the ring's {self.slots} slots")
+    def save(self, state: ModelState, entry: int) -> None:
+        """Copy the state's GDN layers into `entry` (used by drafters that step one token at a time)."""
+        if not 0 <= entry < self.size:
+            raise ValueError(f"ring entry {entry} is outside the ring's {self.size} entries")
         for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
             if conv is not None:
-                conv[slot] = layer.conv
-                ssm[slot] = layer.ssm
-        self.pos[slot] = state.pos
-        self.filled = max(self.filled, slot + 1)
+                conv[entry] = layer.conv
+                ssm[entry] = layer.ssm
+        self.pos[entry] = state.pos
+        self.filled = max(self.filled, entry + 1)
 
-    def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to slot: GDN layers copied in place, KV caches truncated. No recompute."""
-        keep = self.kept(state, slot)
+    def restore(self, state: ModelState, entry: int) -> None:
+        """Roll `state` back to entry: GDN layers copied in place, KV caches truncated. No recompute."""
+        keep = self.kept(state, entry)
         for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
             if conv is not None:
-                np.copyto(layer.conv, conv[slot])
-                np.copyto(layer.ssm, ssm[slot])
+                np.copyto(layer.conv, conv[entry])
+                np.copyto(layer.ssm, ssm[entry])
         state.truncate_kv(keep)
 
 
@@ -308,8 +308,8 @@ class ReplayRing(RollbackRing):
     conv, scan: the causal_conv and gdn_scan of the model's kernels (Model.new_ring), so a backend replays
     with the functions its passes ran."""
 
-    def __init__(self, cfg: ModelConfig, slots: int, conv, scan, xp=np):
-        super().__init__(slots)
+    def __init__(self, cfg: ModelConfig, entries: int, conv, scan, xp=np):
+        super().__init__(entries)
         self.causal_conv, self.gdn_scan = conv, scan  # the functions a replay reruns
         shape_ssm = (cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim)
         self.log = [ReplayLog(shape_ssm, xp) if r else None for r in cfg.recurrent]
@@ -317,11 +317,11 @@ class ReplayRing(RollbackRing):
     def layer(self, i: int) -> ReplayLog:
         return self.log[i]
 
-    def restore(self, state: ModelState, slot: int) -> None:
-        """Roll `state` back to slot: conv and scan rerun over tokens 0..slot from the state before the pass,
-        KV caches truncated. (The engine never restores the pass's last slot: nothing was rejected.)"""
-        keep = self.kept(state, slot)
-        n = slot + 1
+    def restore(self, state: ModelState, entry: int) -> None:
+        """Roll `state` back to entry: conv and scan rerun over tokens 0..entry from the state before the pass,
+        KV caches truncated. (The engine never restores the pass's last entry: nothing was rejected.)"""
+        keep = self.kept(state, entry)
+        n = entry + 1
         for layer, log in zip(state.layers, self.log):
             if log is not None:  # the kept tokens' rows of each input; the outputs are thrown away
                 mixed, weight = log.conv_inputs

@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(256) gdn_scan_k(
     const float* __restrict__ log_decay, const float* __restrict__ beta,  // [T, HV]
     const float* state_in, float* state_out,                   // [HV, K, V]; may be the same buffer
     float* __restrict__ o,                                     // [T, HV, V]
-    float* ring, int has_ring,                                 // [>= T, HV, K, V] snapshot slots
+    float* ring, int has_ring,                                 // [>= T, HV, K, V] snapshot entries
     int T, int HV, int V)
 {
     __shared__ float qs[K], ks[K], gb[2];
