@@ -46,6 +46,7 @@ import numpy as np
 
 from . import ops
 from .config import ModelConfig
+from .gdn import gdn_scan_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import Kernels
 from .model import Model, load_tensors
@@ -265,6 +266,11 @@ def cuda_gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     return cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=states_out, out_state=out)
 
 
+def cuda_gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, outs=None):
+    """tinyspec.gdn.gdn_scan_ragged's contract on the device: the oracle's loop, one device scan per sequence."""
+    return gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs, outs, scan=cuda_gdn_scan)
+
+
 def cpu_kernels() -> Kernels:
     """The oracle's functions with Numba's attention, scan and conv, and the replay ring."""
     from .fast import numba_attention, numba_gdn
@@ -275,6 +281,10 @@ def cpu_kernels() -> Kernels:
         attend_paged=numba_attention.attend_paged,  # the same kernel reading the pool through a block table
         gdn_scan=numba_gdn.gdn_scan,  # bitwise the oracle's scan, without its temporaries
         causal_conv=numba_gdn.causal_conv,  # bitwise the oracle's conv
+        # every sequence of a batch in one call each (threads over (sequence, head) pairs), the same bits
+        gdn_scan_ragged=numba_gdn.gdn_scan_ragged,
+        causal_conv_ragged=numba_gdn.causal_conv_ragged,
+        attend_paged_ragged=numba_attention.attend_paged_ragged,
         rollback="replay",  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 15)
     )
 
@@ -303,7 +313,7 @@ def cuda_kernels(graphs: bool = True) -> Kernels:
 
     dev = cupy.ndarray
     return Kernels(
-        name="cuda", gdn_scan=cuda_gdn_scan, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
+        name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
         accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
