@@ -8,8 +8,9 @@
             activations rounded to Q8_K, Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights with them rounded to Q8_0, as llama.cpp's
             CPU backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small
             tensors (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
-            short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a
-            machine without a GPU.
+            short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's), attention
+            fast/numba_attention.py's; a batch's sequences go through each of the three in one call (the
+            ragged kernels). The default on a machine without a GPU.
     cuda    CuPy + RawKernels (tinyspec/fast/cuda_ops.py) on a GPU, device-resident: the matmul weights in
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
