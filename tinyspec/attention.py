@@ -16,8 +16,9 @@ the same calls a one-token decode at that position makes, so a verify pass of T 
 decode results bit for bit (tests/test_model.py checks it).
 
 Several sequences in one pass (attention_layer_ragged, batch.py): the projections and the output run once
-over every sequence's rows packed together; the norm, rope, cache and attention run per sequence on its own
-rows and its own cache (contiguous, or paged: attend_paged reads the sequence's blocks through its table).
+over every sequence's rows packed together; the norm and rope per row at its sequence's position; the cache and
+attention per sequence on its own rows and its own cache (contiguous, or paged: attend_paged reads the
+sequence's blocks through its table; sequences in one pool attend in one attend_paged_ragged call).
 One sequence (attention_layer) is the case of one: the steps are written once.
 
 Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF transformers
@@ -32,6 +33,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .ops import join_rows, rope_neox, softmax
+from .paged import PagedKVCache
 from .state import KVCache
 
 if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
@@ -71,6 +73,17 @@ def attend_paged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: n
     return attend(q, keys, values, n_past, scale)
 
 
+def attend_paged_ragged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, tables: list, n_pasts: list,
+                        bounds: np.ndarray, scale: np.float32) -> np.ndarray:
+    # [R, H_kv, G, d], pools [n_blocks, block_size, H_kv, d], B tables, B ints, [B+1] -> [R, H_kv, G, d]
+    """attend_paged of several sequences whose caches share one pool (paged.py), their query rows packed in one
+    q (sequence b: rows bounds[b] .. bounds[b+1]-1, its block table tables[b], n_pasts[b] positions before its
+    rows). Each sequence's rows attend over its own keys only. The loop a fast backend fuses into one call
+    (fast/numba_attention.py)."""
+    return join_rows([attend_paged(q[lo:hi], k_pool, v_pool, table, n_past, scale)
+                      for lo, hi, table, n_past in zip(bounds[:-1], bounds[1:], tables, n_pasts)])
+
+
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
                     kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
     """Gated attention of one layer on one sequence's T new tokens: attention_layer_ragged with one sequence."""
@@ -89,11 +102,10 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     rows, so each weight is read once; each sequence's rows go into its own cache and attend over it (no row
     ever sees another sequence's keys), so each sequence's rows are bitwise those it computes alone.
     """
-    spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
     q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
-    positions = join_rows([np.arange(c.n, c.n + r.stop - r.start) for c, r in zip(caches, spans)])
+    positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
     q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
-    o = join_rows([attend_own(q[r], k[r], v[r], cache, cfg, kern) for cache, r in zip(caches, spans)])  # 3.
+    o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
     return output(o, gate, w, kern)  # 4. gate and out projection
 
 
@@ -113,14 +125,25 @@ def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern: Kernels):
     return q, k
 
 
-def attend_own(q, k, v, cache, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
-    """One sequence's T rows (normed, roped): append k, v to its cache, attend over it -> [T, H*d].
-    cache: a state.KVCache or a paged.PagedKVCache (the cache picks the attend kernel)."""
-    T, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
-    n_past = cache.n
-    cache.append(k, v)
-    o = cache.attend(kern, q.reshape(T, H_kv, cfg.n_head // H_kv, d), n_past, np.float32(cfg.attn_scale))
-    return o.reshape(T, cfg.n_head * d)  # [T, H_kv, G, d] -> [T, H*d]
+def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+    """Every sequence's rows (normed, roped; q [R, H, d], k, v [R, H_kv, d]): append its k, v to its own cache,
+    attend over it -> [R, H*d]. caches: state.KVCache or paged.PagedKVCache. Caches in one pool (the batch
+    engine's) attend in one kern.attend_paged_ragged call, the block tables saying whose keys each row sees;
+    any others each by its own kernel (cache.attend picks kern.attend or kern.attend_paged)."""
+    R, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
+    q = q.reshape(R, H_kv, cfg.n_head // H_kv, d)  # [R, H_kv, G, d]
+    scale = np.float32(cfg.attn_scale)
+    n_pasts = [cache.n for cache in caches]
+    for lo, hi, cache in zip(bounds[:-1], bounds[1:], caches):
+        cache.append(k[lo:hi], v[lo:hi])
+    if PagedKVCache.one_pool(caches):
+        pool, layer = caches[0].pool, caches[0].layer
+        o = kern.attend_paged_ragged(q, pool.k[layer], pool.v[layer], [c.table.ids() for c in caches], n_pasts,
+                                     bounds, scale)
+    else:
+        o = join_rows([cache.attend(kern, q[lo:hi], n_past, scale)
+                       for lo, hi, cache, n_past in zip(bounds[:-1], bounds[1:], caches, n_pasts)])
+    return o.reshape(R, cfg.n_head * d)  # [R, H_kv, G, d] -> [R, H*d]
 
 
 def output(o, gate, w, kern: Kernels) -> np.ndarray:  # [T, H*d] x2 -> [T, D]

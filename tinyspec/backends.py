@@ -8,8 +8,9 @@
             activations rounded to Q8_K, Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights with them rounded to Q8_0, as llama.cpp's
             CPU backend does: the oracle of that is ops.quant_linear_q8, not ops.quant_linear); the small
             tensors (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
-            short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's). The default on a
-            machine without a GPU.
+            short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's), attention
+            fast/numba_attention.py's; a batch's sequences go through each of the three in one call (the
+            ragged kernels). The default on a machine without a GPU.
     cuda    CuPy + RawKernels (tinyspec/fast/cuda_ops.py) on a GPU, device-resident: the matmul weights in
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
@@ -46,6 +47,7 @@ import numpy as np
 
 from . import ops
 from .config import ModelConfig
+from .gdn import gdn_scan_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import Kernels
 from .model import Model, load_tensors
@@ -267,6 +269,11 @@ def cuda_gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     return cuda_ops.gdn_scan(q, k, v, log_decay, beta, state, states_out=states_out, out_state=out)
 
 
+def cuda_gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, outs=None):
+    """tinyspec.gdn.gdn_scan_ragged's contract on the device: the oracle's loop, one device scan per sequence."""
+    return gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs, outs, scan=cuda_gdn_scan)
+
+
 def cpu_kernels() -> Kernels:
     """The oracle's functions with Numba's attention, scan and conv, and the replay ring."""
     from .fast import numba_attention, numba_gdn, threads
@@ -279,6 +286,10 @@ def cpu_kernels() -> Kernels:
         attend_paged=numba_attention.attend_paged,  # the same kernel reading the pool through a block table
         gdn_scan=numba_gdn.gdn_scan,  # bitwise the oracle's scan, without its temporaries
         causal_conv=numba_gdn.causal_conv,  # bitwise the oracle's conv
+        # every sequence of a batch in one call each (threads over (sequence, head) pairs), the same bits
+        gdn_scan_ragged=numba_gdn.gdn_scan_ragged,
+        causal_conv_ragged=numba_gdn.causal_conv_ragged,
+        attend_paged_ragged=numba_attention.attend_paged_ragged,
         rollback="replay",  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 15)
     )
 
@@ -307,7 +318,7 @@ def cuda_kernels(graphs: bool = True) -> Kernels:
 
     dev = cupy.ndarray
     return Kernels(
-        name="cuda", gdn_scan=cuda_gdn_scan, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
+        name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
         accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),

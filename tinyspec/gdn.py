@@ -34,13 +34,15 @@ Papers: Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with D
 Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence Length" (NeurIPS 2024),
 for the WY / UT chunk form. Math reference: docs/qwen35.md section 3.1.
 Several sequences in one pass (gdn_layer_ragged, batch.py): the projections run once over every sequence's
-rows packed together, the conv and the scan per sequence from its own state, so each sequence's rows are
-bitwise those it computes alone. One sequence (gdn_layer) is the case of one: the steps are written once.
+rows packed together, the conv and the scan of each sequence from its own state (causal_conv_ragged,
+gdn_scan_ragged: here a loop over the sequences, in fast/numba_gdn.py one kernel call), so each sequence's rows
+are bitwise those it computes alone. One sequence (gdn_layer) is the case of one: the steps are written once.
 Does NOT include: qwen3next's fused qkvz / ba layouts, backward pass.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
@@ -109,6 +111,35 @@ def gdn_scan(
         np.copyto(out, state)
         state = out
     return o, state
+
+
+def causal_conv_ragged(x: np.ndarray, bounds: np.ndarray, conv_states: list, weight: np.ndarray,
+                       states_outs: list | None = None, conv=causal_conv) -> tuple[np.ndarray, list]:
+    # [R, C], [B+1], B x [C, w-1], [C, w] -> [R, C], B x [C, w-1]
+    """causal_conv of several sequences packed in one [R, C] (sequence b: rows bounds[b] .. bounds[b+1]-1), each
+    from its own window conv_states[b]; states_outs[b] (or None) as causal_conv's states_out. Returns the rows
+    [R, C] and each sequence's new window. The loop a fast backend fuses into one call (fast/numba_gdn.py);
+    conv: the one-sequence conv it loops over (a backend's own, with causal_conv's contract)."""
+    states_outs = states_outs or [None] * len(conv_states)
+    parts = [conv(x[lo:hi], cs, weight, so) for lo, hi, cs, so in zip(bounds[:-1], bounds[1:], conv_states,
+                                                                          states_outs)]
+    return join_rows([y for y, _ in parts]), [new for _, new in parts]
+
+
+def gdn_scan_ragged(q: np.ndarray, k: np.ndarray, v: np.ndarray, log_decay: np.ndarray, beta: np.ndarray,
+                    bounds: np.ndarray, states: list, states_outs: list | None = None, outs: list | None = None,
+                    scan=gdn_scan) -> tuple[np.ndarray, list]:
+    # [R, HV, K] x2, [R, HV, V], [R, HV] x2, [B+1], B x [HV, K, V] -> [R, HV, V], B x [HV, K, V]
+    """gdn_scan of several sequences packed in one pass (sequence b: rows bounds[b] .. bounds[b+1]-1), each from
+    its own memory states[b]; states_outs[b] and outs[b] (or None) as gdn_scan's states_out and out. Returns the
+    rows o [R, HV, V] and each sequence's new memory. The loop a fast backend fuses into one call
+    (fast/numba_gdn.py); scan: the one-sequence scan it loops over (a backend's own, or gdn_chunked)."""
+    B = len(states)
+    states_outs, outs = states_outs or [None] * B, outs or [None] * B
+    parts = [scan(q[r], k[r], v[r], log_decay[r], beta[r], state, states_out=so, out=out)
+             for r, state, so, out in zip([slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])], states,
+                                          states_outs, outs)]
+    return join_rows([o for o, _ in parts]), [new for _, new in parts]
 
 
 def _solve_unit_lower(A: np.ndarray, B: np.ndarray) -> np.ndarray:  # [HV, L, L], [HV, L, V] -> [HV, L, V]
@@ -214,27 +245,25 @@ def gdn_layer_ragged(
     kern: the functions to compute with (kernels.py: matmul, row functions, causal_conv and gdn_scan,
     each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's).
     Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all R rows, so each
-    weight is read once; the conv and the scan (2, 4) run per sequence over its own rows from its own state,
-    so each sequence's rows are bitwise those it computes alone. One sequence is the case bounds = [0, T].
+    weight is read once; the conv and the scan (2, 4) run each sequence over its own rows from its own state
+    (kern.causal_conv_ragged and kern.gdn_scan_ragged: one call for all sequences, which the oracle makes a
+    loop of per-sequence calls), so each sequence's rows are bitwise those it computes alone. One sequence
+    is the case bounds = [0, T].
     chunked=True scans with gdn_chunked (faster for a long prefill, not bitwise batch-invariant; no ring).
     rings[b]: sequence b's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says
-    where the conv and the scan write the state after each token (a SnapshotRing's slots: slot t is what a
+    where the conv and the scan write the state after each token (a SnapshotRing's entries: entry t is what a
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
     rings = rings or [None] * len(states)
-    spans = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    for r, ring in zip(spans, rings):  # checked before any state changes
-        T = r.stop - r.start
-        if ring is not None and (chunked or any(len(b) < T for b in (ring.conv_states, ring.ssm_states)
+    for lo, hi, ring in zip(bounds[:-1], bounds[1:], rings):  # checked before any state changes
+        if ring is not None and (chunked or any(len(b) < hi - lo for b in (ring.conv_states, ring.ssm_states)
                                                 if b is not None)):
-            raise ValueError(f"a ring needs the scan and room for {T} tokens (chunked={chunked})")
+            raise ValueError(f"a ring needs the scan and room for {hi - lo} tokens (chunked={chunked})")
     mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
-    convs = [gdn_conv(mixed[r], w, state, kern, ring) for r, state, ring in zip(spans, states, rings)]  # 2. conv
-    q, k, v = gdn_qkv(join_rows([c for c, _ in convs]), cfg, kern)  # 3. q, k, v per row
-    o = join_rows([gdn_memory(q[r], k[r], v[r], log_decay[r], beta[r], mixed[r], conv_after, w, state, kern,
-                              chunked, ring)
-                   for r, (_, conv_after), state, ring in zip(spans, convs, states, rings)])  # 4. the scan
+    c, conv_after = gdn_conv(mixed, bounds, w, states, kern, rings)  # 2. conv, every sequence from its window
+    q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
+    o = gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after, w, states, kern, chunked, rings)  # 4.
     return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
 
 
@@ -249,12 +278,14 @@ def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tu
     return mixed, z, beta, log_decay
 
 
-def gdn_conv(mixed: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, kern: Kernels,
-             ring: SnapshotEntries | ReplayLog | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Step 2 for one sequence: causal conv of its raw projections over its window, then SiLU -> c [T, C] and
-    the window after them [C, w-1] (the state takes it in gdn_memory: a ReplayRing records the old one)."""
-    conv_states = None if ring is None else ring.conv_states  # [>= T, C, w-1] or None
-    c, conv_after = kern.causal_conv(mixed, state.conv, w["ssm_conv1d.weight"], conv_states)  # [T, C], [C, w-1]
+def gdn_conv(mixed: np.ndarray, bounds: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState],
+             kern: Kernels, rings: list) -> tuple[np.ndarray, list]:
+    """Step 2: causal conv of each sequence's raw projections over its own window (one kern.causal_conv_ragged
+    call for all), then SiLU -> c [R, C] and each sequence's window after them [C, w-1] (the state takes it in
+    gdn_memory: a ReplayRing records the old one)."""
+    conv_states = [None if ring is None else ring.conv_states for ring in rings]  # [>= T_b, C, w-1] or None
+    c, conv_after = kern.causal_conv_ragged(mixed, bounds, [s.conv for s in states], w["ssm_conv1d.weight"],
+                                            conv_states)  # [R, C], B x [C, w-1]
     return kern.silu(c), conv_after
 
 
@@ -273,19 +304,24 @@ def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern: Kernels) -> tuple[np.ndarray,
     return q, k, v
 
 
-def gdn_memory(q, k, v, log_decay, beta, mixed, conv_after, w: Mapping[str, np.ndarray], state: GDNState,
-               kern: Kernels, chunked: bool = False, ring: SnapshotEntries | ReplayLog | None = None) -> np.ndarray:
-    """Step 4 for one sequence: the delta-rule memory, one scan from its state (its chunked form for a long
-    prefill) -> o [T, HV, V]; then the state takes the new window (conv_after) and memory. Without a ring the
-    new memory overwrites the old in place; with one, the ring says where the per-token states and the new
-    memory go, and records what a rollback needs (mixed: the conv's input, for a replay)."""
-    scan = gdn_chunked if chunked else kern.gdn_scan
-    states_out, memory_out = (None, state.ssm) if ring is None else (ring.ssm_states, ring.memory_out(state))
-    o, ssm_after = scan(q, k, v, log_decay, beta, state.ssm, states_out=states_out, out=memory_out)  # [T, HV, V]
-    if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
-        ring.record(state, (mixed, w["ssm_conv1d.weight"]), (q, k, v, log_decay, beta))
-    state.conv, state.ssm = conv_after, ssm_after
-    return o
+def gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after: list, w: Mapping[str, np.ndarray],
+               states: list[GDNState], kern: Kernels, chunked: bool = False, rings: list | None = None) -> np.ndarray:
+    """Step 4: the delta-rule memory of each sequence from its own state, one kern.gdn_scan_ragged call for all
+    (gdn_chunked per sequence for a long prefill) -> o [R, HV, V]; then each state takes its new window
+    (conv_after[b]) and memory. Without a ring the new memory overwrites the old in place; with one, the ring
+    says where the per-token states and the new memory go, and records what a rollback needs (mixed: the
+    conv's input, for a replay)."""
+    rings = rings or [None] * len(states)
+    scan = partial(gdn_scan_ragged, scan=gdn_chunked) if chunked else kern.gdn_scan_ragged
+    states_outs = [None if ring is None else ring.ssm_states for ring in rings]
+    memory_outs = [state.ssm if ring is None else ring.memory_out(state) for state, ring in zip(states, rings)]
+    o, ssm_after = scan(q, k, v, log_decay, beta, bounds, [s.ssm for s in states], states_outs, memory_outs)
+    for lo, hi, state, ring, conv, ssm in zip(bounds[:-1], bounds[1:], states, rings, conv_after, ssm_after):
+        if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
+            ring.record(state, (mixed[lo:hi], w["ssm_conv1d.weight"]),
+                        tuple(a[lo:hi] for a in (q, k, v, log_decay, beta)))
+        state.conv, state.ssm = conv, ssm
+    return o  # [R, HV, V]
 
 
 def gdn_output(o: np.ndarray, z: np.ndarray, w: Mapping[str, np.ndarray], cfg: ModelConfig,

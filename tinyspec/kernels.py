@@ -21,6 +21,15 @@ by following an argument, not by searching for who patched what.
                                          [HV, K, V] the new state (it may be `state` itself: in place)
     causal_conv   gdn.causal_conv        (x [T, C], conv_state [C, w-1], weight [C, w], states_out=None)
                                          -> (y [T, C], new conv_state); states_out [>= T, C, w-1] as the scan's
+    the ragged three: B sequences' rows packed in one array, sequence b's rows bounds[b] .. bounds[b+1]-1, each
+    computed from its own state as the one-sequence function computes it (the oracle: that loop; a backend
+    that swaps a one-sequence function swaps its ragged one too, with the same bits):
+    gdn_scan_ragged      gdn.gdn_scan_ragged      (q, k, v, log_decay, beta [R, ...], bounds, states, states_outs,
+                                                  outs) -> (o [R, HV, V], new states); lists of B (or None)
+    causal_conv_ragged   gdn.causal_conv_ragged   (x [R, C], bounds, conv_states, weight, states_outs)
+                                                  -> (y [R, C], new conv_states)
+    attend_paged_ragged  attention.attend_paged_ragged (q [R, H_kv, G, d], k_pool, v_pool, tables, n_pasts,
+                                                  bounds, scale) -> o: B sequences' caches in one pool
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
@@ -39,8 +48,8 @@ What every replacement must keep:
     before token t, for the scan and the conv), on its own backend. It is what makes the rows of a T-token
     verify pass bitwise those of T one-token decodes, so greedy speculative output equals plain greedy
     output (tests/test_model.py for the oracle, tests/test_backends.py for each backend's whole model).
-  * the oracle's function: gdn_scan and causal_conv of the cpu backend are bitwise the oracle's
-    (tests/test_numba_gdn.py); attend and the cuda row functions agree to float32 rounding, as the matmul
+  * the oracle's function: gdn_scan and causal_conv of the cpu backend, and their ragged forms, are bitwise
+    the oracle's (tests/test_numba_gdn.py, tests/test_numba_ragged.py); attend and the cuda row functions agree to float32 rounding, as the matmul
     kernels do (tests/test_numba_attention.py, tests/test_cuda_ops.py).
   * replay needs the same bits twice: a ReplayRing reruns the model's own causal_conv and gdn_scan over the
     kept tokens, which gives the pass's bits because each is deterministic and batch-invariant.
@@ -61,8 +70,8 @@ from typing import Callable
 import numpy as np
 
 from . import ops
-from .attention import attend, attend_paged
-from .gdn import causal_conv, gdn_scan
+from .attention import attend, attend_paged, attend_paged_ragged
+from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
 from .spec_sampling import verify_greedy
 
 ROLLBACKS = ("snapshot", "replay")
@@ -96,6 +105,9 @@ class Kernels:
     attend_paged: Callable = attend_paged
     gdn_scan: Callable = gdn_scan
     causal_conv: Callable = causal_conv
+    gdn_scan_ragged: Callable = gdn_scan_ragged
+    causal_conv_ragged: Callable = causal_conv_ragged
+    attend_paged_ragged: Callable = attend_paged_ragged
     rms_norm: Callable = ops.rms_norm
     l2_norm: Callable = ops.l2_norm
     sigmoid: Callable = ops.sigmoid

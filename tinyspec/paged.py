@@ -132,6 +132,13 @@ class PagedKVCache:
         """kern.attend_paged over this layer's pool through the table (q [T, H_kv, G, d] -> [T, H_kv, G, d])."""
         return kern.attend_paged(q, self.pool.k[self.layer], self.pool.v[self.layer], self.table.ids(), n_past, scale)
 
+    @staticmethod
+    def one_pool(caches: list) -> bool:
+        """Whether `caches` (one layer's, one per sequence) are all views of the same layer of one pool: then
+        they attend in one call (attention.attend_paged_ragged), each through its own table."""
+        first = caches[0]
+        return all(isinstance(c, PagedKVCache) and c.pool is first.pool and c.layer == first.layer for c in caches)
+
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """The keys and values of positions 0 .. n-1, gathered: [n, H_kv, d] each (tests compare them)."""
         bs, pos = self.pool.block_size, np.arange(self.n)

@@ -67,71 +67,107 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _scan(q, k, v, decay, beta, S0, S, o, states_out, keep, stream):  # S0 [HV, K, V] read, S written (fresh)
-    T, HV, K = q.shape
+def _scan_ragged(q, k, v, decay, beta, bounds, S0s, Ss, o, snaps, keep, stream):
+    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b (tuples of B arrays):
+    # S0s[b] [HV, K, V] read, Ss[b] written (may be S0s[b]), snaps[b] [>= T_b, HV, K, V] if keep[b]; o [R, HV, V]
+    R, HV, K = q.shape
     V = v.shape[2]
-    if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
-        mode = (2 if stream else 1) if keep else 0
-        for h in prange(HV):
-            pred = np.empty(V, np.float32)
+    B = bounds.shape[0] - 1
+    for item in prange(B * HV):  # (sequence, value head) pairs: each reads only its own sequence's state
+        b, h = item // HV, item % HV
+        lo, hi = bounds[b], bounds[b + 1]
+        S0, S, sn, kp, st = S0s[b], Ss[b], snaps[b], keep[b], stream[b]
+        pred = np.empty(V, np.float32)
+        if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
+            mode = (2 if st else 1) if kp else 0
             Sf = S[h].reshape(-1)
-            for t in range(T):
-                simd.decay_predict_rows8(S0[h].reshape(-1) if t == 0 else Sf, Sf, K, decay[t, h], k[t, h], pred)
+            for t in range(lo, hi):  # token lo reads the caller's state, the rest update S in place
+                simd.decay_predict_rows8(S0[h].reshape(-1) if t == lo else Sf, Sf, K, decay[t, h], k[t, h], pred)
                 for j in range(V):
                     pred[j] = beta[t, h] * (v[t, h, j] - pred[j])  # pred now holds delta
-                snap = states_out[t, h].reshape(-1) if keep else Sf
+                snap = sn[t - lo, h].reshape(-1) if kp else Sf
                 simd.write_read_rows8(Sf, K, pred, k[t, h], q[t, h], o[t, h], snap, mode)
-            if stream:
-                simd.store_fence()
-        return
-    for h in prange(HV):
-        pred = np.empty(V, np.float32)
-        for t in range(T):  # token 0 reads the caller's state, the rest update S in place
-            _head_step(S0[h] if t == 0 else S[h], S[h], q[t, h], k[t, h], v[t, h], decay[t, h], beta[t, h], pred,
-                       o[t, h])
-            if keep and stream:  # streaming stores: 64-byte aligned, whole vectors (checked by gdn_scan)
-                dst, src = states_out[t, h].reshape(-1), S[h].reshape(-1)
-                for j in range(0, src.size, 16):
-                    simd.stream16(dst, j, src, j)
-            elif keep:
-                states_out[t, h] = S[h]
-        if keep and stream:
+        else:
+            for t in range(lo, hi):
+                _head_step(S0[h] if t == lo else S[h], S[h], q[t, h], k[t, h], v[t, h], decay[t, h], beta[t, h],
+                           pred, o[t, h])
+                if kp and st:  # streaming stores: 64-byte aligned, whole vectors (checked by the caller)
+                    dst, src = sn[t - lo, h].reshape(-1), S[h].reshape(-1)
+                    for j in range(0, src.size, 16):
+                        simd.stream16(dst, j, src, j)
+                elif kp:
+                    sn[t - lo, h] = S[h]
+        if kp and st:
             simd.store_fence()
+
+
+_NO_SNAPS = np.empty((1, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
 
 
 def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     # [T, HV, K] x2, [T, HV, V], [T, HV] x2, [HV, K, V] -> [T, HV, V], [HV, K, V]
     """The gated delta rule over T tokens, bitwise equal to tinyspec.gdn.gdn_scan (out: the same contract,
-    `state` itself or an array that does not overlap it)."""
+    `state` itself or an array that does not overlap it). gdn_scan_ragged with one sequence."""
+    T = q.shape[0]
+    o, (S,) = gdn_scan_ragged(q, k, v, log_decay, beta, np.array([0, T]), [state],
+                              None if states_out is None else [states_out], None if out is None else [out])
+    return o, S
+
+
+def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, outs=None):
+    # [R, HV, K] x2, [R, HV, V], [R, HV] x2, [B+1], B x [HV, K, V] -> [R, HV, V], B x [HV, K, V]
+    """tinyspec.gdn.gdn_scan_ragged bit for bit: the scan of each sequence b over its rows bounds[b] ..
+    bounds[b+1]-1 from states[b], all in one kernel whose threads take (sequence, value head) pairs, so two
+    cores stay busy however the work is split. states_outs[b] / outs[b] as gdn_scan's states_out / out
+    (None, or a list with None for a sequence that keeps no per-token states / takes a fresh array)."""
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     q, k, v, beta = f32(q), f32(k), f32(v), f32(beta)
     decay = f32(np.exp(f32(log_decay)))  # NumPy's exp, as the oracle's
-    T, HV, K = q.shape
-    if k.shape != q.shape or v.shape[:2] != (T, HV) or decay.shape != (T, HV) or beta.shape != (T, HV) \
-            or state.shape != (HV, K, v.shape[2]):
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    R, HV, K = q.shape
+    B = len(states)
+    V = v.shape[2]
+    if k.shape != q.shape or v.shape[:2] != (R, HV) or decay.shape != (R, HV) or beta.shape != (R, HV) \
+            or any(s.shape != (HV, K, V) for s in states):
         raise ValueError(f"numba_gdn: shapes q {q.shape}, k {k.shape}, v {v.shape}, log_decay {decay.shape}, "
-                         f"beta {beta.shape}, state {state.shape} do not fit [T, HV, K] / [HV, K, V]")
-    S0 = np.ascontiguousarray(state, dtype=np.float32)  # read by the first step, which writes S
-    if out is None:
-        S = np.empty_like(S0)  # a fresh array (it pays page faults: LESSONS 14; the model passes out=state)
-    elif out.shape != S0.shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"numba_gdn: out must be a writeable C-contiguous float32 {S0.shape}, got {out.dtype} "
-                         f"{out.shape}")
-    else:
-        S = out
-    o = np.empty(v.shape, np.float32)
-    keep = states_out is not None
-    if keep and (states_out.shape[0] < T or states_out.shape[1:] != S.shape or states_out.dtype != np.float32):
-        raise ValueError(f"numba_gdn: states_out must be float32 [>= {T}, {HV}, {K}, {v.shape[2]}], "
-                         f"got {states_out.dtype} {states_out.shape}")
-    snaps = states_out if keep else np.empty((1, 1, 1, 1), np.float32)  # untouched when not keep
-    if T == 0:
-        S[...] = S0
-        return o, S
-    # snapshots by streaming stores when every head's slot starts on a 64-byte line (SnapshotRing allocates so)
-    stream = keep and snaps.flags.c_contiguous and snaps.ctypes.data % 64 == 0 and (K * v.shape[2]) % 16 == 0
-    _scan(q, k, v, decay, beta, S0, S, o, snaps, keep, stream)
-    return o, S
+                         f"beta {beta.shape}, states {[s.shape for s in states]} do not fit [T, HV, K] / [HV, K, V]")
+    if bounds.shape != (B + 1,) or bounds[0] != 0 or bounds[-1] != R or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"numba_gdn: bounds {bounds.tolist()} do not cut {R} rows into {B} sequences")
+    states_outs = states_outs or [None] * B
+    outs = outs or [None] * B
+    S0s = tuple(np.ascontiguousarray(s, dtype=np.float32) for s in states)  # read by each first step
+    Ss = []
+    for S0, out in zip(S0s, outs):
+        if out is None:
+            Ss.append(np.empty_like(S0))  # a fresh array (it pays page faults: LESSONS 14; the model passes out)
+        elif out.shape != S0.shape or out.dtype != np.float32 or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            raise ValueError(f"numba_gdn: out must be a writeable C-contiguous float32 {S0.shape}, got {out.dtype} "
+                             f"{out.shape}")
+        else:
+            Ss.append(out)
+    keep = np.array([s is not None for s in states_outs], np.bool_)
+    stream = np.zeros(B, np.bool_)
+    snaps = []
+    for b, so in enumerate(states_outs):
+        T = bounds[b + 1] - bounds[b]
+        if so is None:
+            snaps.append(_NO_SNAPS)
+            continue
+        if so.ndim != 4 or so.shape[0] < T or so.shape[1:] != (HV, K, V) or so.dtype != np.float32 \
+                or not so.flags.c_contiguous:
+            raise ValueError(f"numba_gdn: states_out must be C-contiguous float32 [>= {T}, {HV}, {K}, {V}], "
+                             f"got {so.dtype} {so.shape}")
+        snaps.append(so)
+        # snapshots by streaming stores when every head's slot starts on a 64-byte line (SnapshotRing allocates so)
+        stream[b] = so.ctypes.data % 64 == 0 and (K * V) % 16 == 0
+    for b in range(B):
+        if bounds[b + 1] == bounds[b] and Ss[b] is not S0s[b]:  # no tokens: the state passes through
+            Ss[b][...] = S0s[b]
+    o = np.empty((R, HV, V), np.float32)
+    if R:
+        _scan_ragged(q, k, v, decay, beta, bounds, S0s, tuple(Ss), o, tuple(snaps), keep, stream)
+    return o, Ss
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -171,26 +207,57 @@ def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, 
                     states_out[t, c, j] = conv_state[c, jj] if jj < w - 1 else x[jj - (w - 1), c]
 
 
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, states_outs, keep):
+    # x [R, C], bounds [B+1], conv_states: B x [C, w-1] (a tuple), weight [C, w] -> y [R, C], new_states [B, C, w-1]
+    for b in range(bounds.shape[0] - 1):  # one thread: a sequence's conv is a few microseconds at the 0.8B shape
+        lo, hi = bounds[b], bounds[b + 1]
+        _causal_conv(x[lo:hi], conv_states[b], weight, y[lo:hi], new_states[b], states_outs[b], keep[b])
+
+
+_NO_CONV_STATES = np.empty((1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+
+
 def causal_conv(x, conv_state, weight, states_out=None):
     """tinyspec.gdn.causal_conv bit for bit (each output sums its w rounded products in tap order, from
     +0.0), without NumPy's per-tap temporaries. At the 0.8B shape (C = 6144, w = 4) those temporaries were
     most of a NumPy call, and scalar Numba spent its time on strided weight and state reads, so the channels
-    go 16 at a time as vectors (simd.conv4_16; docs/performance-log.md old 24 times the three)."""
-    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
-    x, conv_state, weight = f32(x), f32(conv_state), f32(weight)
-    T, C = x.shape
-    if conv_state.shape != (C, weight.shape[1] - 1) or weight.shape[0] != C:
-        raise ValueError(f"numba_gdn: causal_conv shapes x {x.shape}, conv_state {conv_state.shape}, "
-                         f"weight {weight.shape} do not fit [T, C] / [C, w-1] / [C, w]")
-    keep = states_out is not None
-    if keep and (states_out.ndim != 3 or states_out.shape[0] < T or states_out.shape[1:] != conv_state.shape
-                 or states_out.dtype != np.float32 or not states_out.flags.c_contiguous):
-        raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, "
-                         f"{conv_state.shape[0]}, {conv_state.shape[1]}], got {states_out.dtype} {states_out.shape}")
-    y = np.empty((T, C), np.float32)
-    new_state = np.empty_like(conv_state)
-    _causal_conv(x, conv_state, weight, y, new_state, states_out if keep else np.empty((1, 1, 1), np.float32), keep)
+    go 16 at a time as vectors (simd.conv4_16; docs/performance-log.md old 24 times the three).
+    causal_conv_ragged with one sequence."""
+    y, (new_state,) = causal_conv_ragged(x, np.array([0, x.shape[0]]), [conv_state], weight,
+                                         None if states_out is None else [states_out])
     return y, new_state
 
 
-kernel_cache.sync(_scan)  # cached kernels compiled from older sources (simd.py) are dropped
+def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None):
+    # [R, C], [B+1], B x [C, w-1], [C, w] -> [R, C], B x [C, w-1]
+    """tinyspec.gdn.causal_conv_ragged bit for bit: the conv of each sequence b over its rows bounds[b] ..
+    bounds[b+1]-1 from its own window conv_states[b], in one call; states_outs[b] as causal_conv's states_out
+    (None, or a list with None for a sequence that keeps none)."""
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    x, weight = f32(x), f32(weight)
+    conv_states = tuple(f32(s) for s in conv_states)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    R, C = x.shape
+    B, w = len(conv_states), weight.shape[1]
+    if weight.shape[0] != C or any(s.shape != (C, w - 1) for s in conv_states):
+        raise ValueError(f"numba_gdn: causal_conv shapes x {x.shape}, conv_state {[s.shape for s in conv_states]}, "
+                         f"weight {weight.shape} do not fit [T, C] / [C, w-1] / [C, w]")
+    if bounds.shape != (B + 1,) or bounds[0] != 0 or bounds[-1] != R or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"numba_gdn: bounds {bounds.tolist()} do not cut {R} rows into {B} sequences")
+    states_outs = states_outs or [None] * B
+    for b, so in enumerate(states_outs):
+        T = bounds[b + 1] - bounds[b]
+        if so is not None and (so.ndim != 3 or so.shape[0] < T or so.shape[1:] != (C, w - 1)
+                               or so.dtype != np.float32 or not so.flags.c_contiguous):
+            raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, {C}, {w - 1}], "
+                             f"got {so.dtype} {so.shape}")
+    keep = np.array([so is not None for so in states_outs], np.bool_)
+    snaps = tuple(_NO_CONV_STATES if so is None else so for so in states_outs)
+    y = np.empty((R, C), np.float32)
+    new_states = np.empty((B, C, w - 1), np.float32)  # sequence b's new window is new_states[b]
+    _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, snaps, keep)
+    return y, list(new_states)
+
+
+kernel_cache.sync(_scan_ragged)  # cached kernels compiled from older sources (simd.py) are dropped
