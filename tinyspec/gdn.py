@@ -250,7 +250,7 @@ def gdn_layer_ragged(
     loop of per-sequence calls), so each sequence's rows are bitwise those it computes alone. One sequence
     is the case bounds = [0, T].
     chunked=True scans with gdn_chunked (faster for a long prefill, not bitwise batch-invariant; no ring).
-    rings[b]: sequence b's entry of a verify pass's ring (state.py RollbackRing.layer), or None. It says
+    rings[b]: sequence b's per-layer view of its verify pass's ring (state.py RollbackRing.layer), or None. It says
     where the conv and the scan write the state after each token (a SnapshotRing's entries: entry t is what a
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).

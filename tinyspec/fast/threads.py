@@ -11,8 +11,9 @@ quiet (LESSONS 18 measured the same effect on BLAS).
 So, before the first parallel region loads libgomp:
 
     OMP_WAIT_POLICY=PASSIVE   an idle worker sleeps at once (a futex wait) and yields its core; waking it costs
-                              a few microseconds per region, small next to a region's work at real model sizes
-                              (the kernels already run small matrices on the calling thread alone)
+                              microseconds per region: on a quiet 2-core VM a 0.8B-shape decode ran 10-20% slower
+                              than spinning (8.7 -> 7.0-7.8 tok/s), beside a busy process 2-30x faster
+                              (OMP_WAIT_POLICY=ACTIVE gives a dedicated machine the spinning back)
 
 A value the user set in the environment is kept. The thread count is Numba's (NUMBA_NUM_THREADS, default: the
 cores); `--threads N` on the command line, or set_threads(N), lowers it for this process. With a neighbour on
