@@ -342,11 +342,11 @@ def test_a_ring_refuses_the_chunked_form_before_any_state_changes(rng):
     states = [random_state(rng, cfg) for _ in range(2)]
     before = [s.copy() for s in states]
     x = rng.standard_normal((6, cfg.n_embd)).astype(np.float32)
-    rings = [None, SnapshotRing(cfg, slots=4).layer(0)]
+    rings = [None, SnapshotRing(cfg, 4).layer(0)]
     with pytest.raises(ValueError, match="a ring needs the scan"):
         gdn_layer_ragged(x, w, states, np.array([0, 3, 6]), cfg, NUMPY, rings, chunked=True)
     with pytest.raises(ValueError, match="room for 6 tokens"):
-        gdn_layer(x, w, states[0], cfg, NUMPY, ring=SnapshotRing(cfg, slots=4).layer(0))
+        gdn_layer(x, w, states[0], cfg, NUMPY, ring=SnapshotRing(cfg, 4).layer(0))
     for s, b in zip(states, before):
         assert_array_equal(s.conv, b.conv)
         assert_array_equal(s.ssm, b.ssm)
