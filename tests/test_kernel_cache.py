@@ -17,7 +17,7 @@ RUN = """
 import numpy as np
 from tinyspec.fast import numba_gdn
 numba_gdn.causal_conv(np.ones((2, 8), np.float32), np.zeros((8, 3), np.float32), np.ones((8, 4), np.float32))
-s = numba_gdn._causal_conv.stats
+s = numba_gdn._causal_conv_ragged.stats  # the kernel the call dispatches (causal_conv is its one-sequence case)
 print(sum(s.cache_hits.values()), sum(s.cache_misses.values()), s.cache_path)
 """
 
