@@ -25,18 +25,15 @@ def bits(a):
     return np.ascontiguousarray(a).view(np.uint32)
 
 
+from test_numba_gdn import inputs  # noqa: E402
+
+
 def ragged_bounds(rng, B, most=9):
     return np.cumsum([0] + list(rng.integers(1, most + 1, B)))  # [B+1], 1..most rows each
 
 
-def scan_inputs(rng, R, HV, K, V):
-    q = rng.standard_normal((R, HV, K)).astype(np.float32) / np.float32(np.sqrt(K))
-    k = rng.standard_normal((R, HV, K)).astype(np.float32)
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    v = rng.standard_normal((R, HV, V)).astype(np.float32)
-    log_decay = -np.abs(rng.standard_normal((R, HV))).astype(np.float32)
-    beta = rng.uniform(0, 1, (R, HV)).astype(np.float32)
-    return q, k, v, log_decay, beta
+def scan_inputs(rng, R, HV, K, V):  # q, k, v, log_decay, beta of R rows (test_numba_gdn's, without its state)
+    return inputs(rng, R, HV, K, V)[:5]
 
 
 CASES = [(seed, B) for seed in range(3) for B in range(1, 6)]
