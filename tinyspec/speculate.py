@@ -53,7 +53,7 @@ from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length,
 from .generate import step_ms
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
-from .spec_sampling import verify_step
+from .spec_sampling import verify_greedy, verify_step
 
 
 def check_lengths(model: Model, n_prompt: int, max_new: int, k_max: int = 0) -> None:
@@ -163,22 +163,32 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
     return emitted[:room]
 
 
-def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: SamplingParams,
+def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: list[SamplingParams],
            rngs: list[np.random.Generator], kern) -> list[tuple[int, int, Draft]]:
     """Step 3 for every sequence of a verify pass (logits [R, N]; sequence b's rows bounds[b] .. bounds[b+1]-1
-    for its fed [pending, d_1..d_k]): the drafts its rule keeps, the target's own next token (a correction, or a
-    bonus after all k), and its Draft with the drafts as host ints. Greedy, the rule runs where the logits are
-    (Kernels.accept_greedy: one transfer brings back every run, and the drafts that were left there);
-    sampled, each sequence's host rows and its own random stream."""
-    if params.greedy:
+    for its fed [pending, d_1..d_k]; params[b] its sampling): the drafts its rule keeps, the target's own next
+    token (a correction, or a bonus after all k), and its Draft with the drafts as host ints. All greedy, the
+    rule runs where the logits are (Kernels.accept_greedy: one transfer brings back every run, and the drafts
+    that were left there). Otherwise the pass was brought to the host (any_sampled): a sampled sequence reads
+    its rows with its own random stream, a greedy one takes the same argmax rule on its host rows."""
+    if not any_sampled(params):
         runs = kern.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
         return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
                 for (n, token, tokens), d in zip(runs, drafts)]
     out = []
-    for lo, hi, d, rng in zip(bounds[:-1], bounds[1:], drafts, rngs):
-        p_rows = [probs_from_logits(row, params) for row in logits[lo:hi]]
+    for lo, hi, d, p, rng in zip(bounds[:-1], bounds[1:], drafts, params, rngs):
+        if p.greedy:
+            out.append((*verify_greedy(logits[lo:hi], d.tokens), d))
+            continue
+        p_rows = [probs_from_logits(row, p) for row in logits[lo:hi]]
         out.append((*verify_step(p_rows, d.tokens, list(d.q_rows), rng), d))
     return out
+
+
+def any_sampled(params: list[SamplingParams]) -> bool:
+    """Does a pass hold a sampled sequence? Then its logits come to the host (sampling reads laws there) and
+    every drafter drafts on the host: a greedy sequence beside it gets the same argmax either way."""
+    return not all(p.greedy for p in params)
 
 
 def token_marks(draft: Draft, n_accepted: int) -> list[str]:
@@ -195,6 +205,8 @@ class SeqResult:
     marks: list[str] = field(default_factory=list)  # per token: target (first), accepted, correction, bonus
     stats: dict = field(default_factory=dict)
     error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
+    params: SamplingParams | None = None  # how it samples (Engine.add: the engine's unless given its own)
+    stop_ids: frozenset[int] | None = None  # the ids that end it (Engine.add: the engine's unless given its own)
 
 
 @dataclass
@@ -241,9 +253,13 @@ class Engine:
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
-    def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator) -> None:
-        """Queue a sequence with its random stream (a seed, or a Generator); one that cannot run gets seq.error
-        instead (the others are not affected)."""
+    def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator,
+            params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None) -> None:
+        """Queue a sequence with its random stream (a seed, or a Generator), its sampling and its stop ids (None:
+        the engine's); one that cannot run gets seq.error instead (the others are not affected). Sequences with
+        different params share a pass: each gets the tokens it gets alone."""
+        seq.params = self.params if params is None else params
+        seq.stop_ids = frozenset(self.stops if stop_ids is None else (int(t) for t in stop_ids))
         seq.error = check_prompt(self.model, seq.prompt_tokens, max_new)
         rng = seed
         if seq.error is None and not isinstance(seed, np.random.Generator):
@@ -257,6 +273,20 @@ class Engine:
     def done(self) -> bool:
         return not self.waiting and not self.active
 
+    def cancel(self, seq: SeqResult) -> bool:
+        """Stop a sequence between steps (a client gone, a stop string met): a waiting one leaves the queue, a
+        running one ends as if it had met a stop (its slot, KV blocks and reservation freed, on_finish called,
+        stats for what it emitted). False if it is neither waiting nor running (it already ended)."""
+        for entry in self.waiting:
+            if entry[0] is seq:
+                self.waiting.remove(entry)
+                return True
+        for b, s in self.active.items():
+            if s.seq is seq:
+                self._finish(b)
+                return True
+        return False
+
     def step(self) -> None:
         """Admit waiting sequences, then one step for every running one: the five steps, all sequences at once."""
         self.clock.begin()
@@ -264,21 +294,22 @@ class Engine:
         if not self.active:
             return
         slots = sorted(self.active)  # the order of their rows in the pass
-        seqs, params, clock = [self.active[b] for b in slots], self.params, self.clock
+        seqs, clock = [self.active[b] for b in slots], self.clock
+        params = [s.seq.params for s in seqs]
         # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
         drafts = self._draft(slots, seqs, self._plan(seqs))
         draft_s = clock.lap("draft")
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
         fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
         rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
-        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings, to_host=not params.greedy)
+        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings, to_host=any_sampled(params))
         verify_s = clock.lap("verify")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
         runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels)
         clock.lap("accept")
         for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
             fed_b = [s.pending] + draft.tokens
-            run = cut_at_stop(draft.tokens[:n_accepted] + [token], self.stops, s.max_new - len(s.seq.tokens))
+            run = cut_at_stop(draft.tokens[:n_accepted] + [token], s.seq.stop_ids, s.max_new - len(s.seq.tokens))
             n_keep = len(run)  # the run's last token is the next pending one: fed next step
             # Step 4: rollback: keep pending and the run but its last token
             if n_keep < len(fed_b):
@@ -308,11 +339,12 @@ class Engine:
 
     def _draft(self, slots: list[int], seqs: list[Running], plans: list) -> list[Draft]:
         """Step 1 for every sequence: its drafter's coroutine for those the policy gives k > 0, run together
-        (one pass per draft depth for all of them). Greedy, the drafts may stay where the drafter's model
+        (one pass per draft depth for all of them). All greedy, the drafts may stay where the drafter's model
         computes (on_device): the verify pass is fed from there."""
         if self.drafters is None or not any(p.k for p in plans):
             return [NO_DRAFT] * len(seqs)
-        drafting = [self.drafters[b].drafting(s.pending, p.k, self.params, s.rng, p.stop, self.params.greedy)
+        on_device = not any_sampled([s.seq.params for s in seqs])
+        drafting = [self.drafters[b].drafting(s.pending, p.k, s.seq.params, s.rng, p.stop, on_device)
                     for b, s, p in zip(slots, seqs, plans) if p.k]
         made = iter(run_together(drafting, self.drafters[0].draft_pass))
         return [next(made) if p.k else NO_DRAFT for p in plans]
@@ -339,7 +371,7 @@ class Engine:
                     return  # wait for a running sequence to give its blocks back
                 self.waiting.popleft()
                 t_join, state = time.perf_counter(), model.new_state(pool)
-                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not self.params.greedy)
+                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not seq.params.greedy)
                 self.reserved += need
                 s = self.active[b] = Running(seq, state, rng, max_new, SpecStats(self.k_max), need, t_join)
                 if self.drafters is not None:
@@ -348,7 +380,7 @@ class Engine:
                     self.clock.lap("prefill")
                     self._finish(b)
                     continue
-                first = pick(logits[-1], self.params, rng)  # the first token: the prefill's own
+                first = pick(logits[-1], seq.params, rng)  # the first token: the prefill's own
                 self.clock.lap("prefill")
                 self._emit(b, s, [first], ["target"])
 
@@ -359,7 +391,7 @@ class Engine:
         s.pending = run[-1]
         if self.on_emit:
             self.on_emit(s.seq, run, marks)
-        if run[-1] in self.stops or len(s.seq.tokens) >= s.max_new:
+        if run[-1] in s.seq.stop_ids or len(s.seq.tokens) >= s.max_new:
             self._finish(b)
 
     def _finish(self, b: int) -> None:
