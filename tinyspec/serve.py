@@ -66,7 +66,7 @@ STATS_SHOWN = ("steps", "plain_steps", "drafted", "accepted", "acceptance_rate",
 
 class TextStream:
     """Token ids in, final text out: UTF-8 decoded incrementally, held back while its end could begin a stop
-    string, and cut at the first stop string met (`stopped`: then nothing more comes out)."""
+    string, and cut where the first stop string to be completed begins (`stopped`: then nothing more comes out)."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...]):
         self.tokenizer, self.stops = tokenizer, stops
@@ -86,10 +86,11 @@ class TextStream:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
-        # a stop string cannot begin before `sent`: released text never ends with the start of one (held back)
-        found = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
+        # the stop string met first is the one that ENDS first (generation stops there, whatever the run sizes);
+        # none begins before `sent`: released text never ends with the start of one (held back)
+        found = [(i + len(s), i) for s, i in ((s, self.text.find(s, self.sent)) for s in self.stops) if i >= 0]
         if found:
-            end, self.stopped = min(found), True
+            end, self.stopped = min(found)[1], True
         elif final:
             end = len(self.text)
         else:  # hold back the longest tail that a stop string begins with
@@ -322,15 +323,18 @@ class Server:
             tokens = self.tokenizer.encode(ask.prompt)
         else:
             tokens = list(ask.prompt)
+        where, n = "messages" if ask.chat else "prompt", len(tokens)
+        if n > self.ctx:
+            raise BadRequest(f"the prompt is {n} tokens: more than the server's context of {self.ctx} tokens per "
+                             "request (prompt and output)", where)
         max_new = ask.max_tokens
-        if max_new is None:
-            max_new = max(self.ctx - len(tokens), 0) if ask.chat else min(DEFAULT_MAX_TOKENS, self.ctx - len(tokens))
-        why = check_prompt(self.model, tokens, max_new)
-        if why is None and len(tokens) + max_new > self.ctx:
-            why = (f"a prompt of {len(tokens)} tokens and {max_new} new tokens exceed the server's context of "
-                   f"{self.ctx} tokens per request (serve --ctx)")
-        if why is not None:
-            raise BadRequest(why, "max_tokens" if "new tokens" in why and tokens else "prompt")
+        if max_new is None:  # completions: OpenAI's 16; chat: the rest of the context (as llama-server)
+            max_new = self.ctx - n if ask.chat else min(DEFAULT_MAX_TOKENS, self.ctx - n)
+        if n + max_new > self.ctx:
+            raise BadRequest(f"a prompt of {n} tokens and max_tokens {max_new} exceed the server's context of "
+                             f"{self.ctx} tokens per request: ask for at most {self.ctx - n}", "max_tokens")
+        if why := check_prompt(self.model, tokens, max_new):  # empty, or ids outside the vocabulary
+            raise BadRequest(why, where)
         seed = ask.seed if ask.seed is not None else secrets.randbits(63)
         job = Job(ask, SeqResult(next(self.ids), tokens), max_new, seed, TextStream(self.tokenizer, ask.stops))
         self.inbox.put(("add", job))
