@@ -371,3 +371,21 @@ def test_text_stream_releases_the_text_cut_at_the_first_stop_however_it_is_split
     first = min(ends)[1] if ends else len(text)
     assert "".join(out) == text[:first]
     assert stream.stopped == (first < len(text))
+
+
+def test_a_client_that_leaves_while_waiting_for_a_whole_answer_is_cancelled(server):
+    """Not streamed, nothing is written until the end: the handler sees the closed socket while it waits."""
+    wait_idle(server)
+    cancelled_before = get(server, "/v1/stats")["cancelled"]
+    sock = socket.create_connection((server.host, server.port), timeout=TIMEOUT)
+    body = json.dumps({"prompt": "import os\n", "max_tokens": 400, "temperature": 0}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    t_end = time.monotonic() + TIMEOUT
+    while get(server, "/health")["slots_busy"] == 0:  # running
+        assert time.monotonic() < t_end
+        time.sleep(0.02)
+    sock.close()
+    wait_idle(server)
+    assert get(server, "/v1/stats")["cancelled"] == cancelled_before + 1
+    assert server.engine.pool.used == 0

@@ -220,6 +220,8 @@ class Server:
                     message = self.inbox.get_nowait()
                 except queue.Empty:
                     message = None
+            with self.lock:
+                self.totals.running, self.totals.waiting = len(engine.active), len(engine.waiting)
             if engine.done():
                 continue
             t = time.perf_counter()
@@ -243,6 +245,10 @@ class Server:
                     with self.lock:
                         self.totals.cancelled += 1
             return
+        if job.gone:  # its client left before it was queued
+            with self.lock:
+                self.totals.cancelled += 1
+            return
         if len(self.engine.waiting) >= MAX_WAITING:
             return self._refuse(job, BadRequest(f"{MAX_WAITING} requests are already waiting: try again later",
                                                 status=503))
@@ -250,8 +256,6 @@ class Server:
         if job.seq.error is not None:  # checked before, so rare: the engine's own word
             return self._refuse(job, BadRequest(job.seq.error, "prompt"))
         self.jobs[job.seq.index] = job
-        with self.lock:
-            self.totals.waiting = len(self.engine.waiting)
 
     def _refuse(self, job: Job, error: BadRequest) -> None:
         job.events.put(("error", error))  # its handler raises it (and counts it refused)
@@ -380,7 +384,9 @@ class HTTPServer(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     """One connection: routes, reads and checks the body, waits on its job, writes JSON or server-sent events."""
     protocol_version = "HTTP/1.1"  # keep-alive (the openai client reuses connections); a stream closes its own
+    timeout = 60  # seconds a socket read or write may stall (a client that sends half a body, or stops reading)
     server: HTTPServer
+    next_look = 0.0  # when next_event next looks whether the client is still there (time.monotonic)
 
     def log_message(self, format, *args) -> None:  # quiet: the server's own lines go to stderr when asked
         if self.server.app.log:
@@ -400,6 +406,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             path = self.path.split("?")[0].rstrip("/")
             if path not in ("/v1/completions", "/v1/chat/completions"):
+                self.close_connection = True  # its body is not read: the connection cannot be reused
                 raise BadRequest(f"no such endpoint: POST {path}", status=404)
             chat = path == "/v1/chat/completions"
             ask = parse_request(self.read_json(), chat, app.chat.render if app.chat else None)
@@ -408,7 +415,7 @@ class Handler(BaseHTTPRequestHandler):
             with app.lock:
                 app.totals.refused += 1
             self.send_json(e.status, e.body())
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left, or stalled past `timeout`
             self.close_connection = True
         finally:
             with app.lock:
@@ -417,6 +424,7 @@ class Handler(BaseHTTPRequestHandler):
     def read_json(self):
         length = self.headers.get("Content-Length")
         if length is None:
+            self.close_connection = True  # where would a body end?
             raise BadRequest("a request body with a Content-Length is needed", status=411)
         if not length.isdigit() or int(length) > MAX_BODY:
             self.close_connection = True  # the body is not read: the connection cannot be reused
@@ -432,14 +440,20 @@ class Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------------------------------ answering
 
     def next_event(self, job: Job):
-        """The job's next event; None if its client went away meanwhile (then the job is cancelled)."""
+        """The job's next event; None if its client went away meanwhile (then the job is cancelled). Events may
+        come faster than POLL_S (a step's text), so the client is looked at by the clock, not on a quiet queue."""
         while True:
             try:
-                return job.events.get(timeout=POLL_S)
+                event = job.events.get(timeout=POLL_S)
             except queue.Empty:
+                event = None
+            if event is None or time.monotonic() >= self.next_look:
+                self.next_look = time.monotonic() + POLL_S
                 if self.client_gone():
                     self.server.app.cancel(job)
                     return None
+            if event is not None:
+                return event
 
     def client_gone(self) -> bool:
         """A closed socket reads as ready with no bytes; a client that sends more (a pipelined request) is here."""
@@ -502,7 +516,7 @@ class Handler(BaseHTTPRequestHandler):
                 event = self.next_event(job)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, OSError):  # the client left mid-stream
+        except OSError:  # the client left mid-stream (a broken pipe, a reset, a write that timed out)
             app.cancel(job)
 
     def send_event(self, body: dict) -> None:
