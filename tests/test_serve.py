@@ -389,3 +389,21 @@ def test_a_client_that_leaves_while_waiting_for_a_whole_answer_is_cancelled(serv
     wait_idle(server)
     assert get(server, "/v1/stats")["cancelled"] == cancelled_before + 1
     assert server.engine.pool.used == 0
+
+
+def test_bad_chat_requests_and_templates_are_named(chat_server):
+    from tinyspec.openai_api import BadRequest, ChatTemplate
+
+    for body, message in (({"messages": []}, "non-empty list"),
+                          ({"messages": [{"role": "user"}]}, "content must be a text"),
+                          ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "unknown field"),
+                          ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "prompt": "x"},
+                           "unknown field 'prompt'")):
+        status, answer = post(chat_server, "/v1/chat/completions", body)
+        assert status == 400 and message in answer["error"]["message"], answer
+    with pytest.raises(ValueError, match="does not parse"):
+        ChatTemplate("{% for m in messages %}")
+    strict = ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('users first') }}{% endif %}x")
+    assert strict.render([{"role": "user", "content": "hi"}]) == "x"
+    with pytest.raises(BadRequest, match="users first"):
+        strict.render([{"role": "system", "content": "hi"}])

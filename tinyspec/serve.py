@@ -149,7 +149,13 @@ class Server:
         self.engine = Engine(model, slots, drafter, policy, SamplingParams(), tokenizer.eog_ids, pool,
                              on_emit=self._on_emit, on_finish=self._on_finish)
         template = model.metadata.get("tokenizer.chat_template")
-        self.chat = None if template is None else ChatTemplate(str(template), *self._bos_eos())
+        self.chat: ChatTemplate | None = None
+        self.chat_unavailable: str | None = None  # why a file's template cannot be rendered (chat answers 501)
+        if template is not None:
+            try:
+                self.chat = ChatTemplate(str(template), *self._bos_eos())
+            except ValueError as e:  # jinja2 missing, or a template that does not parse: completions still serve
+                self.chat_unavailable = str(e)
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, Job] = {}  # seq.index -> job, while the engine holds it (engine thread only)
         self.stop_met: list[Job] = []  # jobs whose stop string appeared in this step: cancelled after it
@@ -312,7 +318,7 @@ class Server:
         return {"spec": self.spec, "seed": job.seed, "k_max": self.engine.k_max,
                 **{k: s[k] for k in STATS_SHOWN if k in s},
                 "tokens_per_step": s.get("mean_accepted_length", 0.0),
-                "queued_s": (job.t_start or now) - job.t_arrive, "wall_s": now - job.t_arrive}
+                "first_token_s": (job.t_start or now) - job.t_arrive, "wall_s": now - job.t_arrive}
 
     # ------------------------------------------------------------------------------------------ handler side
 
@@ -409,6 +415,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True  # its body is not read: the connection cannot be reused
                 raise BadRequest(f"no such endpoint: POST {path}", status=404)
             chat = path == "/v1/chat/completions"
+            if chat and app.chat_unavailable:
+                raise BadRequest(app.chat_unavailable, "messages", status=501)
             ask = parse_request(self.read_json(), chat, app.chat.render if app.chat else None)
             self.answer(app.submit(ask))
         except BadRequest as e:
@@ -447,6 +455,8 @@ class Handler(BaseHTTPRequestHandler):
                 event = job.events.get(timeout=POLL_S)
             except queue.Empty:
                 event = None
+            if event is None and not self.server.app.engine_thread.is_alive():  # it closed before taking the job
+                return "error", BadRequest("the server is shutting down", status=503)
             if event is None or time.monotonic() >= self.next_look:
                 self.next_look = time.monotonic() + POLL_S
                 if self.client_gone():
