@@ -124,3 +124,30 @@ def test_cancel_frees_the_slot_and_its_blocks_and_leaves_the_others_exact(kind):
     assert sorted(finished) == [0, 1, 2, 4]
     assert engine.pool.used == 0 and sorted(engine.pool.free) == list(range(engine.pool.n_blocks))
     assert engine.reserved == 0
+
+
+def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stays_exact(monkeypatch, tmp_path):
+    """On the cuda backend (the fake CuPy: its Python side, on the CPU) an all-greedy pass keeps logits and drafts
+    on the device and runs the rule there; a pass with a sampled sequence is brought to the host, where the
+    greedy sequences beside it take the same argmax rule. Every sequence equals its solo run on that backend."""
+    import fake_cupy
+    from test_backends import write_quantized
+
+    fake_cupy.install(monkeypatch)
+    write_quantized(tmp_path / "target.gguf", seed=1)
+    target = load_model(tmp_path / "target.gguf", "cuda")
+    from tinyspec.drafting import FixedDraftLength
+
+    engine = Batch(target, 3, n_blocks=64, block_size=4, drafter=MTPDrafter(target), policy=FixedDraftLength(3))
+    seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)
+    while not engine.done():
+        engine.step()
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        if params.greedy:
+            alone = generate(target, seq.prompt_tokens, MAX_NEW, params, stop_ids=stops).tokens
+        else:
+            alone = speculative_generate(target, MTPDrafter(target), seq.prompt_tokens, MAX_NEW, draft_n=3,
+                                         params=params, rng=np.random.default_rng(seed), stop_ids=stops).tokens
+        assert seq.tokens == alone, seq.index

@@ -277,7 +277,8 @@ def test_a_client_that_leaves_mid_stream_is_cancelled_and_the_others_are_exact(s
     sock.close()
     thread.join(TIMEOUT)
     status, answer = other["out"]
-    assert status == 200 and answer["choices"][0]["text"] == tok.decode(solo(tuple(tok.encode("def f(x):")), 20, 0.8, 3))
+    assert status == 200
+    assert answer["choices"][0]["text"] == tok.decode(solo(tuple(tok.encode("def f(x):")), 20, 0.8, 3))
     wait_idle(server)
     assert get(server, "/v1/stats")["cancelled"] == cancelled_before + 1
     assert server.engine.pool.used == 0 and server.engine.reserved == 0
@@ -407,3 +408,16 @@ def test_bad_chat_requests_and_templates_are_named(chat_server):
     assert strict.render([{"role": "user", "content": "hi"}]) == "x"
     with pytest.raises(BadRequest, match="users first"):
         strict.render([{"role": "system", "content": "hi"}])
+
+
+def test_a_seeded_request_gets_what_the_generate_command_prints_for_that_seed(server):
+    """The claim in its user's words: `generate --spec mtp --draft-n 3 --seed S --temperature T` (the server runs
+    --spec mtp with k = 3) prints the text the server answers for that prompt, seed and temperature."""
+    env = os.environ | {"PYTHONPATH": str(Path(tinyspec.__file__).resolve().parents[1])}
+    run = subprocess.run([sys.executable, "-m", "tinyspec", "generate", "--prompt", "def f(x):", "--spec", "mtp",
+                          "--draft-n", str(K), "--seed", "5", "--temperature", "0.8", "--max-new", "12", "--backend",
+                          "numpy", "--json"], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert run.returncode == 0, run.stderr
+    out = client(server).completions.create(model="tiny-target", prompt="def f(x):", max_tokens=12, temperature=0.8,
+                                            seed=5)
+    assert out.choices[0].text == json.loads(run.stdout)["text"]

@@ -302,7 +302,12 @@ class Engine:
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
         fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
         rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
-        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings, to_host=any_sampled(params))
+        # greedy and sampled sequences mixed: the logits come to the host for every rule, and each sequence's hidden
+        # rows stay where its solo run keeps them (greedy: where the model computes; sampled: the host), for its drafter
+        mixed = any_sampled(params) and any(p.greedy for p in params)
+        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings,
+                                                          to_host=any_sampled(params) and not mixed)
+        logits = self.model.to_host(logits) if mixed else logits
         verify_s = clock.lap("verify")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
         runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels)
@@ -317,7 +322,10 @@ class Engine:
                 s.stats.rollbacks += 1
             clock.lap("rollback")
             if self.drafters is not None:
-                self.drafters[b].commit(fed_b[:n_keep], hidden[lo : lo + n_keep])
+                rows = hidden[lo : lo + n_keep]
+                if mixed and not s.seq.params.greedy:
+                    rows = self.model.to_host(rows)
+                self.drafters[b].commit(fed_b[:n_keep], rows)
             clock.lap("draft")  # the drafter's bookkeeping counts as drafting
             # Step 5: emit
             s.stats.record(draft.n, n_accepted)
