@@ -129,7 +129,9 @@ def test_cancel_frees_the_slot_and_its_blocks_and_leaves_the_others_exact(kind):
 def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stays_exact(monkeypatch, tmp_path):
     """On the cuda backend (the fake CuPy: its Python side, on the CPU) an all-greedy pass keeps logits and drafts
     on the device and runs the rule there; a pass with a sampled sequence is brought to the host, where the
-    greedy sequences beside it take the same argmax rule. Every sequence equals its solo run on that backend."""
+    greedy sequences beside it take the same argmax rule. Every sequence equals its solo run on that backend.
+    This catches the bug where the mixed pass brought every hidden row to the host and a greedy sequence's MTP
+    drafter joined them to the device rows it already held (CuPy refuses a host array in device math)."""
     import fake_cupy
     from test_backends import write_quantized
 

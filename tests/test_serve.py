@@ -218,6 +218,7 @@ BAD = {  # name -> (raw body, the status, a piece of the message, the param)
     "negative max_tokens": (b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens", "max_tokens"),
     "max_tokens not a number": (b'{"prompt": "x", "max_tokens": "5"}', 400, "max_tokens", "max_tokens"),
     "temperature a bool": (b'{"prompt": "x", "temperature": true}', 400, "temperature", "temperature"),
+    "temperature infinite": (b'{"prompt": "x", "temperature": Infinity}', 400, "temperature", "temperature"),
     "top_p zero": (b'{"prompt": "x", "top_p": 0}', 400, "top_p", "top_p"),
     "n = 2": (b'{"prompt": "x", "n": 2}', 400, "n must be 1", "n"),
     "no prompt": (b'{"max_tokens": 3}', 400, "prompt is missing", "prompt"),

@@ -24,6 +24,7 @@ response_format (each refused with a 400 naming it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .sampling import SamplingParams
@@ -174,7 +175,7 @@ def sampling(body: dict) -> SamplingParams:
     temperature = 1.0 if temperature is None else temperature
     top_p = 1.0 if top_p is None else top_p
     top_k = 0 if top_k is None else top_k
-    if not is_number(temperature) or not 0 <= temperature <= 100:
+    if not is_number(temperature) or not (math.isfinite(temperature) and temperature >= 0):  # JSON may say Infinity
         raise BadRequest(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}", "temperature")
     if not is_number(top_p) or not 0 < top_p <= 1:
         raise BadRequest(f"top_p must be a number in (0, 1], got {top_p!r}", "top_p")
