@@ -53,6 +53,24 @@ def test_other_kernels_make_another_model_over_the_same_weights(path):
     assert type(replay.new_ring(2)).__name__ == "ReplayRing" and type(model.new_ring(2)).__name__ == "SnapshotRing"
 
 
+@pytest.mark.parametrize("one", ["gdn_scan", "causal_conv", "attend_paged"])
+def test_a_swapped_function_without_its_ragged_form_is_refused(path, one):
+    """The layers call the ragged forms, and the oracle's ragged form loops over the oracle's one-sequence
+    function: swapping only the one-sequence function would change nothing a pass computes. Refused at once."""
+    original = getattr(NUMPY, one)
+
+    def counting(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    with pytest.raises(ValueError, match=f"swaps {one} but keeps the oracle's {one}_ragged"):
+        dataclasses.replace(NUMPY, **{one: counting})
+    ragged = getattr(NUMPY, f"{one}_ragged")
+    both = dataclasses.replace(NUMPY, **{one: counting, f"{one}_ragged": lambda *a, **kw: ragged(*a, **kw)})
+    assert getattr(both, one) is counting
+    recorder = dataclasses.replace(NUMPY, **{f"{one}_ragged": lambda *a, **kw: ragged(*a, **kw)})  # notebook 02's recorder
+    assert getattr(recorder, one) is original
+
+
 def test_each_backend_names_its_functions(path):
     pytest.importorskip("numba")
     from tinyspec.fast import numba_attention, numba_gdn

@@ -354,7 +354,7 @@ def cmd_generate(args) -> int:
         printer.close()
     else:
         print(text)
-    if args.show and result.marks:  # the same text again, marked by how each token was made
+    if args.show and drafter is not None and result.marks:  # the same text again, marked by how each token was made
         colour = wants_colour(sys.stdout)
         print("\n--- the same output, marked: " + marks_legend(colour))
         print(render_marked(tokenizer, result.tokens, result.marks, colour))

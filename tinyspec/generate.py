@@ -19,17 +19,21 @@ from .sampling import SamplingParams, pick
 
 
 @dataclass
-class Result:
+class SeqResult:
+    """One sequence's output, from generate() or from the engine (speculate.py, batch.py)."""
+    index: int  # position in the input (generate: 0)
     prompt_tokens: list[int]
-    tokens: list[int]  # generated ids, without the prompt
-    text: str = ""
+    tokens: list[int] = field(default_factory=list)  # generated ids, exactly as the sequence alone gets them
+    marks: list[str] = field(default_factory=list)  # per token: target (plain, or the first), accepted, correction, bonus
     stats: dict = field(default_factory=dict)
-    marks: list[str] = field(default_factory=list)  # speculative only: how each token was produced
+    error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
+    params: SamplingParams | None = None  # how it samples (Engine.add: the engine's unless given its own)
+    stop_ids: frozenset[int] | None = None  # the ids that end it (Engine.add: the engine's unless given its own)
 
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
              rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
-             drafter=None, draft_n: int | None = None, policy=None, on_emit=None) -> Result:
+             drafter=None, draft_n: int | None = None, policy=None, on_emit=None) -> SeqResult:
     """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
 
     drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
@@ -45,7 +49,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
         raise ValueError("chunked_prefill is for plain decoding: a speculative run prefills with the scan")
     if drafter is not None:
         spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)
-        return Result(prompt, spec.tokens, stats=spec.stats.as_dict(), marks=spec.marks)
+        return SeqResult(0, prompt, spec.tokens, spec.marks, spec.stats.as_dict())
     check_lengths(model, len(prompt), max_new)
     if rng is None:
         rng = np.random.default_rng()
@@ -70,7 +74,7 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     t_decode = time.perf_counter() - t1
     stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
              "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0} | step_ms(step_s)
-    return Result(prompt, out, stats=stats)
+    return SeqResult(0, prompt, out, ["target"] * len(out), stats)
 
 
 def step_ms(step_s: list[float]) -> dict:

@@ -122,6 +122,16 @@ class Kernels:
     def __post_init__(self):
         if self.rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {self.rollback!r}")
+        # The layers call the ragged forms; the oracle's ragged form loops over the oracle's one-sequence
+        # function, not over a replacement. A swapped one-sequence function beside the oracle's ragged form
+        # would be silently unused by every pass (only a ReplayRing would call it): refuse it here.
+        pairs = (("gdn_scan", self.gdn_scan is not gdn_scan, self.gdn_scan_ragged is gdn_scan_ragged),
+                 ("causal_conv", self.causal_conv is not causal_conv, self.causal_conv_ragged is causal_conv_ragged),
+                 ("attend_paged", self.attend_paged is not attend_paged, self.attend_paged_ragged is attend_paged_ragged))
+        for one, swapped, oracle_ragged in pairs:
+            if swapped and oracle_ragged:
+                raise ValueError(f"this Kernels swaps {one} but keeps the oracle's {one}_ragged, which the layers "
+                                 f"call (and which loops over the oracle's {one}): swap {one}_ragged too")
 
 
 NUMPY = Kernels()  # the oracle's

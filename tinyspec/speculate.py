@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length, policy_for, run_together
-from .generate import step_ms
+from .generate import SeqResult, step_ms
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step
@@ -195,18 +195,6 @@ def token_marks(draft: Draft, n_accepted: int) -> list[str]:
     """How each token of a step's run was produced: accepted drafts, then the target's own token."""
     last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
     return ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
-
-
-@dataclass
-class SeqResult:
-    index: int  # position in the input
-    prompt_tokens: list[int]
-    tokens: list[int] = field(default_factory=list)  # generated ids, exactly as the sequence alone gets them
-    marks: list[str] = field(default_factory=list)  # per token: target (first), accepted, correction, bonus
-    stats: dict = field(default_factory=dict)
-    error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
-    params: SamplingParams | None = None  # how it samples (Engine.add: the engine's unless given its own)
-    stop_ids: frozenset[int] | None = None  # the ids that end it (Engine.add: the engine's unless given its own)
 
 
 @dataclass
