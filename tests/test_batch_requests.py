@@ -8,7 +8,8 @@ needs when every client brings its own temperature, seed and stops, and may leav
               reservation are freed and on_finish is called; the others are unaffected (still their solo
               tokens); no block leaks; cancelling a finished sequence is refused
 
-Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle.
+Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle and the cpu
+backend; a random quantized file on the cuda backend's Python side (the fake CuPy) for a mixed pass there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import tinyspec
-from tinyspec.backends import load_model
+from tinyspec.backends import load_model, numba_available
 from tinyspec.batch import Batch
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
@@ -30,6 +31,7 @@ from tinyspec.sampling import SamplingParams
 from tinyspec.speculate import SeqResult, speculative_generate
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
+BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [5, 6, 5, 6, 5, 6, 5]]
 MAX_NEW = 10
 GREEDY = SamplingParams()
@@ -39,37 +41,52 @@ ASKS = [(GREEDY, 0, ()), (SamplingParams(0.9, 20), 17, ()), (GREEDY, 0, (15,)),
 
 
 @functools.cache
-def models():
-    return load_model(ASSETS / "tiny-target.gguf", "numpy"), load_model(ASSETS / "tiny-draft.gguf", "numpy")
+def models(backend: str = "numpy"):
+    return load_model(ASSETS / "tiny-target.gguf", backend), load_model(ASSETS / "tiny-draft.gguf", backend)
 
 
-def drafter_for(kind: str):
-    target, draft = models()
+def drafter_for(kind: str, backend: str = "numpy"):
+    target, draft = models(backend)
     return {"none": lambda: None, "lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target),
             "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
 
 
-def solo(kind: str, prompt, params, seed, stops, k: int) -> list[int]:
+def solo(kind: str, prompt, params, seed, stops, k: int, backend: str = "numpy") -> list[int]:
     """The sequence alone: plain generate (greedy, or `none`), else the speculative run with its seed and k."""
-    target, _ = models()
+    target, _ = models(backend)
     if kind == "none" or params.greedy:  # greedy speculative output is plain greedy output (test_batch checks it)
         return generate(target, prompt, MAX_NEW, params, np.random.default_rng(seed), stop_ids=stops).tokens
-    return speculative_generate(target, drafter_for(kind), prompt, MAX_NEW, draft_n=k, params=params,
+    return speculative_generate(target, drafter_for(kind, backend), prompt, MAX_NEW, draft_n=k, params=params,
                                 rng=np.random.default_rng(seed), stop_ids=stops).tokens
 
 
-def engine_for(kind: str, slots: int, k: int, **kw) -> Batch:
-    target, _ = models()
+def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", **kw) -> Batch:
+    target, _ = models(backend)
     from tinyspec.drafting import FixedDraftLength
 
     policy = FixedDraftLength(0 if kind == "none" else k)
-    return Batch(target, slots, n_blocks=64, block_size=4, drafter=drafter_for(kind), policy=policy, **kw)
+    return Batch(target, slots, n_blocks=64, block_size=4, drafter=drafter_for(kind, backend), policy=policy, **kw)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_numba_thread():
+    """The cpu backend's kernels on the calling thread only (as tests/test_batch.py: bits do not depend on it)."""
+    if not numba_available():
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["none", "lookup", "mtp", "draft"])
-def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(kind):
+def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(backend, kind):
     k = 3
-    engine = engine_for(kind, slots=3, k=k)
+    engine = engine_for(kind, slots=3, k=k, backend=backend)
     seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
     for seq, (params, seed, stops) in zip(seqs, ASKS):
         engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)
@@ -81,7 +98,7 @@ def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(kin
     assert mixed_steps > 0  # greedy and sampled sequences really shared passes
     for seq, (params, seed, stops) in zip(seqs, ASKS):
         assert seq.error is None
-        assert seq.tokens == solo(kind, seq.prompt_tokens, params, seed, stops, k), seq.index
+        assert seq.tokens == solo(kind, seq.prompt_tokens, params, seed, stops, k, backend), seq.index
 
 
 def test_the_engine_defaults_apply_when_a_sequence_brings_none():
