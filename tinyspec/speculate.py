@@ -34,7 +34,9 @@ greedy acceptance is an equality test. Sampled output has exactly the target's l
 Where the numbers are. Greedy, the logits and hidden rows stay where the model computes (a GPU on the cuda
 backend): the drafters ask nothing of the host while drafting and leave their drafts there (Draft.ids), the
 verify pass is fed from there, and Kernels.accept_greedy runs every sequence's rule there and brings back
-every run and its drafts in one transfer. Sampled, the laws are read on the host.
+every run and its drafts in one transfer. Sampled, the laws are read on the host. Each sequence brings its own
+sampling and stop ids (Engine.add: a server's requests); a pass mixing greedy and sampled sequences brings its
+logits to the host for every rule, and keeps each sequence's hidden rows where its solo run keeps them.
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
 (docs/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
@@ -186,8 +188,8 @@ def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: list[Samplin
 
 
 def any_sampled(params: list[SamplingParams]) -> bool:
-    """Does a pass hold a sampled sequence? Then its logits come to the host (sampling reads laws there) and
-    every drafter drafts on the host: a greedy sequence beside it gets the same argmax either way."""
+    """Does a pass hold a sampled sequence? Then its logits come to the host (sampling reads laws there) and every
+    drafter returns host ints: a greedy sequence beside it gets the same argmax either way."""
     return not all(p.greedy for p in params)
 
 
