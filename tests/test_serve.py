@@ -243,9 +243,24 @@ def test_a_bad_request_is_a_4xx_with_a_json_error_and_the_server_goes_on(server,
     assert ok == 200 and answer["usage"]["completion_tokens"] == 2
 
 
+def raw_exchange(srv: Server, data: bytes) -> tuple[int, dict]:
+    """Bytes in, (status, JSON error body) out, for requests no HTTP client would send."""
+    with socket.create_connection((srv.host, srv.port), timeout=TIMEOUT) as sock:
+        sock.sendall(data)
+        reply = b""
+        while more := sock.recv(4096):
+            reply += more
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
 def test_unknown_paths_and_a_body_without_length_are_refused(server):
     assert post(server, "/v1/embeddings", {"input": "x"})[0] == 404
     assert "error" in get(server, "/v2/nothing")
+    status, body = raw_exchange(server, b"NOT A REQUEST LINE HTTP/1.1\r\n\r\n")  # five words, not three
+    assert status == 400 and body["error"]["message"]
+    status, body = raw_exchange(server, b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 501 and "DELETE" in body["error"]["message"]
     conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
     conn.putrequest("POST", "/v1/completions")
     conn.endheaders()  # no body, no Content-Length

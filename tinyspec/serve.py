@@ -47,6 +47,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from typing import Callable
@@ -532,6 +533,12 @@ class Handler(BaseHTTPRequestHandler):
     def send_event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
         self.wfile.flush()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line that does not parse, a method it has no do_ for, a line
+        too long) in the same JSON error shape as ours."""
+        self.close_connection = True
+        self.send_json(code, BadRequest(message or HTTPStatus(code).phrase, status=code).body())
 
     def send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
