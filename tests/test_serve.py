@@ -213,6 +213,7 @@ def test_models_health_and_stats(server):
 
 BAD = {  # name -> (raw body, the status, a piece of the message, the param)
     "malformed JSON": (b'{"prompt": "x",', 400, "malformed JSON", None),
+    "JSON nested too deeply": (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply", None),
     "not an object": (b'["x"]', 400, "JSON object", None),
     "unknown field": (b'{"prompt": "x", "max_token": 3}', 400, "unknown field 'max_token'", "max_token"),
     "negative max_tokens": (b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens", "max_tokens"),

@@ -1,6 +1,6 @@
 """An OpenAI-shaped HTTP server over ONE running batch engine: `python -m tinyspec serve`.
 
-    client --HTTP--> handler thread --inbox--> engine thread --outbox--> handler thread --HTTP--> client
+    client --HTTP--> handler thread --inbox--> engine thread --events--> handler thread --HTTP--> client
                      (one per connection:         (the only one that      (its own request's events:
                       parse, check, encode)        touches the engine)     text, end, error)
 
@@ -49,14 +49,14 @@ import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 from typing import Callable
 
 from .drafting import Drafter, DraftPolicy, policy_for
+from .generate import SeqResult
 from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate, completion_body, parse_request, usage
 from .paged import BlockPool
 from .sampling import SamplingParams
-from .speculate import Engine, SeqResult, check_prompt
+from .speculate import Engine, check_prompt
 
 BLOCK_SIZE = 16  # positions per KV block
 MAX_BODY = 16 << 20  # bytes of a request body at most
@@ -417,6 +417,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"no such endpoint: POST {path}", status=404)
             chat = path == "/v1/chat/completions"
             if chat and app.chat_unavailable:
+                self.close_connection = True  # its body is not read
                 raise BadRequest(app.chat_unavailable, "messages", status=501)
             ask = parse_request(self.read_json(), chat, app.chat.render if app.chat else None)
             self.answer(app.submit(ask))
@@ -445,6 +446,8 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest("the body is not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise BadRequest(f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        except RecursionError:  # [[[[...]]]] a hundred thousand deep
+            raise BadRequest("malformed JSON: nested too deeply") from None
 
     # ------------------------------------------------------------------------------------------ answering
 
