@@ -161,6 +161,7 @@ class Server:
         self.jobs: dict[int, Job] = {}  # seq.index -> job, while the engine holds it (engine thread only)
         self.stop_met: list[Job] = []  # jobs whose stop string appeared in this step: cancelled after it
         self.totals, self.lock = Totals(), threading.Lock()
+        self.encoding = threading.Lock()  # one handler at a time in the tokenizer (its word cache is a plain dict)
         self.ids = itertools.count()  # a job's number (its SeqResult.index)
         self.created = int(time.time())
         self.closing = threading.Event()
@@ -331,7 +332,8 @@ class Server:
             if (fewest := self.tokenizer.fewest_tokens(ask.prompt)) > self.ctx:  # refused before it is encoded
                 raise BadRequest(f"the prompt is at least {fewest} tokens: more than the server's context of "
                                  f"{self.ctx} tokens per request", "messages" if ask.chat else "prompt")
-            tokens = self.tokenizer.encode(ask.prompt)
+            with self.encoding:
+                tokens = self.tokenizer.encode(ask.prompt)
         else:
             tokens = list(ask.prompt)
         where, n = "messages" if ask.chat else "prompt", len(tokens)
