@@ -298,7 +298,7 @@ def test_a_client_that_leaves_mid_stream_is_cancelled_and_the_others_are_exact(s
     assert answer["choices"][0]["text"] == tok.decode(solo(tuple(tok.encode("def f(x):")), 20, 0.8, 3))
     wait_idle(server)
     assert get(server, "/v1/stats")["cancelled"] == cancelled_before + 1
-    assert server.engine.pool.used == 0 and server.engine.reserved == 0
+    assert server.engine.pool.used == 0
 
 
 def test_100_requests_at_once_are_all_answered_each_as_alone(server):

@@ -166,14 +166,14 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
 
 
 def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: list[SamplingParams],
-           rngs: list[np.random.Generator], kern) -> list[tuple[int, int, Draft]]:
+           rngs: list[np.random.Generator], kern, on_device: bool) -> list[tuple[int, int, Draft]]:
     """Step 3 for every sequence of a verify pass (logits [R, N]; sequence b's rows bounds[b] .. bounds[b+1]-1
     for its fed [pending, d_1..d_k]; params[b] its sampling): the drafts its rule keeps, the target's own next
-    token (a correction, or a bonus after all k), and its Draft with the drafts as host ints. All greedy, the
-    rule runs where the logits are (Kernels.accept_greedy: one transfer brings back every run, and the drafts
-    that were left there). Otherwise the pass was brought to the host (any_sampled): a sampled sequence reads
-    its rows with its own random stream, a greedy one takes the same argmax rule on its host rows."""
-    if not any_sampled(params):
+    token (a correction, or a bonus after all k), and its Draft with the drafts as host ints. on_device (the
+    pass was all greedy): the rule runs where the logits are (Kernels.accept_greedy: one transfer brings back
+    every run, and the drafts that were left there). Otherwise the logits are on the host (any_sampled): a
+    sampled sequence reads its rows with its own random stream, a greedy one takes the same argmax rule."""
+    if on_device:
         runs = kern.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
         return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
                 for (n, token, tokens), d in zip(runs, drafts)]
@@ -285,22 +285,24 @@ class Engine:
             return
         slots = sorted(self.active)  # the order of their rows in the pass
         seqs, clock = [self.active[b] for b in slots], self.clock
+        # all greedy: logits, hidden rows and greedy drafts stay where the model computes (module docstring); greedy
+        # and sampled mixed: the logits come to the host for every rule, and each sequence's hidden rows stay where
+        # its solo run keeps them (greedy: where the model computes; sampled: the host), for its drafter
         params = [s.seq.params for s in seqs]
+        on_device = not any_sampled(params)
+        mixed = not on_device and any(p.greedy for p in params)
         # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
-        drafts = self._draft(slots, seqs, self._plan(seqs))
+        drafts = self._draft(slots, seqs, self._plan(seqs), on_device)
         draft_s = clock.lap("draft")
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
         fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
         rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
-        # greedy and sampled sequences mixed: the logits come to the host for every rule, and each sequence's hidden
-        # rows stay where its solo run keeps them (greedy: where the model computes; sampled: the host), for its drafter
-        mixed = any_sampled(params) and any(p.greedy for p in params)
         logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings,
-                                                          to_host=any_sampled(params) and not mixed)
+                                                          to_host=not on_device and not mixed)
         logits = self.model.to_host(logits) if mixed else logits
         verify_s = clock.lap("verify")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
-        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels)
+        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels, on_device)
         clock.lap("accept")
         for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
             fed_b = [s.pending] + draft.tokens
@@ -335,13 +337,12 @@ class Engine:
             raise ValueError(f"the policy planned k = {[p.k for p in plans]} for sequences whose rooms are {rooms}")
         return plans
 
-    def _draft(self, slots: list[int], seqs: list[Running], plans: list) -> list[Draft]:
+    def _draft(self, slots: list[int], seqs: list[Running], plans: list, on_device: bool) -> list[Draft]:
         """Step 1 for every sequence: its drafter's coroutine for those the policy gives k > 0, run together
-        (one pass per draft depth for all of them). All greedy, the drafts may stay where the drafter's model
-        computes (on_device): the verify pass is fed from there."""
+        (one pass per draft depth for all of them). on_device (the pass is all greedy): the drafts may stay
+        where the drafter's model computes: the verify pass is fed from there."""
         if self.drafters is None or not any(p.k for p in plans):
             return [NO_DRAFT] * len(seqs)
-        on_device = not any_sampled([s.seq.params for s in seqs])
         drafting = [self.drafters[b].drafting(s.pending, p.k, s.seq.params, s.rng, p.stop, on_device)
                     for b, s, p in zip(slots, seqs, plans) if p.k]
         made = iter(run_together(drafting, self.drafters[0].draft_pass))
