@@ -761,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "those of `generate --seed S --temperature T --top-p P --spec X --draft-n K` "
                                    "with the server's --spec and --draft-n. Each response carries its own "
                                    "speculation stats. Ctrl-C cancels what is running and exits 0. "
-                                   "See docs/serving.md.")
+                                   "See docs/http-server.md.")
     p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
     p.add_argument("--slots", type=int, default=4,
                    help="sequences decoded at once; other requests wait for a free slot, in order (default 4)")
