@@ -7,6 +7,8 @@
     batch [--model FILE] --prompts FILE [--slots N] many prompts at once in N slots, plain or speculative (--spec),
                                                     one verify pass per step for all; each prompt's tokens are
                                                     those `generate` gives it alone (--seed S: prompt i's is S + i)
+    serve [--model FILE] [--slots N] [--port P]     an OpenAI-shaped HTTP server (/v1/completions, chat, models,
+                                                    health, stats) over one batch engine, plain or speculative
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape (35b-a3b: MoE)
     bench --model FILE [--backend cpu] [--json]     decode tok/s, 1/2/4/8-token verify pass costs, bandwidth, speedups
@@ -486,6 +488,54 @@ def cmd_batch(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import signal
+    from pathlib import Path
+
+    from .drafting import FixedDraftLength, check_draft_length
+    from .serve import Server
+
+    if args.prefix_cache:
+        raise ValueError("--prefix-cache: this engine has no prefix cache yet (issue 36); run without it")
+    if args.slots < 1:
+        raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    if args.ctx is not None and args.ctx < 1:
+        raise ValueError(f"--ctx must be >= 1, got {args.ctx}")
+    k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
+    if k is not None:
+        check_draft_length(k, "--draft-n")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
+    shipped_model_default(args, draft=args.spec == "draft")
+    model, tokenizer = load_model(args.model, args.backend)
+    policy = None if k is None else FixedDraftLength(k)
+    if args.adaptive and k is not None:  # one k for every slot, priced by the measured cost of a pass of R rows
+        from .fast.batch_draft_length import BatchDraftLength
+
+        policy = BatchDraftLength(k)
+    ctx = min(model.cfg.n_ctx, SERVE_CTX) if args.ctx is None else args.ctx
+    log = (lambda line: print(f"[serve] {line}", file=sys.stderr, flush=True)) if args.verbose else None
+    try:
+        server = Server(model, tokenizer, Path(args.model).stem, args.slots, make_drafter(args, model, tokenizer),
+                        policy, args.spec, ctx, args.host, args.port, log)
+    except OSError as e:  # the port is taken, the address is not this machine's
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    spec = "plain decoding" if k is None else f"--spec {args.spec}, k {'<= ' if args.adaptive else '= '}{k}"
+    print(f"tinyspec serve: listening on {server.url} (model {server.model_name}, {args.slots} slots, {spec}, "
+          f"{ctx} tokens per request{', chat template' if server.chat else ', no chat template'}); Ctrl-C stops",
+          flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, even if started with it ignored
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
+    server.serve_forever()
+    print("tinyspec serve: stopped", flush=True)
+    return 0
+
+
+SERVE_CTX = 8192  # serve's default context per request (at most the model's): the KV pool holds --slots of them
+
+
 def cmd_convert(args) -> int:
     from .convert import convert
 
@@ -697,6 +747,47 @@ def build_parser() -> argparse.ArgumentParser:
                         'as it finishes, in input order, "[index] text", then a summary on stderr)')
     add_backend_arg(p)
     p.set_defaults(func=cmd_batch, draft_p_min=0.0)
+
+    from .drafters import SPEC_CHOICES, spec_help
+
+    p = sub.add_parser("serve", help="an OpenAI-shaped HTTP server over one batch engine (standard library only)",
+                       description="Serve the model over HTTP in the OpenAI shape, on the standard library: POST "
+                                   "/v1/completions (prompt, max_tokens, temperature, top_p, top_k, seed, stop, "
+                                   "stream as server-sent events), POST /v1/chat/completions when the file carries "
+                                   "a chat template (rendered with jinja2), GET /v1/models, /health and /v1/stats "
+                                   "(requests, tok/s, acceptance). Every request joins ONE running engine of --slots "
+                                   "slots (continuous batching, one verify pass per step for all) and gets exactly "
+                                   "the tokens it gets alone: greedy, those of `generate`; sampled with a seed, "
+                                   "those of `generate --seed S --temperature T --top-p P --spec X --draft-n K` "
+                                   "with the server's --spec and --draft-n. Each response carries its own "
+                                   "speculation stats. Ctrl-C cancels what is running and exits 0. "
+                                   "See docs/http-server.md.")
+    p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
+    p.add_argument("--slots", type=int, default=4,
+                   help="sequences decoded at once; other requests wait for a free slot, in order (default 4)")
+    p.add_argument("--spec", choices=SPEC_CHOICES, default="none", help=spec_help())
+    p.add_argument("--draft-n", type=int, default=None,
+                   help=f"draft tokens per slot and verify pass (0..64, default {BATCH_DRAFT_N}); a fixed k keeps "
+                        "a seeded request's tokens those of `generate --draft-n K`")
+    p.add_argument("--adaptive", action="store_true",
+                   help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass "
+                        "(as batch --adaptive): greedy output is unchanged; sampled output keeps the model's law "
+                        "but no longer repeats a solo run's seed")
+    p.add_argument("--draft-model", help="draft model GGUF for --spec draft (default with the shipped model: the "
+                                         "shipped draft model)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="mtp/draft: score only the N most frequent tokens when drafting (output unchanged)")
+    p.add_argument("--ranking", default=None, metavar="FILE.npy", help="token ids by frequency for --draft-vocab")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help=f"tokens per request at most, prompt and output (default: the model's context length, at "
+                        f"most {SERVE_CTX}); the KV pool holds --slots of them")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="reuse the KV of prompt prefixes seen before (not in this engine yet: refused with a note)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free port, printed)")
+    p.add_argument("--verbose", action="store_true", help="log every HTTP request on stderr")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_serve, draft_p_min=0.0)
 
     p = sub.add_parser("convert", help="convert a Hugging Face Qwen3.5 checkpoint to a qwen35 GGUF",
                        description="Convert a Hugging Face Qwen3.5 checkpoint folder (config.json, *.safetensors, "

@@ -27,6 +27,8 @@ class SeqResult:
     marks: list[str] = field(default_factory=list)  # per token: target (plain, or the first), accepted, correction, bonus
     stats: dict = field(default_factory=dict)
     error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
+    params: SamplingParams | None = None  # how it samples (Engine.add: the engine's unless given its own)
+    stop_ids: frozenset[int] | None = None  # the ids that end it (Engine.add: the engine's unless given its own)
 
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),

@@ -34,7 +34,9 @@ greedy acceptance is an equality test. Sampled output has exactly the target's l
 Where the numbers are. Greedy, the logits and hidden rows stay where the model computes (a GPU on the cuda
 backend): the drafters ask nothing of the host while drafting and leave their drafts there (Draft.ids), the
 verify pass is fed from there, and Kernels.accept_greedy runs every sequence's rule there and brings back
-every run and its drafts in one transfer. Sampled, the laws are read on the host.
+every run and its drafts in one transfer. Sampled, the laws are read on the host. Each sequence brings its own
+sampling and stop ids (Engine.add: a server's requests); a pass mixing greedy and sampled sequences brings its
+logits to the host for every rule, and keeps each sequence's hidden rows where its solo run keeps them.
 
 Official implementation: llama.cpp examples/speculative-simple + common/speculative.cpp
 (docs/qwen35.md section 5). Papers: Leviathan et al. 2023, Chen et al. 2023.
@@ -53,7 +55,7 @@ from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length,
 from .generate import SeqResult, step_ms
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
-from .spec_sampling import verify_step
+from .spec_sampling import verify_greedy, verify_step
 
 
 def check_lengths(model: Model, n_prompt: int, max_new: int, k_max: int = 0) -> None:
@@ -163,22 +165,32 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
     return emitted[:room]
 
 
-def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: SamplingParams,
-           rngs: list[np.random.Generator], kern) -> list[tuple[int, int, Draft]]:
+def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: list[SamplingParams],
+           rngs: list[np.random.Generator], kern, on_device: bool) -> list[tuple[int, int, Draft]]:
     """Step 3 for every sequence of a verify pass (logits [R, N]; sequence b's rows bounds[b] .. bounds[b+1]-1
-    for its fed [pending, d_1..d_k]): the drafts its rule keeps, the target's own next token (a correction, or a
-    bonus after all k), and its Draft with the drafts as host ints. Greedy, the rule runs where the logits are
-    (Kernels.accept_greedy: one transfer brings back every run, and the drafts that were left there);
-    sampled, each sequence's host rows and its own random stream."""
-    if params.greedy:
+    for its fed [pending, d_1..d_k]; params[b] its sampling): the drafts its rule keeps, the target's own next
+    token (a correction, or a bonus after all k), and its Draft with the drafts as host ints. on_device (the
+    pass was all greedy): the rule runs where the logits are (Kernels.accept_greedy: one transfer brings back
+    every run, and the drafts that were left there). Otherwise the logits are on the host (any_sampled): a
+    sampled sequence reads its rows with its own random stream, a greedy one takes the same argmax rule."""
+    if on_device:
         runs = kern.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
         return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
                 for (n, token, tokens), d in zip(runs, drafts)]
     out = []
-    for lo, hi, d, rng in zip(bounds[:-1], bounds[1:], drafts, rngs):
-        p_rows = [probs_from_logits(row, params) for row in logits[lo:hi]]
+    for lo, hi, d, p, rng in zip(bounds[:-1], bounds[1:], drafts, params, rngs):
+        if p.greedy:
+            out.append((*verify_greedy(logits[lo:hi], d.tokens), d))
+            continue
+        p_rows = [probs_from_logits(row, p) for row in logits[lo:hi]]
         out.append((*verify_step(p_rows, d.tokens, list(d.q_rows), rng), d))
     return out
+
+
+def any_sampled(params: list[SamplingParams]) -> bool:
+    """Does a pass hold a sampled sequence? Then its logits come to the host (sampling reads laws there) and every
+    drafter returns host ints: a greedy sequence beside it gets the same argmax either way."""
+    return not all(p.greedy for p in params)
 
 
 def token_marks(draft: Draft, n_accepted: int) -> list[str]:
@@ -231,9 +243,13 @@ class Engine:
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
-    def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator) -> None:
-        """Queue a sequence with its random stream (a seed, or a Generator); one that cannot run gets seq.error
-        instead (the others are not affected)."""
+    def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator,
+            params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None) -> None:
+        """Queue a sequence with its random stream (a seed, or a Generator), its sampling and its stop ids (None:
+        the engine's); one that cannot run gets seq.error instead (the others are not affected). Sequences with
+        different params share a pass: each gets the tokens it gets alone."""
+        seq.params = self.params if params is None else params
+        seq.stop_ids = frozenset(self.stops if stop_ids is None else (int(t) for t in stop_ids))
         seq.error = check_prompt(self.model, seq.prompt_tokens, max_new)
         rng = seed
         if seq.error is None and not isinstance(seed, np.random.Generator):
@@ -247,6 +263,20 @@ class Engine:
     def done(self) -> bool:
         return not self.waiting and not self.active
 
+    def cancel(self, seq: SeqResult) -> bool:
+        """Stop a sequence between steps (a client gone, a stop string met): a waiting one leaves the queue, a
+        running one ends as if it had met a stop (its slot, KV blocks and reservation freed, on_finish called,
+        stats for what it emitted). False if it is neither waiting nor running (it already ended)."""
+        for entry in self.waiting:
+            if entry[0] is seq:
+                self.waiting.remove(entry)
+                return True
+        for b, s in self.active.items():
+            if s.seq is seq:
+                self._finish(b)
+                return True
+        return False
+
     def step(self) -> None:
         """Admit waiting sequences, then one step for every running one: the five steps, all sequences at once."""
         self.clock.begin()
@@ -254,21 +284,29 @@ class Engine:
         if not self.active:
             return
         slots = sorted(self.active)  # the order of their rows in the pass
-        seqs, params, clock = [self.active[b] for b in slots], self.params, self.clock
+        seqs, clock = [self.active[b] for b in slots], self.clock
+        # all greedy: logits, hidden rows and greedy drafts stay where the model computes (module docstring); greedy
+        # and sampled mixed: the logits come to the host for every rule, and each sequence's hidden rows stay where
+        # its solo run keeps them (greedy: where the model computes; sampled: the host), for its drafter
+        params = [s.seq.params for s in seqs]
+        on_device = not any_sampled(params)
+        mixed = not on_device and any(p.greedy for p in params)
         # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
-        drafts = self._draft(slots, seqs, self._plan(seqs))
+        drafts = self._draft(slots, seqs, self._plan(seqs), on_device)
         draft_s = clock.lap("draft")
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
         fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
         rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
-        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings, to_host=not params.greedy)
+        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings,
+                                                          to_host=not on_device and not mixed)
+        logits = self.model.to_host(logits) if mixed else logits
         verify_s = clock.lap("verify")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
-        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels)
+        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels, on_device)
         clock.lap("accept")
         for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
             fed_b = [s.pending] + draft.tokens
-            run = cut_at_stop(draft.tokens[:n_accepted] + [token], self.stops, s.max_new - len(s.seq.tokens))
+            run = cut_at_stop(draft.tokens[:n_accepted] + [token], s.seq.stop_ids, s.max_new - len(s.seq.tokens))
             n_keep = len(run)  # the run's last token is the next pending one: fed next step
             # Step 4: rollback: keep pending and the run but its last token
             if n_keep < len(fed_b):
@@ -276,7 +314,10 @@ class Engine:
                 s.stats.rollbacks += 1
             clock.lap("rollback")
             if self.drafters is not None:
-                self.drafters[b].commit(fed_b[:n_keep], hidden[lo : lo + n_keep])
+                rows = hidden[lo : lo + n_keep]
+                if mixed and not s.seq.params.greedy:
+                    rows = self.model.to_host(rows)
+                self.drafters[b].commit(fed_b[:n_keep], rows)
             clock.lap("draft")  # the drafter's bookkeeping counts as drafting
             # Step 5: emit
             s.stats.record(draft.n, n_accepted)
@@ -296,13 +337,13 @@ class Engine:
             raise ValueError(f"the policy planned k = {[p.k for p in plans]} for sequences whose rooms are {rooms}")
         return plans
 
-    def _draft(self, slots: list[int], seqs: list[Running], plans: list) -> list[Draft]:
+    def _draft(self, slots: list[int], seqs: list[Running], plans: list, on_device: bool) -> list[Draft]:
         """Step 1 for every sequence: its drafter's coroutine for those the policy gives k > 0, run together
-        (one pass per draft depth for all of them). Greedy, the drafts may stay where the drafter's model
-        computes (on_device): the verify pass is fed from there."""
+        (one pass per draft depth for all of them). on_device (the pass is all greedy): the drafts may stay
+        where the drafter's model computes: the verify pass is fed from there."""
         if self.drafters is None or not any(p.k for p in plans):
             return [NO_DRAFT] * len(seqs)
-        drafting = [self.drafters[b].drafting(s.pending, p.k, self.params, s.rng, p.stop, self.params.greedy)
+        drafting = [self.drafters[b].drafting(s.pending, p.k, s.seq.params, s.rng, p.stop, on_device)
                     for b, s, p in zip(slots, seqs, plans) if p.k]
         made = iter(run_together(drafting, self.drafters[0].draft_pass))
         return [next(made) if p.k else NO_DRAFT for p in plans]
@@ -329,7 +370,7 @@ class Engine:
                     return  # wait for a running sequence to give its blocks back
                 self.waiting.popleft()
                 t_join, state = time.perf_counter(), model.new_state(pool)
-                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not self.params.greedy)
+                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not seq.params.greedy)
                 self.reserved += need
                 s = self.active[b] = Running(seq, state, rng, max_new, SpecStats(self.k_max), need, t_join)
                 if self.drafters is not None:
@@ -338,7 +379,7 @@ class Engine:
                     self.clock.lap("prefill")
                     self._finish(b)
                     continue
-                first = pick(logits[-1], self.params, rng)  # the first token: the prefill's own
+                first = pick(logits[-1], seq.params, rng)  # the first token: the prefill's own
                 self.clock.lap("prefill")
                 self._emit(b, s, [first], ["target"])
 
@@ -349,7 +390,7 @@ class Engine:
         s.pending = run[-1]
         if self.on_emit:
             self.on_emit(s.seq, run, marks)
-        if run[-1] in self.stops or len(s.seq.tokens) >= s.max_new:
+        if run[-1] in s.seq.stop_ids or len(s.seq.tokens) >= s.max_new:
             self._finish(b)
 
     def _finish(self, b: int) -> None:

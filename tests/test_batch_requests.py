@@ -1,0 +1,171 @@
+"""Requests of their own in one engine (speculate.Engine.add with params / stop_ids, Engine.cancel): what a server
+needs when every client brings its own temperature, seed and stops, and may leave at any time.
+
+    mixed     greedy and sampled sequences (different temperatures, top-k, stop ids) in the same verify passes:
+              each gets exactly its solo tokens (greedy: generate's; sampled: its solo run with its seed, the
+              same drafter and k), for every drafter
+    cancel    a waiting sequence and a running one cancelled between steps: the running one's slot, KV blocks and
+              reservation are freed and on_finish is called; the others are unaffected (still their solo
+              tokens); no block leaks; cancelling a finished sequence is refused
+
+Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle and the cpu
+backend; a random quantized file on the cuda backend's Python side (the fake CuPy) for a mixed pass there.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinyspec
+from tinyspec.backends import load_model, numba_available
+from tinyspec.batch import Batch
+from tinyspec.draft import DraftModelDrafter
+from tinyspec.generate import generate
+from tinyspec.lookup import LookupDrafter
+from tinyspec.mtp import MTPDrafter
+from tinyspec.sampling import SamplingParams
+from tinyspec.speculate import SeqResult, speculative_generate
+
+ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
+BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [5, 6, 5, 6, 5, 6, 5]]
+MAX_NEW = 10
+GREEDY = SamplingParams()
+# (params, seed, stop ids) per prompt: greedy and two different sampled laws, and stops of their own
+ASKS = [(GREEDY, 0, ()), (SamplingParams(0.9, 20), 17, ()), (GREEDY, 0, (15,)),
+        (SamplingParams(1.3, 0, 0.9), 4, (15, 7)), (SamplingParams(0.7), 99, ())]
+
+
+@functools.cache
+def models(backend: str = "numpy"):
+    return load_model(ASSETS / "tiny-target.gguf", backend), load_model(ASSETS / "tiny-draft.gguf", backend)
+
+
+def drafter_for(kind: str, backend: str = "numpy"):
+    target, draft = models(backend)
+    return {"none": lambda: None, "lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target),
+            "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
+
+
+def solo(kind: str, prompt, params, seed, stops, k: int, backend: str = "numpy") -> list[int]:
+    """The sequence alone: plain generate (greedy, or `none`), else the speculative run with its seed and k."""
+    target, _ = models(backend)
+    if kind == "none" or params.greedy:  # greedy speculative output is plain greedy output (test_batch checks it)
+        return generate(target, prompt, MAX_NEW, params, np.random.default_rng(seed), stop_ids=stops).tokens
+    return speculative_generate(target, drafter_for(kind, backend), prompt, MAX_NEW, draft_n=k, params=params,
+                                rng=np.random.default_rng(seed), stop_ids=stops).tokens
+
+
+def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", **kw) -> Batch:
+    target, _ = models(backend)
+    from tinyspec.drafting import FixedDraftLength
+
+    policy = FixedDraftLength(0 if kind == "none" else k)
+    return Batch(target, slots, n_blocks=64, block_size=4, drafter=drafter_for(kind, backend), policy=policy, **kw)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_numba_thread():
+    """The cpu backend's kernels on the calling thread only (as tests/test_batch.py: bits do not depend on it)."""
+    if not numba_available():
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["none", "lookup", "mtp", "draft"])
+def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(backend, kind):
+    k = 3
+    engine = engine_for(kind, slots=3, k=k, backend=backend)
+    seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)
+    mixed_steps = 0
+    while not engine.done():
+        engine.step()
+        kinds = {s.seq.params.greedy for s in engine.active.values()}
+        mixed_steps += len(kinds) == 2
+    assert mixed_steps > 0  # greedy and sampled sequences really shared passes
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        assert seq.error is None
+        assert seq.tokens == solo(kind, seq.prompt_tokens, params, seed, stops, k, backend), seq.index
+
+
+def test_the_engine_defaults_apply_when_a_sequence_brings_none():
+    target, _ = models()
+    engine = Batch(target, 2, n_blocks=32, block_size=4, params=SamplingParams(0.9, 20), stop_ids=(15,))
+    seq = SeqResult(0, PROMPTS[0])
+    engine.add(seq, MAX_NEW, 5)
+    assert seq.params == SamplingParams(0.9, 20) and seq.stop_ids == frozenset({15})
+    while not engine.done():
+        engine.step()
+    assert seq.tokens == generate(target, PROMPTS[0], MAX_NEW, SamplingParams(0.9, 20), np.random.default_rng(5),
+                                  stop_ids=(15,)).tokens
+
+
+@pytest.mark.parametrize("kind", ["none", "mtp"])
+def test_cancel_frees_the_slot_and_its_blocks_and_leaves_the_others_exact(kind):
+    """Sequence 1 is cancelled after its first steps (running), sequence 3 while it waits; the slot sequence 1
+    held takes the next waiting one, and at the end every block is free."""
+    finished = []
+    engine = engine_for(kind, slots=2, k=3, on_finish=lambda seq: finished.append(seq.index))
+    seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
+    for seq in seqs:
+        engine.add(seq, MAX_NEW, 0)
+    engine.step()
+    engine.step()
+    running = {s.seq.index: b for b, s in engine.active.items()}
+    assert set(running) == {0, 1} and 0 < len(seqs[1].tokens) < MAX_NEW
+    used_before = engine.pool.used
+    assert engine.cancel(seqs[1]) and engine.cancel(seqs[3])
+    assert 1 in finished and running[1] not in engine.active  # ended like a stop: on_finish, slot free
+    assert engine.pool.used < used_before
+    assert [w[0].index for w in engine.waiting] == [2, 4]
+    n_cancelled = len(seqs[1].tokens)
+    while not engine.done():
+        engine.step()
+    assert len(seqs[1].tokens) == n_cancelled and seqs[3].tokens == []  # nothing more for them
+    assert not engine.cancel(seqs[1]) and not engine.cancel(seqs[0])  # ended: nothing to cancel
+    for i in (0, 2, 4):
+        assert seqs[i].tokens == solo(kind, PROMPTS[i], GREEDY, 0, (), 3), i
+    assert sorted(finished) == [0, 1, 2, 4]
+    assert engine.pool.used == 0 and sorted(engine.pool.free) == list(range(engine.pool.n_blocks))
+
+
+def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stays_exact(monkeypatch, tmp_path):
+    """On the cuda backend (the fake CuPy: its Python side, on the CPU) an all-greedy pass keeps logits and drafts
+    on the device and runs the rule there; a pass with a sampled sequence is brought to the host, where the
+    greedy sequences beside it take the same argmax rule. Every sequence equals its solo run on that backend.
+    This catches the bug where the mixed pass brought every hidden row to the host and a greedy sequence's MTP
+    drafter joined them to the device rows it already held (CuPy refuses a host array in device math)."""
+    import fake_cupy
+    from test_backends import write_quantized
+
+    fake_cupy.install(monkeypatch)
+    write_quantized(tmp_path / "target.gguf", seed=1)
+    target = load_model(tmp_path / "target.gguf", "cuda")
+    from tinyspec.drafting import FixedDraftLength
+
+    engine = Batch(target, 3, n_blocks=64, block_size=4, drafter=MTPDrafter(target), policy=FixedDraftLength(3))
+    seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)
+    while not engine.done():
+        engine.step()
+    for seq, (params, seed, stops) in zip(seqs, ASKS):
+        if params.greedy:
+            alone = generate(target, seq.prompt_tokens, MAX_NEW, params, stop_ids=stops).tokens
+        else:
+            alone = speculative_generate(target, MTPDrafter(target), seq.prompt_tokens, MAX_NEW, draft_n=3,
+                                         params=params, rng=np.random.default_rng(seed), stop_ids=stops).tokens
+        assert seq.tokens == alone, seq.index
