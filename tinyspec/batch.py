@@ -116,7 +116,7 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
              "phase_ms": {k: 1000 * v for k, v in engine.phase_s.items()},
              "kv_block_size": pool.block_size, "kv_blocks": pool.n_blocks, "kv_blocks_peak": pool.peak_used,
              "kv_bytes_peak": pool.peak_used * pool.bytes_per_block(), "chunk": engine.chunk,
-             "prefill_rows": engine.prefill_rows, "preemptions": engine.preemptions}
+             "passes": engine.passes, "prefill_rows": engine.prefill_rows, "preemptions": engine.preemptions}
     if engine.prefix_cache is not None:
         stats |= engine.prefix_cache.stats()
     if engine.policy.summary() is not None:

@@ -25,6 +25,11 @@ equals that of a sequence that plainly decoded the emitted tokens. The final emi
 plain generation), and a pending token is never redrawn. A sequence that ends frees its slot (and its KV
 blocks, in a paged pool) for the next waiting one: continuous batching.
 
+Joining is a row run of the same pass. A sequence admitted to a slot first prefills its prompt as plain rows
+(no ring) after the decoding sequences' rows, `chunk` rows a step at most (Engine), and its first token is
+picked from its final chunk's last row; its drafter starts then. A T-token chunk computes the bits of T
+one-token passes, so chunking (and recomputing a preempted sequence's history) changes no output.
+
 Lossless, per sequence. Greedy output equals plain greedy output token for token because the target computes
 each row of a pass bit for bit as a one-token decode of that sequence alone would (batch invariance: the
 matmul is row-by-row, the conv, the scan and attention run per sequence on its own state; kernels.py), and
@@ -269,7 +274,8 @@ class Engine:
         self.active: dict[int, Running] = {}
         self.finished: list[Running] = []
         self.admitted = 0  # sequences admitted so far (Running.order)
-        self.steps = self.rows = self.emitted = self.prefill_rows = self.preemptions = 0
+        self.steps = self.rows = self.emitted = 0  # passes with decoding rows, those rows, tokens emitted
+        self.passes = self.prefill_rows = self.preemptions = 0  # every pass, its prefill rows, preemptions
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
@@ -315,8 +321,9 @@ class Engine:
         for b, lo, hi in zip(joining, bounds[len(seqs) : -1], bounds[len(seqs) + 1 :]):
             self._prefilled_chunk(b, logits, hidden, lo, hi)
         clock.lap("prefill")
-        self.steps, self.rows = self.steps + 1, self.rows + int(bounds[-1])
-        self.prefill_rows += int(sum(chunks.values()))
+        self.passes, self.prefill_rows = self.passes + 1, self.prefill_rows + int(sum(chunks.values()))
+        if seqs:  # a step: a pass with decoding rows (steps and rows count those, as before chunked prefill)
+            self.steps, self.rows = self.steps + 1, self.rows + int(bounds[len(seqs)])
         for s in seqs:
             s.stats.step_s.append(clock.since_begin())
         if seqs:
