@@ -411,6 +411,10 @@ def cmd_batch(args) -> int:
 
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
+    if args.chunk is not None and args.chunk < 1:
+        raise ValueError(f"--chunk must be >= 1 (prefill rows per pass), got {args.chunk}")
+    if (args.kv_blocks is not None and args.kv_blocks < 1) or args.block_size < 1:
+        raise ValueError(f"--kv-blocks and --block-size must be >= 1, got {args.kv_blocks} and {args.block_size}")
     params = decoding_args(args)
     texts = read_prompts(args.prompts)
     ignored = [flag for flag, given, used in (
@@ -454,7 +458,8 @@ def cmd_batch(args) -> int:
     result = batch_generate(model, prompts, args.max_new, slots=args.slots,
                             drafter=make_drafter(args, model, tokenizer), draft_n=k, policy=policy,
                             params=params, seeds=[args.seed + i for i in range(len(prompts))],
-                            stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show)
+                            stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show, chunk=args.chunk,
+                            n_blocks=args.kv_blocks, block_size=args.block_size, prefix_cache=args.prefix_cache)
     sequences = []
     for seq, error in zip(result.sequences, errors):
         if seq.error and not error:  # the engine could not run it after all
@@ -473,7 +478,11 @@ def cmd_batch(args) -> int:
     print(f"[batch] {s['generated']} tokens from {s['sequences'] - s['failed']} sequences in {s['wall_s']:.2f} s: "
           f"{s['tok_s']:.1f} tok/s ({s['decode_tok_s']:.1f} after the prefills), {s['steps']} steps, "
           f"{s['rows_per_pass']:.2f} rows per pass, KV peak {s['kv_blocks_peak']} of {s['kv_blocks']} blocks "
-          f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB)", file=sys.stderr)
+          f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB), {s['prefill_rows']} prefill rows, "
+          f"{s['preemptions']} preemptions", file=sys.stderr)
+    if args.prefix_cache:
+        print(f"[batch] prefix cache: {s['prefix_hits']} hits, {s['prefix_tokens_reused']} prompt tokens reused, "
+              f"{s['prefix_states_kept']} GDN states kept ({s['prefix_state_bytes'] / 1e6:.2f} MB)", file=sys.stderr)
     if policy is not None:
         print(f"[batch] batch-aware draft length: steps per k {s['policy']['chosen_k']}", file=sys.stderr)
     if args.spec != "none":
@@ -688,6 +697,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
                         "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
                         "but no longer repeats a solo run's seed")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="prefill rows per pass at most: a joining prompt is fed this many tokens a step as rows of "
+                        "the running slots' verify pass, so they wait at most this many extra rows a step (default: "
+                        "each prompt whole, in one pass)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="share the KV blocks of prompt prefixes already prefilled and start from a saved GDN state "
+                        "(tinyspec/prefix_cache.py): a prompt that starts like an earlier one prefills only the rest")
+    p.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV pool size in blocks of --block-size positions (default: room for --slots of the longest "
+                        "runs); a smaller pool makes sequences wait or be preempted (resumed by recompute)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="positions per KV block, the unit the pool hands out and the prefix cache shares (default 16)")
     add_decoding_args(p, max_new_help="tokens to generate per prompt at most (default 32)",
                       seed_help="sampling seed S: prompt i (0 first, blank lines not counted) uses S + i (default 0)")
     p.add_argument("--json", action="store_true",
