@@ -24,9 +24,14 @@ sequence owns one BlockTable and each attention layer reads it (PagedKVCache).
 Attention reads a sequence's keys through its table (attention.attend_paged; fast/numba_attention.py
 reads the pool in place): the same keys in the same order as a contiguous cache, so the same bits.
 
-Does NOT include: prefix sharing (copy-on-write blocks of a common prompt), swapping blocks to the host,
-preemption when the pool runs out (the batch engine admits a sequence only when its worst case fits,
-batch.py), quantized KV.
+Sharing. A block may be listed by several tables (a cached prompt prefix, prefix_cache.py): the pool counts
+the tables using each block (refs) and frees it when the last one gives it back, or keeps it idle while a
+prefix cache still finds it by its tokens, evicting idle blocks least recently used when it runs out of free
+ones. Shared and cached blocks are full and read only: a sequence adopts them before it writes anything and
+writes only past them (BlockTable.check_writable raises otherwise), so no copy-on-write is ever needed.
+
+Does NOT include: swapping blocks to the host (a preempted sequence gives its blocks back and is recomputed,
+speculate.Engine), sharing a partly filled block, quantized KV.
 """
 
 from __future__ import annotations
