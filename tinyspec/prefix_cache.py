@@ -166,6 +166,7 @@ class PrefixCache:
             self.states_saved += 1
         self.with_state[entry.id] = entry
         self.with_state.move_to_end(entry.id)
+        self._forget_stale_states()
         while len(self.with_state) > self.max_states:
             _, old = self.with_state.popitem(last=False)
             old.state = None
@@ -190,8 +191,15 @@ class PrefixCache:
                 layer.n = n  # a PagedKVCache: its positions are the adopted blocks'
         state.pos = n
 
+    def _forget_stale_states(self) -> None:
+        """Drop the states of entries whose block was evicted (a lookup could never reach them again)."""
+        for entry_id, entry in [(i, e) for i, e in self.with_state.items() if not self.valid(e)]:
+            del self.with_state[entry_id]
+            entry.state = None
+
     def state_bytes(self) -> int:
         """Memory held by the saved GDN states now."""
+        self._forget_stale_states()
         return sum(conv.nbytes + ssm.nbytes for e in self.with_state.values() for conv, ssm in e.state)
 
     def stats(self) -> dict:

@@ -438,7 +438,7 @@ class Engine:
     def _chunks(self) -> dict[int, int]:
         """Prefill rows this step per joining slot: the chunk budget shared in admission order, each chunk ending
         at the sequence's next save point (the prefix cache keeps a state only where a pass ends)."""
-        budget, out = self.chunk or sum(len(s.history) for s in self.active.values()), {}
+        budget, out = self.chunk if self.chunk is not None else float("inf"), {}
         for b, s in sorted(self.active.items(), key=lambda item: item[1].order):
             if s.prefilling and budget:
                 end = min([p for p in s.save_at if p > s.state.pos] + [len(s.history)])
