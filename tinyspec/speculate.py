@@ -405,7 +405,10 @@ class Engine:
                                 history=list(seq.prompt_tokens))
                 if not self._admit(b, s):
                     return  # wait for running sequences to give blocks back
-                (self.preempted if self.preempted and self.preempted[0] is s else self.waiting).popleft()
+                if self.preempted and self.preempted[0] is s:
+                    self.preempted.popleft()
+                else:
+                    self.waiting.popleft()
 
     def _admit(self, b: int, s: Running) -> bool:
         """Give s slot b and a fresh state (from the prefix cache's deepest saved state, if any), if the pool holds

@@ -11,7 +11,8 @@ throughput under load", docs/peers.md section 4). So the policy prices a whole s
                                             over every slot's drafts (the slots share a drafter)
     seconds(k) = verify(B (k + 1) + C) + draft(k)     C: the rows of joining prompts' prefill chunks in the same
                                             pass (chunked prefill, speculate.Engine): they cost the pass whatever k
-                                            is, so a busy pass makes drafts dearer
+                                            is, so next to a long chunk the drafts' extra rows cost relatively
+                                            little and drafting pays where alone it would not
     verify(R)  = v0 + v1 R                  a line fitted to every timed pass (R rows, its seconds), older
                                             passes weighing less: a pass reads the weights (v0) and does per-row
                                             work (v1); on a memory-bound pass v1 R << v0, on a busy one it is not
