@@ -430,7 +430,7 @@ def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", DRAFTERS)
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sch=schedules())
 @example(sch=HEAVY)
 @example(sch=PREFIXED)
