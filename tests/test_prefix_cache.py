@@ -21,7 +21,7 @@ from test_batch import BACKENDS, models, one_numba_thread, solo_greedy  # noqa: 
 from tinyspec.batch import Batch, batch_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
-from tinyspec.paged import BlockPool
+from tinyspec.paged import BlockPool, PagedKVCache
 from tinyspec.prefix_cache import PrefixCache
 from tinyspec.speculate import SeqResult
 
@@ -115,7 +115,7 @@ def test_a_write_into_a_shared_block_raises():
     match = engine.prefix_cache.lookup(SYSTEM + [6], 4)
     engine.prefix_cache.start(state, match)
     assert state.pos == 16 and all(engine.pool.refs[b] == 1 for b in state.table.blocks)
-    layer = next(layer for layer in state.layers if hasattr(layer, "table"))
+    layer = next(layer for layer in state.layers if isinstance(layer, PagedKVCache))
     layer.n = 12  # pretend a rollback into the shared blocks
     k = np.zeros((1, target.cfg.n_head_kv, target.cfg.head_dim), np.float32)
     with pytest.raises(RuntimeError, match="shared or cached"):
