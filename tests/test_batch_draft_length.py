@@ -87,3 +87,16 @@ def test_greedy_output_is_unchanged(backend):
     for seq, prompt in zip(out.sequences, prompts):
         assert seq.tokens == generate(model, prompt, 24).tokens
     assert out.stats["policy"]["chosen_k"]
+
+
+def test_prefill_rows_in_the_pass_are_priced():
+    """Chunked prefill puts C prompt rows into the verify pass whatever k is (speculate.Engine): the policy prices
+    verify(B (k + 1) + C). Where drafting loses alone (compute-bound rows, drafts kept half the time), a pass that
+    carries a 256-row chunk anyway makes the drafts' few extra rows cheap by comparison: drafting wins there."""
+    policy = BatchDraftLength(3)
+    simulate(policy, n_slots=8, v0=0.020, v1=0.008, a=0.5, d=0.008)
+    alone, with_chunk = policy.rates(8), policy.rates(8, prefill_rows=256)
+    assert max(range(4), key=lambda k: alone[k]) == 0
+    assert max(range(4), key=lambda k: with_chunk[k]) > 0
+    assert with_chunk[0] < alone[0]  # the chunk's rows slow the decoding slots' pass
+

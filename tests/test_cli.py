@@ -404,6 +404,24 @@ def test_batch_json_tokens_equal_generate_alone(prompts_file, capsys, spec):
     assert (stats["draft_n"], stats["k_max"]) == ((0, 0) if spec == "none" else (3, 3))
 
 
+def test_batch_chunk_prefix_cache_and_a_small_pool_keep_sampled_tokens(tmp_path, capsys):
+    """--chunk 2 --prefix-cache --kv-blocks 8 --block-size 4 with four prompts sharing a prefix, sampled with MTP
+    drafts: the prompts join two rows a step, a later one starts from a saved state, and the pool of eight
+    4-position blocks (one run needs six) makes the newest sequence give its blocks back and resume; every sequence still samples
+    exactly `generate --seed S+i`, and the summary says so."""
+    prompts = ["def main(): return 1", "def main(): return 1", "def main(): print(2)", "def main(): return 1"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    common = ["--spec", "mtp", "--draft-n", "2", "--max-new", "14", "--temperature", "0.9", "--backend", "numpy"]
+    assert main(["batch", "--prompts", str(tmp_path / "p.txt"), "--slots", "3", "--seed", "5", "--chunk", "2",
+                 "--prefix-cache", "--kv-blocks", "8", "--block-size", "4", *common, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stats = out["stats"]
+    assert stats["chunk"] == 2 and stats["prefix_hits"] > 0 and stats["preemptions"] > 0
+    for i, (prompt, seq) in enumerate(zip(prompts, out["sequences"])):
+        assert main(["generate", "--prompt", prompt, "--seed", str(5 + i), *common, "--json"]) == 0
+        assert seq["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+
+
 def test_batch_sampled_sequence_i_is_generate_with_seed_s_plus_i(prompts_file, capsys):
     """--seed S: sequence i draws from S + i, so it samples exactly `generate --seed S+i` with the same k."""
     common = ["--spec", "mtp", "--draft-n", "2", "--max-new", "10", "--temperature", "0.9", "--backend", "numpy",
@@ -489,7 +507,8 @@ def test_batch_help_explains_every_flag():
     run = subprocess.run([sys.executable, "-m", "tinyspec", "batch", "--help"], capture_output=True, text=True)
     assert run.returncode == 0
     for flag in ("--model", "--prompts", "--slots", "--spec", "--draft-model", "--draft-n", "--max-new",
-                 "--temperature", "--seed", "--backend", "--json", "S + i"):
+                 "--temperature", "--seed", "--backend", "--json", "S + i", "--chunk", "--prefix-cache", "--kv-blocks",
+                 "--block-size"):
         assert flag in run.stdout, flag
 
 

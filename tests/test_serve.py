@@ -71,7 +71,8 @@ def solo(prompt: tuple[int, ...], max_new: int, temperature: float = 0.0, seed: 
 @pytest.fixture(scope="module")
 def server():
     model, tok = target()
-    srv = Server(model, tok, "tiny-target", slots=4, drafter=MTPDrafter(model), spec="mtp", port=0).start()
+    srv = Server(model, tok, "tiny-target", slots=4, drafter=MTPDrafter(model), spec="mtp", port=0, chunk=16,
+                 prefix_cache=True).start()
     yield srv
     srv.close()
 
@@ -349,11 +350,19 @@ def test_the_cli_prints_its_url_serves_and_exits_cleanly_on_ctrl_c():
             proc.wait()
 
 
-def test_the_cli_refuses_prefix_cache_until_the_engine_has_one():
-    run = subprocess.run([sys.executable, "-m", "tinyspec", "serve", "--prefix-cache", "--port", "0"],
-                         capture_output=True, text=True, timeout=TIMEOUT,
-                         env=os.environ | {"PYTHONPATH": str(Path(tinyspec.__file__).resolve().parents[1])})
-    assert run.returncode == 2 and "no prefix cache yet" in run.stderr and "Traceback" not in run.stderr
+def test_prompts_sharing_a_prefix_hit_the_prefix_cache_and_still_equal_generate(server):
+    """The module's server runs with --prefix-cache and --chunk 16: a prompt that starts like an earlier one
+    starts from the cached blocks and saved GDN state, prefills only the rest, and gets its solo tokens."""
+    _, tok = target()
+    shared = "import os\nimport sys\n\n\ndef main(argv):\n    parser = make_parser()\n    args = parser.parse_args(argv)\n"
+    hits_before = get(server, "/v1/stats")["prefix_hits"]
+    for tail in ("    return 0\n", "    print(args)\n", "    if args.verbose:\n"):
+        ids = tuple(tok.encode(shared + tail))
+        out = client(server).completions.create(model="tiny-target", prompt=list(ids), max_tokens=8, temperature=0)
+        assert out.choices[0].text == tok.decode(solo(ids, 8))
+    stats = get(server, "/v1/stats")
+    assert stats["prefix_hits"] >= hits_before + 2 and stats["preemptions"] >= 0
+    assert server.prefix_cache is not None and server.engine.chunk == 16
 
 
 # ------------------------------------------------------------------------------------------ TextStream

@@ -130,7 +130,7 @@ class StoppingPolicy(FixedDraftLength):
     """k drafts at most, each step cut by a stop rule on the drafts' probabilities (as the adaptive policy's
     keep_drafting cuts it): on after a draft the drafter gives probability >= 0.4 while the product stays >= 0.2."""
 
-    def plan(self, rooms):
+    def plan(self, rooms, prefill_rows=0):
         stop = StopRule(lambda probs: probs[-1] >= 0.4 and float(np.prod(probs)) >= 0.2)
         return [Plan(min(self.k_max, room), stop) for room in rooms]
 

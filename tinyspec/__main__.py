@@ -413,6 +413,10 @@ def cmd_batch(args) -> int:
 
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
+    if args.chunk is not None and args.chunk < 1:
+        raise ValueError(f"--chunk must be >= 1 (prefill rows per pass), got {args.chunk}")
+    if (args.kv_blocks is not None and args.kv_blocks < 1) or args.block_size < 1:
+        raise ValueError(f"--kv-blocks and --block-size must be >= 1, got {args.kv_blocks} and {args.block_size}")
     params = decoding_args(args)
     texts = read_prompts(args.prompts)
     ignored = [flag for flag, given, used in (
@@ -456,7 +460,8 @@ def cmd_batch(args) -> int:
     result = batch_generate(model, prompts, args.max_new, slots=args.slots,
                             drafter=make_drafter(args, model, tokenizer), draft_n=k, policy=policy,
                             params=params, seeds=[args.seed + i for i in range(len(prompts))],
-                            stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show)
+                            stop_ids=tokenizer.eog_ids, on_finish=None if args.json else show, chunk=args.chunk,
+                            n_blocks=args.kv_blocks, block_size=args.block_size, prefix_cache=args.prefix_cache)
     sequences = []
     for seq, error in zip(result.sequences, errors):
         if seq.error and not error:  # the engine could not run it after all
@@ -475,7 +480,11 @@ def cmd_batch(args) -> int:
     print(f"[batch] {s['generated']} tokens from {s['sequences'] - s['failed']} sequences in {s['wall_s']:.2f} s: "
           f"{s['tok_s']:.1f} tok/s ({s['decode_tok_s']:.1f} after the prefills), {s['steps']} steps, "
           f"{s['rows_per_pass']:.2f} rows per pass, KV peak {s['kv_blocks_peak']} of {s['kv_blocks']} blocks "
-          f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB)", file=sys.stderr)
+          f"of {s['kv_block_size']} ({s['kv_bytes_peak'] / 1e6:.2f} MB), {s['prefill_rows']} prefill rows, "
+          f"{s['preemptions']} preemptions", file=sys.stderr)
+    if args.prefix_cache:
+        print(f"[batch] prefix cache: {s['prefix_hits']} hits, {s['prefix_tokens_reused']} prompt tokens reused, "
+              f"{s['prefix_states_kept']} GDN states kept ({s['prefix_state_bytes'] / 1e6:.2f} MB)", file=sys.stderr)
     if policy is not None:
         print(f"[batch] batch-aware draft length: steps per k {s['policy']['chosen_k']}", file=sys.stderr)
     if args.spec != "none":
@@ -495,14 +504,14 @@ def cmd_serve(args) -> int:
     from .drafting import FixedDraftLength, check_draft_length
     from .serve import Server
 
-    if args.prefix_cache:
-        raise ValueError("--prefix-cache: this engine has no prefix cache yet (issue 36); run without it")
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1 (sequences decoded at once), got {args.slots}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if args.ctx is not None and args.ctx < 1:
         raise ValueError(f"--ctx must be >= 1, got {args.ctx}")
+    if args.chunk < 1:
+        raise ValueError(f"--chunk must be >= 1 (prefill rows per pass), got {args.chunk}")
     k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
     if k is not None:
         check_draft_length(k, "--draft-n")
@@ -519,7 +528,7 @@ def cmd_serve(args) -> int:
     log = (lambda line: print(f"[serve] {line}", file=sys.stderr, flush=True)) if args.verbose else None
     try:
         server = Server(model, tokenizer, Path(args.model).stem, args.slots, make_drafter(args, model, tokenizer),
-                        policy, args.spec, ctx, args.host, args.port, log)
+                        policy, args.spec, ctx, args.host, args.port, log, args.chunk, args.prefix_cache)
     except OSError as e:  # the port is taken, the address is not this machine's
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     spec = "plain decoding" if k is None else f"--spec {args.spec}, k {'<= ' if args.adaptive else '= '}{k}"
@@ -738,6 +747,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
                         "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
                         "but no longer repeats a solo run's seed")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="prefill rows per pass at most: a joining prompt is fed this many tokens a step as rows of "
+                        "the running slots' verify pass, so they wait at most this many extra rows a step (default: "
+                        "each prompt whole, in one pass)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="share the KV blocks of prompt prefixes already prefilled and start from a saved GDN state "
+                        "(tinyspec/prefix_cache.py): a prompt that starts like an earlier one prefills only the rest")
+    p.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV pool size in blocks of --block-size positions (default: room for --slots of the longest "
+                        "runs); a smaller pool makes sequences wait or be preempted (resumed by recompute)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="positions per KV block, the unit the pool hands out and the prefix cache shares (default 16)")
     add_decoding_args(p, max_new_help="tokens to generate per prompt at most (default 32)",
                       seed_help="sampling seed S: prompt i (0 first, blank lines not counted) uses S + i (default 0)")
     p.add_argument("--json", action="store_true",
@@ -782,7 +803,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per request at most, prompt and output (default: the model's context length, at "
                         f"most {SERVE_CTX}); the KV pool holds --slots of them")
     p.add_argument("--prefix-cache", action="store_true",
-                   help="reuse the KV of prompt prefixes seen before (not in this engine yet: refused with a note)")
+                   help="keep the KV blocks and GDN states of prompts seen before (tinyspec/prefix_cache.py): a prompt "
+                        "that starts like an earlier one prefills only the rest; output unchanged")
+    p.add_argument("--chunk", type=int, default=64, metavar="N",
+                   help="a joining prompt enters the running pass N rows at a time, so running requests wait at most "
+                        "N extra rows a step (default 64); output unchanged")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free port, printed)")
     p.add_argument("--verbose", action="store_true", help="log every HTTP request on stderr")

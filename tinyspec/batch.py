@@ -7,17 +7,24 @@ pass). speculate.Engine already steps any number of slots; this module gives it 
     a KV pool    the attention layers' keys and values in fixed-size blocks shared by all sequences
                  (paged.py): a sequence takes blocks as its positions are written and gives them back when
                  a rollback truncates or the sequence ends, so a finished slot's memory serves the next prompt
-    admission    a sequence joins a free slot only when the blocks its longest run needs (prompt + max_new +
-                 k_max + 1 positions) are free of every other admitted sequence's such need, so the pool never
-                 runs out mid-step; the blocks themselves are taken as positions are written, so
-                 `kv_blocks_peak` reports memory used, not context reserved
+    chunked prefill  a joining prompt is fed `chunk` rows per step as rows of the verify pass (speculate.Engine):
+                 the running slots never stop for it, and wait at most `chunk` extra rows a step
+    admission    a sequence joins a free slot while the pool's available blocks hold the next step of every
+                 running sequence and its own first chunk: no worst-case reservation
+    preemption   when a step's rows would not fit the pool (the running sequences grew), the newest sequence
+                 gives its blocks back and waits in front of the queue; it resumes by prefilling its prompt and
+                 tokens again (or from the prefix cache), exactly where it was (its stats count `preemptions`)
+    prefix cache full blocks of prefilled prompts found again by their tokens and shared by reference, with GDN
+                 states saved at chosen block boundaries (prefix_cache.py): a prompt that shares a cached prefix
+                 prefills only the rest
     batch_generate   prompts in, results out in input order, with the batch's stats
 
-Exact, per sequence: each gets exactly the tokens it gets alone (speculate.py says why); tests/test_batch.py
-checks it over random arrival schedules, greedy and sampled.
+Exact, per sequence: each gets exactly the tokens it gets alone (speculate.py says why), whatever the chunk
+size, the preemptions and the prefix hits; tests/test_batch.py checks it over random arrival schedules, greedy
+and sampled.
 
-Does NOT include: prefill sharing the verify pass (chunked prefill mixed into decode, as vLLM and SGLang
-schedule it), preemption, prefix caching, priorities.
+Does NOT include: the MTP head's and a draft model's KV in the pool (each drafter keeps its own, outside the
+pool's count), swapping a preempted sequence's blocks to the host (it recomputes), priorities.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import numpy as np
 from .drafting import Drafter, DraftPolicy, policy_for
 from .model import Model
 from .paged import BlockPool
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculate import Engine, SeqResult, check_prompt
 
@@ -43,14 +51,19 @@ class BatchResult:
 
 class Batch(Engine):
     """The engine over a paged KV pool of n_blocks blocks of block_size positions (the module docstring):
-    add(seq, max_new, seed) queues a sequence, step() runs one step of every slot (speculate.Engine)."""
+    add(seq, max_new, seed) queues a sequence, step() runs one step of every slot (speculate.Engine).
+    chunk: prefill rows per pass (None: each prompt whole); prefix_cache: share cached prefixes, keeping at most
+    max_states saved GDN states (and one every state_every blocks, 0: only at prompt ends and branch points)."""
 
     def __init__(self, model: Model, slots: int, n_blocks: int, block_size: int = 16,
                  drafter: Drafter | None = None, policy: DraftPolicy | None = None,
                  params: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
-                 on_finish: Callable[[SeqResult], None] | None = None):
-        super().__init__(model, slots, drafter, policy, params, stop_ids, BlockPool(model.cfg, n_blocks, block_size, model.xp),
-                         on_finish=on_finish)
+                 on_finish: Callable[[SeqResult], None] | None = None, chunk: int | None = None,
+                 prefix_cache: bool = False, max_states: int = 16, state_every: int = 0):
+        pool = BlockPool(model.cfg, n_blocks, block_size, model.xp)
+        cache = PrefixCache(pool, max_states, state_every) if prefix_cache else None
+        super().__init__(model, slots, drafter, policy, params, stop_ids, pool, on_finish=on_finish, chunk=chunk,
+                         prefix_cache=cache)
 
 
 def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int, slots: int = 4,
@@ -58,13 +71,16 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
                    policy: DraftPolicy | None = None, params: SamplingParams = SamplingParams(),
                    seeds: Sequence[int] | None = None, stop_ids: Sequence[int] = (), block_size: int = 16,
                    n_blocks: int | None = None,
-                   on_finish: Callable[[SeqResult], None] | None = None) -> BatchResult:
+                   on_finish: Callable[[SeqResult], None] | None = None, chunk: int | None = None,
+                   prefix_cache: bool = False, max_states: int = 16, state_every: int = 0) -> BatchResult:
     """Generate up to max_new tokens after each prompt, up to `slots` sequences at a time (the rest wait in
     input order). drafter: None for plain decoding, else the first slot's Drafter (the others get
     drafter.another()), proposing draft_n drafts per slot and step (default 3), or as many as `policy` plans.
     seeds[i]: prompt i's random stream (default: i), the seed its solo run takes for the same tokens. n_blocks: the KV pool (default: room for
     `slots` of the longest runs). A prompt that cannot run (empty, too long, bad ids) is reported in its
-    SeqResult.error and the others run. on_finish(result): called as each sequence ends (streamed output)."""
+    SeqResult.error and the others run. on_finish(result): called as each sequence ends (streamed output).
+    chunk, prefix_cache, max_states, state_every: as Batch. A pool smaller than the sequences' needs is not an
+    error: sequences wait, or are preempted and resumed (stats: preemptions)."""
     if not len(prompts):
         raise ValueError("no prompts: give at least one")
     if not isinstance(slots, (int, np.integer)) or slots < 1 or block_size < 1:
@@ -82,7 +98,8 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new + policy.k_max + 1
     if n_blocks is None:
         n_blocks = slots * -(-longest // block_size)
-    engine = Batch(model, slots, n_blocks, block_size, drafter, policy, params, stop_ids, on_finish)
+    engine = Batch(model, slots, n_blocks, block_size, drafter, policy, params, stop_ids, on_finish, chunk,
+                   prefix_cache, max_states, state_every)
     for r in results:
         engine.add(r, max_new, seeds[r.index])
     t0 = time.perf_counter()
@@ -98,7 +115,10 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
              "rows_per_pass": engine.rows / engine.steps if engine.steps else 0.0,
              "phase_ms": {k: 1000 * v for k, v in engine.phase_s.items()},
              "kv_block_size": pool.block_size, "kv_blocks": pool.n_blocks, "kv_blocks_peak": pool.peak_used,
-             "kv_bytes_peak": pool.peak_used * pool.bytes_per_block()}
+             "kv_bytes_peak": pool.peak_used * pool.bytes_per_block(), "chunk": engine.chunk,
+             "passes": engine.passes, "prefill_rows": engine.prefill_rows, "preemptions": engine.preemptions}
+    if engine.prefix_cache is not None:
+        stats |= engine.prefix_cache.stats()
     if engine.policy.summary() is not None:
         stats["policy"] = engine.policy.summary()
     return BatchResult(results, stats)

@@ -182,14 +182,15 @@ class DraftPolicy(Protocol):
     """How many drafts each sequence of the engine makes this step (one sequence: a list of one).
 
     k_max                                      drafts a step at most (sizes the rollback rings)
-    plan(rooms) -> [Plan]                      rooms[b]: the drafts sequence b's max_new leaves room for
+    plan(rooms, prefill_rows) -> [Plan]        rooms[b]: the drafts sequence b's max_new leaves room for;
+                                               prefill_rows: joining prompts' chunk rows in the same pass
     observe(drafts, accepted, draft_s, verify_s, rows)   what the step drafted and kept per sequence, and what
                                                drafting and the verify pass of `rows` rows cost
     summary() -> dict | None                   for the stats"""
 
     k_max: int
 
-    def plan(self, rooms: list[int]) -> list[Plan]: ...
+    def plan(self, rooms: list[int], prefill_rows: int = 0) -> list[Plan]: ...
 
     def observe(self, drafts: list[Draft], accepted: list[int], draft_s: float, verify_s: float,
                 rows: int) -> None: ...
@@ -205,7 +206,7 @@ class FixedDraftLength:
     def __post_init__(self):
         self.k_max = check_draft_length(self.k_max)
 
-    def plan(self, rooms: list[int]) -> list[Plan]:
+    def plan(self, rooms: list[int], prefill_rows: int = 0) -> list[Plan]:
         return [Plan(min(self.k_max, room)) for room in rooms]
 
     def observe(self, drafts: list[Draft], accepted: list[int], draft_s: float, verify_s: float, rows: int) -> None:

@@ -24,12 +24,19 @@ sequence owns one BlockTable and each attention layer reads it (PagedKVCache).
 Attention reads a sequence's keys through its table (attention.attend_paged; fast/numba_attention.py
 reads the pool in place): the same keys in the same order as a contiguous cache, so the same bits.
 
-Does NOT include: prefix sharing (copy-on-write blocks of a common prompt), swapping blocks to the host,
-preemption when the pool runs out (the batch engine admits a sequence only when its worst case fits,
-batch.py), quantized KV.
+Sharing. A block may be listed by several tables (a cached prompt prefix, prefix_cache.py): the pool counts
+the tables using each block (refs) and frees it when the last one gives it back, or keeps it idle while a
+prefix cache still finds it by its tokens, evicting idle blocks least recently used when it runs out of free
+ones. Shared and cached blocks are full and read only: a sequence adopts them before it writes anything and
+writes only past them (BlockTable.check_writable raises otherwise), so no copy-on-write is ever needed.
+
+Does NOT include: swapping blocks to the host (a preempted sequence gives its blocks back and is recomputed,
+speculate.Engine), sharing a partly filled block, quantized KV.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 
@@ -41,7 +48,15 @@ class PoolExhausted(RuntimeError):
 
 
 class BlockPool:
-    """n_blocks blocks of block_size positions for every attention layer of a model, and the free list."""
+    """n_blocks blocks of block_size positions for every attention layer of a model, who uses each, and the free list.
+
+    Every block is in exactly one of three places:
+        in use   refs[b] >= 1: the number of block tables that list it (a shared prefix block: several)
+        idle     refs[b] == 0 but a prefix cache still finds it by its tokens (cached[b]): kept, in least
+                 recently used order, until a take() needs a block and none is free (then evicted: forgotten)
+        free     refs[b] == 0, cached by nobody: on the free list
+    A block is written only while one table uses it and no cache holds it (writable): a shared or cached block
+    holds positions every user has already seen, so it is read, never written."""
 
     def __init__(self, cfg: ModelConfig, n_blocks: int, block_size: int = 16, xp=np):
         if n_blocks < 1 or block_size < 1:
@@ -52,24 +67,60 @@ class BlockPool:
         self.k = [None if r else xp.zeros(shape, np.float32) for r in cfg.recurrent]
         self.v = [None if r else xp.zeros(shape, np.float32) for r in cfg.recurrent]
         self.free = list(range(self.n_blocks - 1, -1, -1))  # a stack: pop() hands out block 0 first
+        self.refs = np.zeros(self.n_blocks, np.int64)  # block tables using each block
+        self.cached: dict[int, object] = {}  # block -> the prefix cache's entry that finds it (prefix_cache.py)
+        self.idle: OrderedDict[int, None] = OrderedDict()  # cached blocks nobody uses, least recently used first
         self.peak_used = 0
 
     @property
     def used(self) -> int:
-        return self.n_blocks - len(self.free)
+        return self.n_blocks - len(self.free) - len(self.idle)
+
+    @property
+    def available(self) -> int:
+        """Blocks a take() can hand out: the free ones and the idle cached ones (evicted when needed)."""
+        return len(self.free) + len(self.idle)
 
     def blocks_for(self, n_positions: int) -> int:
         return -(-int(n_positions) // self.block_size)  # ceil
 
     def take(self) -> int:
-        if not self.free:
+        """A block for one table to write: a free one, else the least recently used idle cached one (evicted)."""
+        if self.free:
+            block = self.free.pop()
+        elif self.idle:
+            block, _ = self.idle.popitem(last=False)
+            del self.cached[block]  # evicted: the prefix cache no longer finds it (its entry sees this)
+        else:
             raise PoolExhausted(f"the KV pool's {self.n_blocks} blocks of {self.block_size} positions are all in use")
-        block = self.free.pop()
+        self.refs[block] = 1
         self.peak_used = max(self.peak_used, self.used)
         return block
 
+    def share(self, block: int) -> None:
+        """One more table uses `block` (a cached prefix block found again); an idle block is in use again."""
+        if self.refs[block] == 0:
+            if block not in self.idle:
+                raise ValueError(f"block {block} is free: only a block in use or cached can be shared")
+            del self.idle[block]
+        self.refs[block] += 1
+        self.peak_used = max(self.peak_used, self.used)
+
     def give_back(self, blocks: list[int]) -> None:
-        self.free.extend(reversed(blocks))  # the most recently freed block is reused first
+        """One table stops using each of `blocks`: a block nobody uses is idle if cached, else free."""
+        for block in reversed(blocks):  # the tail first: the most recently freed block is reused first
+            if self.refs[block] < 1:
+                raise ValueError(f"block {block} given back by a table that does not use it")
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                if block in self.cached:
+                    self.idle[block] = None
+                else:
+                    self.free.append(block)
+
+    def writable(self, block: int) -> bool:
+        """Whether a table may write `block`: it is the only user, and no cache finds the block by its tokens."""
+        return self.refs[block] == 1 and block not in self.cached
 
     def bytes_per_block(self) -> int:
         return 2 * sum(k[0].nbytes for k in self.k if k is not None)  # keys and values, every attention layer
@@ -82,12 +133,29 @@ class BlockTable:
         self.pool, self.blocks = pool, []
         self._ids = np.zeros(0, np.int64)  # self.blocks as an array, for the kernels (rebuilt on change only)
 
+    def adopt(self, blocks: list[int]) -> None:
+        """Start from full blocks a prefix cache found (a fresh table only): shared, never written."""
+        if self.blocks:
+            raise ValueError("only an empty block table can adopt a cached prefix")
+        for block in blocks:
+            self.pool.share(block)
+        self.blocks = list(blocks)
+        self._ids = np.array(self.blocks, np.int64)
+
     def reserve(self, n_positions: int) -> None:
         """Own enough blocks for n_positions (takes from the free list only at a block boundary)."""
         while len(self.blocks) * self.pool.block_size < n_positions:
             self.blocks.append(self.pool.take())
         if len(self._ids) != len(self.blocks):
             self._ids = np.array(self.blocks, np.int64)
+
+    def check_writable(self, first: int, n_positions: int) -> None:
+        """Positions first .. n_positions-1 are about to be written: raise if one lies in a shared or cached
+        block (a bug: speculation's writes and rollbacks must stay in blocks this sequence alone owns)."""
+        bs = self.pool.block_size
+        for j in range(first // bs, self.pool.blocks_for(n_positions)):
+            if not self.pool.writable(self.blocks[j]):
+                raise RuntimeError(f"a write into block {self.blocks[j]}, which is shared or cached")
 
     def keep(self, n_positions: int) -> None:
         """Give back the tail blocks a sequence of n_positions no longer needs (a rollback, a finish: 0)."""
@@ -114,6 +182,7 @@ class PagedKVCache:
     def append(self, k: np.ndarray, v: np.ndarray) -> None:  # [T, H_kv, d] each
         T, bs = k.shape[0], self.pool.block_size
         self.table.reserve(self.n + T)
+        self.table.check_writable(self.n, self.n + T)
         pos = np.arange(self.n, self.n + T)
         blocks, rows = self.table.ids()[pos // bs], pos % bs
         self.pool.k[self.layer][blocks, rows] = k

@@ -27,7 +27,7 @@ mid-stream), and lets the handlers write it before the process exits.
 
 Stats. Every response carries usage and a `tinyspec` object with its own speculation stats (steps, drafted,
 accepted, acceptance_rate, tokens_per_step, ...); GET /v1/stats sums the server's (requests, tokens, tok/s,
-acceptance, prefix hits and preemptions: 0 until the engine has a prefix cache and preemption, issue 36).
+acceptance, the prefix cache's hits and the engine's preemptions).
 
 Does NOT include: authentication, TLS, several choices per request, request priorities (FIFO), the Responses
 API. For a serving stack, see vLLM or llama.cpp's llama-server; this is the smallest one that shows the loop.
@@ -55,6 +55,7 @@ from .drafting import Drafter, DraftPolicy, policy_for
 from .generate import SeqResult
 from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate, completion_body, parse_request, usage
 from .paged import BlockPool
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculate import Engine, check_prompt
 
@@ -138,7 +139,8 @@ class Server:
 
     def __init__(self, model, tokenizer, model_name: str, slots: int = 4, drafter: Drafter | None = None,
                  policy: DraftPolicy | None = None, spec: str = "none", ctx: int | None = None,
-                 host: str = "127.0.0.1", port: int = 8080, log: Callable[[str], None] | None = None):
+                 host: str = "127.0.0.1", port: int = 8080, log: Callable[[str], None] | None = None,
+                 chunk: int | None = None, prefix_cache: bool = False):
         self.model, self.tokenizer, self.model_name, self.spec, self.log = model, tokenizer, model_name, spec, log
         self.ctx = model.cfg.n_ctx if ctx is None else ctx
         if not 1 <= self.ctx <= model.cfg.n_ctx:
@@ -147,8 +149,12 @@ class Server:
         # the KV pool holds every slot's longest run (ctx positions and a pass's drafts): admission never waits
         per_slot = -(-(self.ctx + policy.k_max + 1) // BLOCK_SIZE)
         pool = BlockPool(model.cfg, slots * per_slot, BLOCK_SIZE, model.xp)
+        # chunk: a joining prompt's prefill rows per pass (the running requests wait at most that many extra rows);
+        # prefix_cache: a prompt that starts like an earlier one prefills only the rest (prefix_cache.py)
+        self.prefix_cache = PrefixCache(pool) if prefix_cache else None
         self.engine = Engine(model, slots, drafter, policy, SamplingParams(), tokenizer.eog_ids, pool,
-                             on_emit=self._on_emit, on_finish=self._on_finish)
+                             on_emit=self._on_emit, on_finish=self._on_finish, chunk=chunk,
+                             prefix_cache=self.prefix_cache)
         template = model.metadata.get("tokenizer.chat_template")
         self.chat: ChatTemplate | None = None
         self.chat_unavailable: str | None = None  # why a file's template cannot be rendered (chat answers 501)
@@ -377,7 +383,8 @@ class Server:
                     "steps": t.steps, "busy_s": t.busy_s, "tok_s": t.generated / t.busy_s if t.busy_s else 0.0,
                     "drafted": t.drafted, "accepted": t.accepted,
                     "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
-                    "prefix_hits": 0, "preemptions": 0}  # the engine has neither yet (issue 36)
+                    "prefix_hits": 0 if self.prefix_cache is None else self.prefix_cache.hits,
+                    "preemptions": self.engine.preemptions}
 
 
 class HTTPServer(ThreadingHTTPServer):

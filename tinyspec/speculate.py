@@ -25,6 +25,11 @@ equals that of a sequence that plainly decoded the emitted tokens. The final emi
 plain generation), and a pending token is never redrawn. A sequence that ends frees its slot (and its KV
 blocks, in a paged pool) for the next waiting one: continuous batching.
 
+Joining is a row run of the same pass. A sequence admitted to a slot first prefills its prompt as plain rows
+(no ring) after the decoding sequences' rows, `chunk` rows a step at most (Engine), and its first token is
+picked from its final chunk's last row; its drafter starts then. A T-token chunk computes the bits of T
+one-token passes, so chunking (and recomputing a preempted sequence's history) changes no output.
+
 Lossless, per sequence. Greedy output equals plain greedy output token for token because the target computes
 each row of a pass bit for bit as a one-token decode of that sequence alone would (batch invariance: the
 matmul is row-by-row, the conv, the scan and attention run per sequence on its own state; kernels.py), and
@@ -54,6 +59,7 @@ import numpy as np
 from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length, policy_for, run_together
 from .generate import SeqResult, step_ms
 from .model import Model
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step
 
@@ -101,6 +107,8 @@ class SpecStats:
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted drafts per step -> steps
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     rollbacks: int = 0
+    preemptions: int = 0  # times the pool ran out and this sequence gave its blocks back (resumed by recompute)
+    prefix_tokens_reused: int = 0  # prompt tokens not prefilled: found in the prefix cache (prefix_cache.py)
     step_s: list[float] = field(default_factory=list)  # each step's seconds (the engine's whole step)
     wall_s: float = 0.0
     adaptive: dict | None = None  # the policy's summary (the adaptive policy's chosen k's and estimates)
@@ -130,7 +138,8 @@ class SpecStats:
             "accepted_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)],
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_histogram.items())},
             "phase_ms": {k: 1000 * v for k, v in self.phase_s.items()},
-            "rollbacks": self.rollbacks,
+            "rollbacks": self.rollbacks, "preemptions": self.preemptions,
+            "prefix_tokens_reused": self.prefix_tokens_reused,
             "tokens_per_s": self.emitted / decode_s if decode_s > 0 else 0.0,
         } | step_ms(self.step_s) | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
@@ -201,45 +210,74 @@ def token_marks(draft: Draft, n_accepted: int) -> list[str]:
 
 @dataclass
 class Running:
-    """A sequence in a slot: everything the step reads and writes for it."""
+    """A sequence in a slot: everything the step reads and writes for it.
+
+    A sequence first prefills `history` (its prompt; a preempted one resumed: prompt + tokens[:-1]) a chunk per
+    step, as rows of the verify pass, while state.pos < len(history); then it decodes."""
     seq: SeqResult
     state: object  # its ModelState (KV in the engine's pool, if it has one)
     rng: np.random.Generator
     max_new: int
     stats: SpecStats
-    reserved: int  # pool blocks held back for its longest run
     t_join: float
     pending: int = -1  # the next token, chosen, not yet fed
+    history: list[int] = field(default_factory=list)  # what its prefill feeds
+    hidden_rows: list = field(default_factory=list)  # the prefill's hidden rows so far (the drafter starts from them)
+    save_at: list[int] = field(default_factory=list)  # token counts where the prefix cache keeps its GDN state
+    order: int = 0  # admission order: the newest is preempted first
+
+    @property
+    def prefilling(self) -> bool:
+        return self.state.pos < len(self.history)
 
 
 class Engine:
     """Up to `slots` sequences decoding together, one step() at a time.
 
-    add(seq, max_new, rng) queues a sequence; step() admits waiting ones into free slots (each prefilled by
-    its own pass), then makes one verify pass for every running sequence (the module docstring's steps);
-    `active` maps slot -> Running, the state a test or a notebook may look at between steps.
+    add(seq, max_new, rng) queues a sequence; step() admits waiting ones into free slots, then makes ONE pass
+    for every running sequence: each decoding one's verify rows (the module docstring's steps) and each
+    joining one's next prefill chunk (rows like any others: a T-token chunk computes the bits T one-token
+    steps would). `active` maps slot -> Running, the state a test or a notebook may look at between steps.
     drafter: None (plain decoding) or the first slot's Drafter (the others get drafter.another());
     policy: a DraftPolicy (its k_max sizes the rings); pool: a paged.BlockPool the sequences' KV lives in
     (None: each its own cache; a sequence is then admitted at once). on_emit(seq, tokens, marks): each step's
-    run as it is decided; on_finish(seq): as each sequence ends."""
+    run as it is decided; on_finish(seq): as each sequence ends.
+
+    chunk: prefill rows a pass takes at most, shared by the joining sequences in admission order (None: each
+    joining prompt whole, in the pass that follows its admission). A running sequence then waits at most
+    `chunk` extra rows per step for a joining prompt, and a long prompt takes several steps to join.
+    With a pool, a sequence is admitted while the pool's available blocks hold the next step's rows of every
+    running sequence and its own first chunk; when a step's rows would not fit (sequences grew), the newest
+    sequence is preempted: its blocks go back, its tokens and random stream are kept, and it is resumed first,
+    by prefilling prompt + tokens[:-1] again (pending: its last token; its drafter restarted on that history).
+    prefix_cache: a prefix_cache.PrefixCache over the pool: a joining sequence starts from the deepest saved
+    state whose blocks are cached, and its prefill saves states where the cache chooses (prefix_cache.py)."""
 
     def __init__(self, model: Model, slots: int = 1, drafter: Drafter | None = None, policy: DraftPolicy | None = None,
                  params: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (), pool=None,
                  on_emit: Callable[[SeqResult, list[int], list[str]], None] | None = None,
-                 on_finish: Callable[[SeqResult], None] | None = None):
+                 on_finish: Callable[[SeqResult], None] | None = None, chunk: int | None = None,
+                 prefix_cache: PrefixCache | None = None):
         if not isinstance(slots, (int, np.integer)) or slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        if chunk is not None and (not isinstance(chunk, (int, np.integer)) or chunk < 1):
+            raise ValueError(f"chunk (prefill rows per pass) must be at least 1, got {chunk}")
+        if prefix_cache is not None and prefix_cache.pool is not pool:
+            raise ValueError("the prefix cache must be over the engine's KV pool")
         self.model, self.slots, self.params, self.pool = model, int(slots), params, pool
+        self.chunk, self.prefix_cache = chunk, prefix_cache
         self.on_emit, self.on_finish = on_emit, on_finish
         self.drafters = None if drafter is None else [drafter] + [drafter.another() for _ in range(self.slots - 1)]
         self.policy = policy or policy_for(0 if drafter is None else None, None)
         self.k_max, self.stops = self.policy.k_max, {int(t) for t in stop_ids}
         self.rings = [model.new_ring(self.k_max + 1) for _ in range(self.slots)]  # per slot, allocated once
         self.waiting: deque[tuple[SeqResult, int, np.random.Generator]] = deque()
+        self.preempted: deque[Running] = deque()  # resumed before anything waiting, oldest first
         self.active: dict[int, Running] = {}
         self.finished: list[Running] = []
-        self.reserved = 0  # pool blocks promised to the running sequences' longest runs
-        self.steps = self.rows = self.emitted = 0
+        self.admitted = 0  # sequences admitted so far (Running.order)
+        self.steps = self.rows = self.emitted = 0  # passes with decoding rows, those rows, tokens emitted
+        self.passes = self.prefill_rows = self.preemptions = 0  # every pass, its prefill rows, preemptions
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
@@ -261,7 +299,7 @@ class Engine:
             self.waiting.append((seq, max_new, rng))
 
     def done(self) -> bool:
-        return not self.waiting and not self.active
+        return not self.waiting and not self.preempted and not self.active
 
     def cancel(self, seq: SeqResult) -> bool:
         """Stop a sequence between steps (a client gone, a stop string met): a waiting one leaves the queue, a
@@ -271,6 +309,10 @@ class Engine:
             if entry[0] is seq:
                 self.waiting.remove(entry)
                 return True
+        for s in self.preempted:
+            if s.seq is seq:  # its blocks went back when it was preempted
+                self.preempted.remove(s)
+                return True
         for b, s in self.active.items():
             if s.seq is seq:
                 self._finish(b)
@@ -278,31 +320,54 @@ class Engine:
         return False
 
     def step(self) -> None:
-        """Admit waiting sequences, then one step for every running one: the five steps, all sequences at once."""
+        """Admit waiting sequences, then one pass for every running one: the five steps for the decoding ones, a
+        prefill chunk for the joining ones, all rows in one forward_batch."""
         self.clock.begin()
         self._join()
+        chunks = self._make_room()  # slot -> prefill rows this step
         if not self.active:
             return
-        slots = sorted(self.active)  # the order of their rows in the pass
-        seqs, clock = [self.active[b] for b in slots], self.clock
+        decoding = [b for b in sorted(self.active) if not self.active[b].prefilling]  # their rows come first
+        seqs, clock = [self.active[b] for b in decoding], self.clock
+        joining = [b for b in sorted(chunks)]
         # all greedy: logits, hidden rows and greedy drafts stay where the model computes (module docstring); greedy
         # and sampled mixed: the logits come to the host for every rule, and each sequence's hidden rows stay where
         # its solo run keeps them (greedy: where the model computes; sampled: the host), for its drafter
-        params = [s.seq.params for s in seqs]
+        params = [s.seq.params for s in seqs] + [self.active[b].seq.params for b in joining]
         on_device = not any_sampled(params)
         mixed = not on_device and any(p.greedy for p in params)
         # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
-        drafts = self._draft(slots, seqs, self._plan(seqs), on_device)
+        drafts = self._draft(decoding, seqs, self._plan(seqs, sum(chunks.values())), on_device) if seqs else []
         draft_s = clock.lap("draft")
-        # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k]; its ring receives its states
+        # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k] and every joining chunk;
+        # a decoding sequence's ring receives its states
         fed = [self._fed(s.pending, d) for s, d in zip(seqs, drafts)]
-        rings = [self.rings[b] if d.n else None for b, d in zip(slots, drafts)]
-        logits, hidden, bounds = self.model.forward_batch(fed, [s.state for s in seqs], rings,
-                                                          to_host=not on_device and not mixed)
+        fed += [self.active[b].history[self.active[b].state.pos :][: chunks[b]] for b in joining]
+        rings = [self.rings[b] if d.n else None for b, d in zip(decoding, drafts)] + [None] * len(joining)
+        states = [s.state for s in seqs] + [self.active[b].state for b in joining]
+        logits, hidden, bounds = self.model.forward_batch(fed, states, rings, to_host=not on_device and not mixed)
         logits = self.model.to_host(logits) if mixed else logits
-        verify_s = clock.lap("verify")
+        verify_s = clock.lap("verify" if seqs else "prefill")
+        runs = self._decode(decoding, seqs, drafts, logits, hidden, bounds[: len(seqs) + 1], on_device, mixed) \
+            if seqs else []
+        for b, lo, hi in zip(joining, bounds[len(seqs) : -1], bounds[len(seqs) + 1 :]):
+            self._prefilled_chunk(b, logits, hidden, lo, hi, mixed)
+        clock.lap("prefill")
+        self.passes, self.prefill_rows = self.passes + 1, self.prefill_rows + int(sum(chunks.values()))
+        if seqs:  # a step: a pass with decoding rows (steps and rows count those, as before chunked prefill)
+            self.steps, self.rows = self.steps + 1, self.rows + int(bounds[len(seqs)])
+        for s in seqs:
+            s.stats.step_s.append(clock.since_begin())
+        if seqs:
+            self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(bounds[-1]))
+
+    def _decode(self, slots: list[int], seqs: list[Running], drafts: list[Draft], logits, hidden,
+                bounds, on_device: bool, mixed: bool) -> list[tuple[int, int, Draft]]:
+        """Steps 3-5 for the decoding sequences, whose rows are logits[:bounds[-1]]; returns accept's runs."""
+        clock = self.clock
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
-        runs = accept(logits, bounds, drafts, params, [s.rng for s in seqs], self.model.kernels, on_device)
+        runs = accept(logits, bounds, drafts, [s.seq.params for s in seqs], [s.rng for s in seqs], self.model.kernels,
+                      on_device)
         clock.lap("accept")
         for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
             fed_b = [s.pending] + draft.tokens
@@ -324,15 +389,16 @@ class Engine:
             self.emitted += n_keep
             self._emit(b, s, run, token_marks(draft, n_accepted)[:n_keep])
             clock.lap("accept")
-        self.steps, self.rows = self.steps + 1, self.rows + int(bounds[-1])
-        for s in seqs:
-            s.stats.step_s.append(clock.since_begin())
-        self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(bounds[-1]))
+        return runs
 
-    def _plan(self, seqs: list[Running]) -> list:
-        """The policy's Plan per sequence, checked before anything is drafted: k_b within the room max_new leaves."""
-        rooms = [min(self.k_max, s.max_new - len(s.seq.tokens) - 1) for s in seqs]
-        plans = self.policy.plan(rooms)
+    def _room(self, s: Running) -> int:
+        return min(self.k_max, s.max_new - len(s.seq.tokens) - 1)
+
+    def _plan(self, seqs: list[Running], prefill_rows: int) -> list:
+        """The policy's Plan per sequence, checked before anything is drafted: k_b within the room max_new leaves
+        (prefill_rows: the joining chunks' rows in the same pass, which the policy may count in its cost)."""
+        rooms = [self._room(s) for s in seqs]
+        plans = self.policy.plan(rooms, prefill_rows)
         if len(plans) != len(rooms) or any(not 0 <= p.k <= room for p, room in zip(plans, rooms)):
             raise ValueError(f"the policy planned k = {[p.k for p in plans]} for sequences whose rooms are {rooms}")
         return plans
@@ -355,33 +421,123 @@ class Engine:
         to_device = self.model.to_device
         return np.concatenate([to_device(np.array([pending])), to_device(draft.ids)])  # embed_rows: unchecked
 
+    # ---------------------------------------------------------------- admission, prefill, preemption
     def _join(self) -> None:
-        """Free slots take waiting sequences, in order; with a pool, while it can hold their longest runs."""
-        pool, model = self.pool, self.model
+        """Free slots take preempted sequences (oldest first), then waiting ones in order; with a pool, while its
+        available blocks hold the running sequences' next step and the newcomer's first chunk."""
+        pool = self.pool
         for b in range(self.slots):
-            while b not in self.active and self.waiting:
-                seq, max_new, rng = self.waiting[0]
-                need = 0 if pool is None else pool.blocks_for(len(seq.prompt_tokens) + max_new + self.k_max + 1)
-                if pool is not None and need > pool.n_blocks:  # could never fit: reported, the others go on
+            while b not in self.active and (self.preempted or self.waiting):
+                if self.preempted:
+                    s = self.preempted[0]
+                else:
+                    seq, max_new, rng = self.waiting[0]
+                    longest = len(seq.prompt_tokens) + max_new + self.k_max + 1
+                    if pool is not None and pool.blocks_for(longest) > pool.n_blocks:  # could never fit: reported
+                        self.waiting.popleft()
+                        seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
+                        continue
+                    s = Running(seq, None, rng, max_new, SpecStats(self.k_max), time.perf_counter(),
+                                history=list(seq.prompt_tokens))
+                if not self._admit(b, s):
+                    return  # wait for running sequences to give blocks back
+                if self.preempted and self.preempted[0] is s:
+                    self.preempted.popleft()
+                else:
                     self.waiting.popleft()
-                    seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
-                    continue
-                if pool is not None and self.reserved + need > pool.n_blocks:
-                    return  # wait for a running sequence to give its blocks back
-                self.waiting.popleft()
-                t_join, state = time.perf_counter(), model.new_state(pool)
-                logits, hidden = model.forward(np.array(seq.prompt_tokens), state, to_host=not seq.params.greedy)
-                self.reserved += need
-                s = self.active[b] = Running(seq, state, rng, max_new, SpecStats(self.k_max), need, t_join)
-                if self.drafters is not None:
-                    self.drafters[b].start(seq.prompt_tokens, hidden, self.k_max)
-                if max_new == 0:
-                    self.clock.lap("prefill")
-                    self._finish(b)
-                    continue
-                first = pick(logits[-1], seq.params, rng)  # the first token: the prefill's own
-                self.clock.lap("prefill")
-                self._emit(b, s, [first], ["target"])
+
+    def _admit(self, b: int, s: Running) -> bool:
+        """Give s slot b and a fresh state (from the prefix cache's deepest saved state, if any), if the pool holds
+        it; False (nothing changed) if not."""
+        pool, cache, model = self.pool, self.prefix_cache, self.model
+        if s.seq.tokens:  # a preempted sequence: its history is everything committed; the last token is pending
+            s.history, s.pending = s.seq.prompt_tokens + s.seq.tokens[:-1], s.seq.tokens[-1]
+        match = None
+        if cache is not None:
+            match = cache.lookup(s.history, (len(s.history) - 1) // pool.block_size)
+        if pool is not None:
+            start = 0 if match is None else len(match.blocks) * pool.block_size
+            first = min(len(s.history) - start, self.chunk or len(s.history))
+            idle_adopted = 0 if match is None else sum(pool.refs[blk] == 0 for blk in match.blocks)
+            if self._blocks_needed(self._chunks()) + pool.blocks_for(start + first) - start // pool.block_size > \
+                    pool.available - idle_adopted:
+                return False
+        s.state, s.hidden_rows, s.save_at, s.order = model.new_state(pool), [], [], self.admitted
+        self.admitted += 1
+        if match is not None:
+            cache.start(s.state, match)
+            if match.entry is not None and self.drafters is not None:
+                s.hidden_rows = list(match.hidden)
+            if match.entry is not None:
+                s.stats.prefix_tokens_reused += s.state.pos
+            s.save_at = cache.save_points(len(s.history), len(match.blocks), match.matched)
+        self.active[b] = s
+        return True
+
+    def _chunks(self) -> dict[int, int]:
+        """Prefill rows this step per joining slot: the chunk budget shared in admission order, each chunk ending
+        at the sequence's next save point (the prefix cache keeps a state only where a pass ends)."""
+        budget, out = self.chunk if self.chunk is not None else float("inf"), {}
+        for b, s in sorted(self.active.items(), key=lambda item: item[1].order):
+            if s.prefilling and budget:
+                end = min([p for p in s.save_at if p > s.state.pos] + [len(s.history)])
+                out[b] = min(end - s.state.pos, budget)
+                budget -= out[b]
+        return out
+
+    def _blocks_needed(self, chunks: dict[int, int]) -> int:
+        """New pool blocks this step's rows take at most: a chunk's, or a decoding sequence's k + 1 at the most."""
+        if self.pool is None:
+            return 0
+        need = 0
+        for b, s in self.active.items():
+            rows = chunks.get(b, 0) if s.prefilling else self._room(s) + 1
+            need += max(0, self.pool.blocks_for(s.state.pos + rows) - len(s.state.table.blocks))
+        return need
+
+    def _make_room(self) -> dict[int, int]:
+        """This step's chunks, after preempting the newest sequences while the step's rows would not fit the pool."""
+        chunks = self._chunks()
+        while self.pool is not None and self.active and self._blocks_needed(chunks) > self.pool.available:
+            b = max(self.active, key=lambda slot: self.active[slot].order)
+            self._preempt(b)
+            chunks = self._chunks()
+        return chunks
+
+    def _preempt(self, b: int) -> None:
+        """Give slot b's blocks back; keep its tokens, stats and random stream; resume it before anything waiting."""
+        s = self.active.pop(b)
+        s.state.release()
+        s.state, s.hidden_rows, s.save_at = None, [], []
+        s.stats.preemptions += 1
+        self.preemptions += 1
+        self.preempted.appendleft(s)  # preempted newest first: the older ones end up in front
+
+    def _prefilled_chunk(self, b: int, logits, hidden, lo: int, hi: int, mixed: bool) -> None:
+        """A joining sequence's chunk went through the pass (rows lo .. hi-1): keep its hidden rows, save its state
+        where chosen, and when its history is all fed, start its drafter and pick its first token."""
+        s, cache = self.active[b], self.prefix_cache
+        if self.drafters is not None:  # (only a drafter reads them, so only then does the prefix cache keep them)
+            rows = hidden[lo:hi]
+            s.hidden_rows.append(self.model.to_host(rows) if mixed and not s.seq.params.greedy else rows)
+        pos = s.state.pos
+        if cache is not None and (pos in s.save_at or pos == len(s.history)):
+            rows = np.concatenate(s.hidden_rows) if s.hidden_rows else None
+            cache.register(s.history, s.state.table.blocks, pos // self.pool.block_size, rows)
+            if pos in s.save_at:
+                cache.save_state(s.history, pos // self.pool.block_size, s.state)
+        if s.prefilling:
+            return
+        if self.drafters is not None:
+            self.drafters[b].start(s.history, np.concatenate(s.hidden_rows), self.k_max)
+        s.hidden_rows = []
+        if s.seq.tokens:  # a resumed sequence: its pending token was chosen before it was preempted
+            return
+        if s.max_new == 0:
+            self._finish(b)
+            return
+        first = pick(logits[hi - 1], s.seq.params, s.rng)  # the first token: the prefill's own
+        self._emit(b, s, [first], ["target"])
 
     def _emit(self, b: int, s: Running, run: list[int], marks: list[str]) -> None:
         """Step 5: the run joins the output; its last token is the next pending one. A stop or max_new ends it."""
@@ -397,7 +553,6 @@ class Engine:
         s = self.active.pop(b)
         if self.pool is not None:
             s.state.release()  # every KV block back to the pool
-        self.reserved -= s.reserved
         s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
         s.seq.stats = {k: v for k, v in s.stats.as_dict().items() if k != "phase_ms"}  # phases: the engine's
         self.finished.append(s)

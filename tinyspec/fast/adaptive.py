@@ -287,9 +287,10 @@ class AdaptiveDraftLength:
             options["cost_curve"] = step_cost_curve(model, k_max, options.get("cost_prior", cls.cost_prior))
         return cls(k_max, by_confidence=drafter.stops_by_confidence, **options)
 
-    def plan(self, rooms: list[int]) -> list[Plan]:
+    def plan(self, rooms: list[int], prefill_rows: int = 0) -> list[Plan]:
         """choose()'s k, with keep_drafting as the stop rule when drafting by confidence, and the floor. A policy
-        for one sequence: its one choice serves every sequence there is (each within its own room)."""
+        for one sequence: its one choice serves every sequence there is (each within its own room); the rows
+        of joining prompts are not priced (batch_draft_length.py prices them)."""
         k = self.choose(max(rooms))
         stop = StopRule(self.keep_drafting if self.by_confidence else None, self.floor)
         return [Plan(min(k, room), stop) for room in rooms]

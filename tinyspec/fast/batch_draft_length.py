@@ -9,7 +9,10 @@ throughput under load", docs/peers.md section 4). So the policy prices a whole s
 
     tokens(k)  = B E(k)                     E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j (adaptive.py), a_j pooled
                                             over every slot's drafts (the slots share a drafter)
-    seconds(k) = verify(B (k + 1)) + draft(k)
+    seconds(k) = verify(B (k + 1) + C) + draft(k)     C: the rows of joining prompts' prefill chunks in the same
+                                            pass (chunked prefill, speculate.Engine): they cost the pass whatever k
+                                            is, so next to a long chunk the drafts' extra rows cost relatively
+                                            little and drafting pays where alone it would not
     verify(R)  = v0 + v1 R                  a line fitted to every timed pass (R rows, its seconds), older
                                             passes weighing less: a pass reads the weights (v0) and does per-row
                                             work (v1); on a memory-bound pass v1 R << v0, on a busy one it is not
@@ -79,20 +82,22 @@ class BatchDraftLength:
         v1 = max(v1, 0.0)  # a pass of more rows never costs less
         return (ws - v1 * wr) / w, v1
 
-    def rates(self, n_slots: int) -> list[float] | None:
-        """Expected tokens per second for k = 0 .. k_max at n_slots active slots (None: not timed yet)."""
+    def rates(self, n_slots: int, prefill_rows: int = 0) -> list[float] | None:
+        """Expected tokens per second for k = 0 .. k_max at n_slots decoding slots and prefill_rows rows of joining
+        prompts in the same pass (None: not timed yet)."""
         line = self.verify_line()
         if line is None:
             return None
         v0, v1 = line
         d = self.draft_per_depth or 0.0
         e = _expected(self.acceptance())
-        return [n_slots * e[k] / max(v0 + v1 * n_slots * (k + 1) + d * k, 1e-9) for k in range(self.k_max + 1)]
+        return [n_slots * e[k] / max(v0 + v1 * (n_slots * (k + 1) + prefill_rows) + d * k, 1e-9)
+                for k in range(self.k_max + 1)]
 
-    def choose(self, n_slots: int) -> tuple[int, bool]:
+    def choose(self, n_slots: int, prefill_rows: int = 0) -> tuple[int, bool]:
         """(k for every slot, whether this step is a probe)."""
         self.steps += 1
-        rates = self.rates(n_slots)
+        rates = self.rates(n_slots, prefill_rows)
         if rates is None:  # the line needs two row counts: plain steps (the first pays warm-up), then one draft,
             return (self.steps % 2 if self.steps >= 3 else 0), False  # alternating until a draft is made
         best = max(range(1, self.k_max + 1), key=lambda k: rates[k])
@@ -106,8 +111,8 @@ class BatchDraftLength:
         return (0 if best else 1), True
 
     # ---------------------------------------------------------------- the DraftPolicy protocol (drafting.py)
-    def plan(self, rooms: list[int]) -> list[Plan]:
-        k, probe = self.choose(len(rooms))
+    def plan(self, rooms: list[int], prefill_rows: int = 0) -> list[Plan]:
+        k, probe = self.choose(len(rooms), prefill_rows)
         self.chosen[k] = self.chosen.get(k, 0) + 1
         if probe and k:  # a drafting probe while the batch decodes plainly: one slot drafts one token, in turn
             self.probes += 1
