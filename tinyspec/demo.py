@@ -100,6 +100,9 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
             "decode_ms": 1000 * decode_s / tokens if drafter is None and tokens else None}  # a one-token step
 
 
+SLOTS = 3  # the batch section's slots
+
+
 def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     def say(line: str = "") -> None:
         print(line, file=out, flush=True)
@@ -125,6 +128,10 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     stop_ids = tok.eog_ids
     generate(target, prompts[0][:4], 2)  # compile the backend's kernels before timing (Numba caches them on disk)
     generate(draft, prompts[0][:4], 2)
+    # and the batch path's: the cpu backend's ragged conv and scan take a tuple of B states, so Numba compiles them
+    # once for every B up to SLOTS (cached on disk after); on a cold cache the batch section would time that
+    for b in range(1, SLOTS + 1):
+        batch_generate(target, [p[:3] for p in prompts[:b]], 1, slots=b)
     say(f"  backend {backend}; loaded and warmed up in {time.perf_counter() - t0:.1f} s; "
         f"{len(prompts)} prompts x {max_new} new tokens, greedy")
     say()
@@ -188,7 +195,7 @@ def gutter(text: str) -> str:
 def many_sequences(target, prompts, max_new: int, stop_ids, plain: list[list[int]], base: float, say) -> bool:
     """The same prompts decoded SLOTS at a time (batch.py: one verify pass a step for every slot), plain and with
     MTP drafting; says the aggregate tok/s and whether every sequence got its plain tokens."""
-    slots, rows = 3, {}
+    slots, rows = SLOTS, {}
     say(f"Many sequences at once ({slots} slots: one verify pass a step for all of them, `python -m tinyspec batch`):")
     ok = True
     for name, drafter, k in (("plain", None, None), ("mtp", build_drafter("mtp", target), 3)):
