@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_batch import one_numba_thread  # noqa: F401  (autouse: the cpu kernels on one thread, as there)
 import tinyspec
 from tinyspec.backends import load_model, numba_available
 from tinyspec.batch import Batch
@@ -66,20 +67,6 @@ def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", **kw) -> B
 
     policy = FixedDraftLength(0 if kind == "none" else k)
     return Batch(target, slots, n_blocks=64, block_size=4, drafter=drafter_for(kind, backend), policy=policy, **kw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    """The cpu backend's kernels on the calling thread only (as tests/test_batch.py: bits do not depend on it)."""
-    if not numba_available():
-        yield
-        return
-    import numba
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
