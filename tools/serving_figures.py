@@ -27,6 +27,17 @@ from tinyspec.speculate import SeqResult
 MODEL = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
 
 
+def timed_run(model, prompts, max_new: int, slots: int, base: list | None, what: str, **options):
+    """batch_generate with MTP (k = 2), timed: (its tokens, which become `base` if none yet, its stats, seconds).
+    Its tokens must equal base's: `what` (the option under test) changed no output."""
+    t0 = time.perf_counter()
+    result = batch_generate(model, prompts, max_new, slots=slots, drafter=MTPDrafter(model), draft_n=2, **options)
+    wall = time.perf_counter() - t0
+    tokens = [s.tokens for s in result.sequences]
+    assert base is None or tokens == base, f"{what} changed an output"
+    return base or tokens, result.stats, wall
+
+
 def prefix_cache(model, n_prefix: int, n_prompts: int) -> None:
     rng = np.random.default_rng(0)
     shared = [int(t) for t in rng.integers(10, 8000, n_prefix)]
@@ -40,13 +51,7 @@ def prefix_cache(model, n_prefix: int, n_prompts: int) -> None:
     base = None
     for label, options in (("off", {}), ("on", {"prefix_cache": True}),
                            ("on, every 4 blocks", {"prefix_cache": True, "state_every": 4})):
-        t0 = time.perf_counter()
-        result = batch_generate(model, prompts, 8, slots=2, drafter=MTPDrafter(model), draft_n=2, **options)
-        wall = time.perf_counter() - t0
-        tokens = [s.tokens for s in result.sequences]
-        base = base or tokens
-        assert tokens == base, "the prefix cache changed an output"
-        s = result.stats
+        base, s, wall = timed_run(model, prompts, 8, 2, base, "the prefix cache", **options)
         print(f"   cache {label:19s} prefill rows {s['prefill_rows']:6d}  wall {wall:6.2f} s  "
               f"states kept {s.get('prefix_states_kept', 0)} ({s.get('prefix_state_bytes', 0) / 1e6:.2f} MB), "
               f"hits {s.get('prefix_hits', 0)}, tokens reused {s.get('prefix_tokens_reused', 0)}")
@@ -88,14 +93,7 @@ def preemption(model) -> None:
     print(f"3. preemption: 8 prompts of 40 tokens, 48 new each, 4 slots, MTP k = 2; one run needs {longest} blocks")
     base = None
     for n_blocks, cache in ((4 * longest, False), (longest + longest // 2, False), (longest + longest // 2, True)):
-        t0 = time.perf_counter()
-        result = batch_generate(model, prompts, 48, slots=4, drafter=MTPDrafter(model), draft_n=2, n_blocks=n_blocks,
-                                prefix_cache=cache)
-        wall = time.perf_counter() - t0
-        tokens = [s.tokens for s in result.sequences]
-        base = base or tokens
-        assert tokens == base, "preemption changed an output"
-        s = result.stats
+        base, s, wall = timed_run(model, prompts, 48, 4, base, "preemption", n_blocks=n_blocks, prefix_cache=cache)
         print(f"   {n_blocks:3d} blocks, prefix cache {'on ' if cache else 'off'}: {s['preemptions']:3d} preemptions, "
               f"prefill rows {s['prefill_rows']:5d}, wall {wall:6.2f} s, KV peak {s['kv_blocks_peak']} blocks")
 
