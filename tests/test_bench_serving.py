@@ -64,12 +64,17 @@ def test_the_report_has_every_configuration_the_goals_and_checks(backend):
     assert set(report["configs"]) == set(CONFIGS) and report["setup"]["rounds"] == 2
     for name, c in report["configs"].items():
         assert set(c) >= {"ttft_ms", "ttft_ms_median_range", "ttft_steps", "ttft_rows", "tok_s", "tok_s_range",
-                          "prefill_rows", "full_prefills", "wait_rows_max", "step_ms", "memory_peak", "kv_blocks_peak"}
+                          "prefill_rows", "full_prefills", "wait_rows_max", "running_pass_rows_max", "step_ms",
+                          "memory_peak", "kv_blocks_peak", "saved_state_bytes_peak"}
         assert set(c["ttft_ms"]) == {"median", "p90", "min", "max"} and c["ttft_ms"]["min"] <= c["ttft_ms"]["p90"]
         assert c["ttft_steps"]["min"] >= 1 and c["tok_s"] > 0
         m = c["memory_peak"]
         assert m["total"] == m["kv"] + m["saved_states"] + m["slot_states"] + m["logits"] > 0
-        assert "cache" in name or m["saved_states"] == 0
+        assert "cache" in name or m["saved_states"] == c["saved_state_bytes_peak"] == 0
+        assert c["running_pass_rows_max"] >= c["wait_rows_max"]
+    assert report["configs"]["cache+chunk"]["saved_state_bytes_peak"] > 0
+    assert report["configs"]["chunk"]["step_ms"]["full_chunk_pass_median"] > 0  # the first prompt's chunks of 4
+    assert report["configs"]["baseline"]["step_ms"]["full_chunk_pass_median"] is None
     assert report["configs"]["cache+chunk"]["wait_rows_max"] <= SMALL.chunk
     goals = report["goals"]
     assert set(goals) == {"prefill_rows", "ttft", "running_slot_delay"}
