@@ -896,12 +896,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("bench", help="measure decode tok/s, the cost of verify passes of T = 1, 2, 4, 8 tokens "
-                                     "(k = T - 1 drafts), bandwidth and spec speedups",
+                                     "(k = T - 1 drafts), bandwidth and spec speedups; --serving: time to first token "
+                                     "and prefill rows with and without the prefix cache and chunked prefill",
                        description="Measure, in one run: decode tokens/s; the time of a verify pass of T = 2, 4, 8 "
                                    "tokens (k = T - 1 drafts) as a ratio to a one-token pass; weight bytes read per second during decode vs a memory-copy bandwidth; "
                                    "plain vs speculative greedy tokens/s with acceptance (mtp when the model has the "
                                    "head, lookup, and a synthetic drafter that proposes the true greedy continuation "
-                                   "with --synth-acceptance, for random-weight models made by `synth`).")
+                                   "with --synth-acceptance, for random-weight models made by `synth`). With "
+                                   "--serving, a serving scenario instead: requests sharing a prefix arrive over "
+                                   "time, with and without the prefix cache and chunked prefill (its flags below).")
     p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (default: --prompt-len random token ids)")
