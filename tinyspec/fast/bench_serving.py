@@ -55,6 +55,7 @@ CONFIGS = {"baseline": (False, False), "cache": (True, False), "chunk": (False, 
 
 @dataclass
 class Scenario:
+    """What bench --serving runs (the module docstring); the defaults are issue 36's scenario."""
     requests: int = 16
     prefix: int = 512  # shared tokens at the start of every prompt
     own: int = 16  # tokens of its own after the prefix
