@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_batch import BACKENDS, models, one_numba_thread, solo_greedy  # noqa: F401 (a fixture: one thread here too)
+from test_batch import BACKENDS, models, one_numba_thread, solo_greedy
 
 from tinyspec.batch import Batch, batch_generate
 from tinyspec.lookup import LookupDrafter
@@ -24,6 +24,8 @@ from tinyspec.mtp import MTPDrafter
 from tinyspec.paged import BlockPool, PagedKVCache
 from tinyspec.prefix_cache import PrefixCache
 from tinyspec.speculate import SeqResult
+
+pytestmark = pytest.mark.usefixtures(one_numba_thread.__name__)  # the cpu backend on one thread here too
 
 SYSTEM = [220, 11, 1, 4, 220, 11, 1, 4, 3, 5, 2, 9, 15, 7, 2, 11]  # a 16-token shared prefix ("system prompt")
 
