@@ -68,7 +68,7 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _scan_ragged(q, k, v, decay, beta, bounds, S0s, Ss, o, snaps, keep, stream):
-    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b (tuples of B arrays):
+    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b (tuples of >= B arrays, padded):
     # S0s[b] [HV, K, V] read, Ss[b] written (may be S0s[b]), snaps[b] [>= T_b, HV, K, V] if keep[b]; o [R, HV, V]
     R, HV, K = q.shape
     V = v.shape[2]
@@ -102,6 +102,15 @@ def _scan_ragged(q, k, v, decay, beta, bounds, S0s, Ss, o, snaps, keep, stream):
 
 
 _NO_SNAPS = np.empty((1, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+
+
+def padded(arrays) -> tuple:
+    """`arrays` as a tuple whose length is the next power of two, the tail repeating arrays[0]. A Numba tuple's
+    type carries its length, so B per-sequence arrays passed as a tuple of B compile one kernel per B (seconds
+    each, mid-run on a cold cache: docs/performance-log.md, 2026-11-27 afternoon); padded, B = 1..8 compile 4.
+    The kernels take B from `bounds` and never read the tail."""
+    n = len(arrays)
+    return tuple(arrays) + (arrays[0],) * ((1 << max(n - 1, 0).bit_length()) - n)
 
 
 def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
@@ -166,7 +175,7 @@ def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, 
             Ss[b][...] = S0s[b]
     o = np.empty((R, HV, V), np.float32)
     if R:
-        _scan_ragged(q, k, v, decay, beta, bounds, S0s, tuple(Ss), o, tuple(snaps), keep, stream)
+        _scan_ragged(q, k, v, decay, beta, bounds, padded(S0s), padded(Ss), o, padded(snaps), keep, stream)
     return o, Ss
 
 
@@ -209,7 +218,7 @@ def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, states_outs, keep):
-    # x [R, C], bounds [B+1], conv_states: B x [C, w-1] (a tuple), weight [C, w] -> y [R, C], new_states [B, C, w-1]
+    # x [R, C], bounds [B+1], conv_states: >= B x [C, w-1] (padded), weight [C, w] -> y [R, C], new_states [B, C, w-1]
     for b in range(bounds.shape[0] - 1):  # one thread: a sequence's conv is a few microseconds at the 0.8B shape
         lo, hi = bounds[b], bounds[b + 1]
         _causal_conv(x[lo:hi], conv_states[b], weight, y[lo:hi], new_states[b], states_outs[b], keep[b])
@@ -256,7 +265,8 @@ def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None):
     snaps = tuple(_NO_CONV_STATES if so is None else so for so in states_outs)
     y = np.empty((R, C), np.float32)
     new_states = np.empty((B, C, w - 1), np.float32)  # sequence b's new window is new_states[b]
-    _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, snaps, keep)
+    if B:
+        _causal_conv_ragged(x, bounds, padded(conv_states), weight, y, new_states, padded(snaps), keep)
     return y, list(new_states)
 
 
