@@ -53,12 +53,7 @@ def test_a_model_run_after_warm_compiles_nothing(tmp_path):
     assert json.loads(out.strip().splitlines()[-1]) == {}
 
 
-def test_warm_refuses_nonsense_and_says_when_warm(capsys):
-    for argv in (["--processes", "0"], ["--max-batch", "0"]):
-        with pytest.raises(SystemExit) as exc:
-            warm.main(argv)
-        assert exc.value.code == 2
-    assert "at least 1" in capsys.readouterr().err
-    assert [job[1][0].__name__ for job in warm.jobs(8) if "GDN" in job[0]] == ["_gdn"] * 4  # buckets 1, 2, 4, 8
-    assert [job[1][1] for job in warm.jobs(5) if "GDN" in job[0]] == [1, 2, 4, 8]
-    assert [job[1][1] for job in warm.jobs(1) if "GDN" in job[0]] == [1]
+def test_warm_refuses_nonsense(capsys):
+    with pytest.raises(SystemExit) as exc:
+        warm.main(["--processes", "0"])
+    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err

@@ -2,18 +2,17 @@
 
 On a cold cache (a fresh install, or after an edit of the kernels' sources: fast/kernel_cache.py) each kernel
 compiles on its first call, one after another on one core: the whole path of one decode step took minutes on
-this project's 2-core VM, and a batch of a new size compiled the ragged conv and scan again mid-run. Kernels
-compile independently, so `warm` compiles them in as many processes as there are cores, each writing Numba's
+this project's 2-core VM. Kernels compile independently, so `warm` compiles them in as many processes as there are cores, each writing Numba's
 on-disk cache; every process that later calls a kernel (this one, pytest's workers, a server) loads it from
 there in milliseconds.
 
-JOBS: one entry per kernel (and per batch-size bucket of the ragged GDN kernels, numba_gdn.padded), biggest
-first so the pool ends together. Each calls its kernel on tiny inputs of exactly the argument types the
-backend passes (C-contiguous float32 activations, read-only uint8 weight bytes, int64 ids), so what it compiles
-is what a model loads: a kernel's code does not depend on the values (the weight type is a runtime argument).
+jobs(): one entry per kernel, biggest first so the pool ends together. Each calls its kernel on tiny inputs of
+exactly the argument types the backend passes (C-contiguous float32 activations, read-only uint8 weight bytes,
+int64 ids), so what it compiles is what a model loads: a kernel's code does not depend on the values (the
+weight type is a runtime argument; the GDN kernels take any number of sequences: numba_gdn._f32_at).
 
     warm()                  # compile what is not compiled yet; returns the seconds spent (0.0 when warm)
-    python -m tinyspec.fast.warm [--processes N] [--max-batch B]
+    python -m tinyspec.fast.warm [--processes N]
 
 A stamp in the cache directory (the sources' digest, as kernel_cache keeps it) says the work is done, so a warm
 cache costs one file read.
@@ -71,14 +70,14 @@ def _get_rows() -> None:
     numba_ops.get_rows(np.zeros(GGMLType.Q8_0.row_nbytes(32), np.uint8), GGMLType.Q8_0, (1, 32), [0])
 
 
-def _gdn(B: int) -> None:
-    """The ragged scan and conv for B sequences (B a power of two: the bucket it compiles)."""
+def _gdn() -> None:
+    """The ragged scan and conv (one kernel each for any number of sequences: numba_gdn._f32_at)."""
     from . import numba_gdn
 
-    bounds = np.arange(B + 1)  # one row each: q, k [B, HV = 1, K = 16], v [B, 1, V = 16], decay, beta [B, 1]
-    q, g = np.zeros((B, 1, 16), np.float32), np.zeros((B, 1), np.float32)
-    numba_gdn.gdn_scan_ragged(q, q, q, g, g, bounds, [np.zeros((1, 16, 16), np.float32)] * B)
-    numba_gdn.causal_conv_ragged(np.zeros((B, 16), np.float32), bounds, [np.zeros((16, 3), np.float32)] * B,
+    bounds = np.arange(3)  # two sequences of one row: q, k [2, HV = 1, K = 16], v [2, 1, V = 16], decay, beta [2, 1]
+    q, g = np.zeros((2, 1, 16), np.float32), np.zeros((2, 1), np.float32)
+    numba_gdn.gdn_scan_ragged(q, q, q, g, g, bounds, [np.zeros((1, 16, 16), np.float32)] * 2)
+    numba_gdn.causal_conv_ragged(np.zeros((2, 16), np.float32), bounds, [np.zeros((16, 3), np.float32)] * 2,
                                  np.zeros((16, 4), np.float32))
 
 
@@ -89,18 +88,17 @@ def _attend() -> None:
     numba_attention.attend_paged_ragged(np.zeros((1, 1, 1, 16), np.float32), pool, pool, [[0]], [0], [0, 1], 0.25)
 
 
-def jobs(max_batch: int = 8) -> list[tuple[str, tuple]]:
-    """(label, (function, *args)) for every kernel, biggest first; the GDN buckets up to max_batch sequences."""
-    buckets = [1 << i for i in range(max(max_batch - 1, 0).bit_length() + 1)]
-    return ([("quant_linear_q8 (integer, threaded)", (_matmul, "integer", "Q4_K")),
-             ("quant_linear_q8 (integer, one thread)", (_matmul, "integer, one thread", "Q4_K")),
-             ("quant_linear (float, every type)", (_matmul, "float", "Q4_K")),
-             ("experts_linear (MoE)", (_experts,)),
-             ("get_rows (embeddings)", (_get_rows,)),
-             ("quant_linear_q8_0 (threaded)", (_matmul, "q8_0", "Q8_0")),
-             ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0")),
-             ("attention", (_attend,))]
-            + [(f"GDN scan and conv, {B} sequences", (_gdn, B)) for B in buckets])
+def jobs() -> list[tuple[str, tuple]]:
+    """(label, (function, *args)) for every kernel, biggest first."""
+    return [("quant_linear_q8 (integer, threaded)", (_matmul, "integer", "Q4_K")),
+            ("quant_linear_q8 (integer, one thread)", (_matmul, "integer, one thread", "Q4_K")),
+            ("quant_linear (float, every type)", (_matmul, "float", "Q4_K")),
+            ("experts_linear (MoE)", (_experts,)),
+            ("get_rows (embeddings)", (_get_rows,)),
+            ("GDN scan and conv", (_gdn,)),
+            ("quant_linear_q8_0 (threaded)", (_matmul, "q8_0", "Q8_0")),
+            ("attention", (_attend,)),
+            ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0"))]
 
 
 def _run(job: tuple) -> float:
@@ -118,28 +116,28 @@ def _stamp_path() -> Path | None:
         return None
 
 
-def _stamp_text(max_batch: int) -> str:
+def _stamp_text() -> str:
     from . import kernel_cache
 
-    return f"{kernel_cache.source_digest()} max_batch={max_batch}\n"
+    return f"{kernel_cache.source_digest()} {len(jobs())} kernels\n"
 
 
-def is_warm(max_batch: int = 8) -> bool:
+def is_warm() -> bool:
     """The cache holds every job's kernel for these sources (a stamp written by a finished `warm`)."""
     path = _stamp_path()
     try:
-        return path is not None and path.read_text() == _stamp_text(max_batch)
+        return path is not None and path.read_text() == _stamp_text()
     except OSError:
         return False
 
 
-def warm(processes: int | None = None, max_batch: int = 8, say=None) -> float:
-    """Compile every kernel of jobs(max_batch) not yet compiled, in `processes` processes (default: the cores this
+def warm(processes: int | None = None, say=None) -> float:
+    """Compile every kernel of jobs() not yet compiled, in `processes` processes (default: the cores this
     process may use); returns the seconds it took, 0.0 when the cache was already warm. say(line): progress."""
-    if is_warm(max_batch):  # (its import of numba_ops ran kernel_cache.sync: stale kernels are gone before the
+    if is_warm():  # (its import of numba_ops ran kernel_cache.sync: stale kernels are gone before the
         return 0.0          # workers compile, so none of them deletes what another has just written)
 
-    todo = jobs(max_batch)
+    todo = jobs()
     n = max(1, min(processes or len(os.sched_getaffinity(0)), len(todo)))
     if say:
         say(f"compiling the cpu backend's {len(todo)} Numba kernels in {n} processes (once; cached on disk after)")
@@ -151,7 +149,7 @@ def warm(processes: int | None = None, max_batch: int = 8, say=None) -> float:
                 say(f"  {label}: {seconds:.1f} s")
     if (path := _stamp_path()) is not None:
         try:
-            path.write_text(_stamp_text(max_batch))
+            path.write_text(_stamp_text())
         except OSError:  # a read-only install: the kernels compile (in memory) on first use, as without warm
             pass
     return time.perf_counter() - t0
@@ -163,12 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                                             "Numba's on-disk cache (what the first run would otherwise do, "
                                             "one kernel after another).")
     p.add_argument("--processes", type=int, default=None, help="compiling processes (default: the usable cores)")
-    p.add_argument("--max-batch", type=int, default=8, help="compile the GDN kernels for batches up to this many "
-                                                            "sequences (default 8)")
     args = p.parse_args(argv)
-    if args.processes is not None and args.processes < 1 or args.max_batch < 1:
-        p.error("--processes and --max-batch must be at least 1")
-    seconds = warm(args.processes, args.max_batch, say=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.processes is not None and args.processes < 1:
+        p.error("--processes must be at least 1")
+    seconds = warm(args.processes, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"warm in {seconds:.1f} s" if seconds else "already warm")
     return 0
 
