@@ -23,7 +23,7 @@ from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
-from tinyspec.drafting import Draft, FixedDraftLength, Plan, Proposing, StopRule, no_passes
+from tinyspec.drafting import Draft, FixedDraftLength, KeepsNoKV, Plan, Proposing, StopRule, no_passes
 from tinyspec.speculate import speculative_generate
 
 N_VOCAB = 272
@@ -63,7 +63,7 @@ def draft_model(tmp_path_factory) -> Model:
     return Model.from_gguf(path)
 
 
-class RandomDrafter(Proposing):
+class RandomDrafter(Proposing, KeepsNoKV):
     """Adversarial: proposes random tokens, so nearly every draft is rejected."""
 
     stops_by_confidence = False
@@ -71,7 +71,7 @@ class RandomDrafter(Proposing):
     def __init__(self, seed: int):
         self.seed, self.rng = seed, np.random.default_rng(seed)
 
-    def start(self, prompt, hidden, k_max):
+    def start(self, prompt, hidden, k_max, resume=None):
         pass
 
     def drafting(self, pending, k, params, rng, stop=None, on_device=False):
@@ -80,14 +80,14 @@ class RandomDrafter(Proposing):
     def draft_pass(self, asks):
         return []
 
-    def another(self):
+    def another(self, pool=None):
         return RandomDrafter(self.seed + 1)
 
     def commit(self, fed, hidden):
         pass
 
 
-class OracleDrafter(Proposing):
+class OracleDrafter(Proposing, KeepsNoKV):
     """Proposes the true greedy continuation: every draft is accepted, k+1 tokens per step."""
 
     stops_by_confidence = False
@@ -95,7 +95,7 @@ class OracleDrafter(Proposing):
     def __init__(self, continuation: list[int]):
         self.continuation, self.i = continuation, 0  # i = index of the pending token in the output
 
-    def start(self, prompt, hidden, k_max):
+    def start(self, prompt, hidden, k_max, resume=None):
         self.i = 0
 
     def drafting(self, pending, k, params, rng, stop=None, on_device=False):
@@ -106,7 +106,7 @@ class OracleDrafter(Proposing):
     def draft_pass(self, asks):
         return []
 
-    def another(self):
+    def another(self, pool=None):
         return OracleDrafter(self.continuation)
 
     def commit(self, fed, hidden):
