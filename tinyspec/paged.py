@@ -80,7 +80,9 @@ class BlockPool:
             raise ValueError(f"a block pool needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
         self.n_blocks, self.block_size = int(n_blocks), int(block_size)
         attention = [i for i, r in enumerate(cfg.recurrent) if not r]
-        self.slabs = len(attention)  # S: a block is one slab of block_size positions per attention layer
+        # S: a block is one slab of block_size positions per attention layer; a trunk without one (a small test
+        # file's) still gets one slab a block, which its drafters' KV takes (view())
+        self.slabs = max(len(attention), 1)
         self.layout = (tuple(cfg.recurrent), cfg.n_head_kv, cfg.head_dim)  # the model whose tables are BlockTables
         shape = (self.slabs, self.n_blocks, self.block_size, cfg.n_head_kv, cfg.head_dim)
         self.k_slabs, self.v_slabs = xp.zeros(shape, np.float32), xp.zeros(shape, np.float32)
@@ -155,7 +157,7 @@ class BlockPool:
         if key not in self.views:
             _, H_kv, d = self.layout
             floats, row = self.block_size * H_kv * d, key[0] * key[1]
-            if not self.slabs or floats % row:
+            if floats % row:
                 raise ValueError(f"rows of {key[0]} x {key[1]} floats do not tile the pool's slabs of {self.block_size}"
                                  f" x {H_kv} x {d} floats ({self.slabs} a block): choose another block_size")
             P = floats // row
