@@ -237,6 +237,31 @@ def test_saved_states_are_capped_and_evicted_blocks_are_forgotten():
     assert cache.lookup(prompts[3], 2).entry is None and cache.stats()["prefix_blocks_cached"] <= 8
 
 
+def test_a_sequence_registers_again_after_the_first_copy_of_its_prefix_was_evicted():
+    """The bug: Batch(slots 3, 17 blocks of 4, chunk 8, prefix cache) over three prompts sharing a 14-token prefix
+    raised "block 7 is cached under other tokens" (notebook 09's preemption trace met it). A resumed sequence's
+    copy of a block hung under an entry pointing at another sequence's copy of the same tokens; that copy was
+    evicted, the sequence registered the block again from its own copy (a new entry id), and its next block,
+    still cached under the old parent's id, was taken for another path's. It is the same path: the entry is
+    found again under its new parent, and a lookup walks the sequence's own blocks."""
+    target, _ = models("numpy")
+    pool = BlockPool(target.cfg, 8, 2)
+    cache = PrefixCache(pool)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    first = [pool.take(), pool.take()]  # a sequence writes blocks 0-1 of the tokens and ends: idle, cached
+    cache.register(tokens, first, 2, None)
+    pool.give_back(first)
+    own = [pool.take() for _ in range(4)]  # another writes its own copy and two blocks more
+    cache.register(tokens, own, 3, None)  # blocks 0-1: the first copy's entries; block 2 under them
+    assert [pool.cached.get(b) is not None for b in own] == [False, False, True, False]
+    while first[1] in pool.cached:  # the pool needs blocks: the first copy's block 1 is evicted (block 0 is not)
+        pool.take()
+    cache.register(tokens, own, 4, None)  # raised here
+    match = cache.lookup(tokens + [9], 4)
+    assert match.matched == 4
+    assert [e.block for e in cache._walk(tokens, 4)] == [first[0]] + own[1:]
+
+
 # ------------------------------------------------------------------------------------------------ 4. preemption
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("prefix_cache", [False, True])

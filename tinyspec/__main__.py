@@ -12,7 +12,9 @@
     convert HF_DIR -o OUT.gguf [--outtype f16]      Hugging Face Qwen3.5 checkpoint -> qwen35 GGUF
     synth --shape 27b --quant q4_k_m -o OUT.gguf    random-weight qwen35 GGUF at a real Qwen3.5 shape (35b-a3b: MoE)
     bench --model FILE [--backend cpu] [--json]     decode tok/s, 1/2/4/8-token verify pass costs, bandwidth, speedups
-                                                    (--slots 1,2,4,8: also many sequences at once, plain vs MTP)
+                                                    (--slots 1,2,4,8: also many sequences at once, plain vs MTP;
+                                                    --serving: requests sharing a prefix arrive over time, with and
+                                                    without the prefix cache and chunked prefill)
     demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 
@@ -567,6 +569,16 @@ def cmd_bench(args) -> int:
     from .fast.bench import bench, report_text
     from .drafting import check_draft_length
 
+    shipped_model_default(args)
+    if args.serving:
+        return cmd_bench_serving(args)
+    given = [flag for flag, value in (("--requests", args.requests), ("--prefix", args.prefix), ("--own", args.own),
+                                      ("--gap", args.gap), ("--chunk", args.chunk), ("--block-size", args.block_size),
+                                      ("--kv-blocks", args.kv_blocks)) if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: the serving scenario's, only with --serving")
+    args.max_new = 128 if args.max_new is None else args.max_new
+    args.drafters = "mtp,lookup,synthetic" if args.drafters is None else args.drafters
     check_draft_length(args.draft_n, "--draft-n", low=1)
     slot_counts = parse_slot_counts(args.slots) if args.slots is not None else ()
     if args.prompt_len < 1:
@@ -613,6 +625,48 @@ def cmd_bench(args) -> int:
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
                    spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else report_text(report))
+    return 0
+
+
+def cmd_bench_serving(args) -> int:
+    """bench --serving: requests sharing a prefix arrive over time, served with and without the prefix cache and
+    chunked prefill (fast/bench_serving.py); prints its report."""
+    from .drafting import check_draft_length
+    from .fast.bench_serving import Scenario, serving, serving_text
+
+    ignored = [flag for flag, given in (("--prompt/--prompt-file/--tokens", args.prompt is not None or
+                                         args.prompt_file is not None or args.tokens is not None),
+                                        ("--synth-len", args.synth_len is not None), ("--adaptive", args.adaptive),
+                                        ("--draft-vocab", args.draft_vocab is not None),
+                                        ("--rollback", args.rollback is not None)) if given]
+    if ignored:
+        print(f"tinyspec bench: note: {', '.join(ignored)} ignored with --serving", file=sys.stderr)
+    drafters = [d for d in (args.drafters or "").split(",") if d]
+    if len(drafters) > 1 or drafters and drafters[0] not in ("mtp", "lookup"):
+        raise ValueError(f"--serving decodes plainly or with one drafter: --spec mtp or --spec lookup, got "
+                         f"{args.drafters!r}")
+    check_draft_length(args.draft_n, "--draft-n", low=1)
+    try:
+        slots = 4 if args.slots is None else int(args.slots)
+    except ValueError:
+        raise ValueError(f"--serving: --slots is the engine's slot count, one number, got {args.slots!r}") from None
+    if args.spec_repeats < 1:
+        raise ValueError(f"--spec-repeats must be >= 1, got {args.spec_repeats}")
+    defaults = Scenario()
+    sc = Scenario(requests=defaults.requests if args.requests is None else args.requests,
+                  prefix=defaults.prefix if args.prefix is None else args.prefix,
+                  own=defaults.own if args.own is None else args.own,
+                  max_new=defaults.max_new if args.max_new is None else args.max_new,
+                  gap=defaults.gap if args.gap is None else args.gap, slots=slots,
+                  chunk=defaults.chunk if args.chunk is None else args.chunk,
+                  block_size=defaults.block_size if args.block_size is None else args.block_size,
+                  kv_blocks=args.kv_blocks, drafter=drafters[0] if drafters else None, draft_n=args.draft_n)
+    sc.check(n_ctx=sys.maxsize)  # the flags, before a long load; the context after it
+    model, _ = load_model(args.model, args.backend)
+    if sc.drafter == "mtp" and not model.cfg.n_nextn:
+        raise ValueError("--spec mtp: this model has no MTP head")
+    report = serving(model, sc, args.spec_repeats, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    print(json.dumps(report) if args.json else serving_text(report))
     return 0
 
 
@@ -843,13 +897,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("bench", help="measure decode tok/s, the cost of verify passes of T = 1, 2, 4, 8 tokens "
-                                     "(k = T - 1 drafts), bandwidth and spec speedups",
+                                     "(k = T - 1 drafts), bandwidth and spec speedups; --serving: time to first token "
+                                     "and prefill rows with and without the prefix cache and chunked prefill",
                        description="Measure, in one run: decode tokens/s; the time of a verify pass of T = 2, 4, 8 "
                                    "tokens (k = T - 1 drafts) as a ratio to a one-token pass; weight bytes read per second during decode vs a memory-copy bandwidth; "
                                    "plain vs speculative greedy tokens/s with acceptance (mtp when the model has the "
                                    "head, lookup, and a synthetic drafter that proposes the true greedy continuation "
-                                   "with --synth-acceptance, for random-weight models made by `synth`).")
-    p.add_argument("--model", required=True, help="qwen35 GGUF file")
+                                   "with --synth-acceptance, for random-weight models made by `synth`). With "
+                                   "--serving, a serving scenario instead: requests sharing a prefix arrive over "
+                                   "time, with and without the prefix cache and chunked prefill (its flags below).")
+    p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (default: --prompt-len random token ids)")
     src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
@@ -858,13 +915,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_arg(p)
     p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")
     p.add_argument("--repeats", type=int, default=5, help="timings per verify size; the median is reported (5)")
-    p.add_argument("--max-new", type=int, default=128,
+    p.add_argument("--max-new", type=int, default=None,
                    help="tokens per speculative run (128: about 45 verify steps at 2.95 tokens a step, so a synthetic "
-                        "run's tokens per step land within a few percent of the set rate's)")
+                        "run's tokens per step land within a few percent of the set rate's); with --serving, tokens "
+                        "per request (16)")
     p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (3)")
-    p.add_argument("--drafters", "--spec", default="mtp,lookup,synthetic",
-                   help="comma-separated drafters to time against plain: mtp, lookup, synthetic ('' for none; "
-                        "--spec is the same option)")
+    p.add_argument("--drafters", "--spec", default=None,
+                   help="comma-separated drafters to time against plain: mtp, lookup, synthetic (default all three; "
+                        "'' for none; --spec is the same option); with --serving, one drafter for every request "
+                        "(mtp or lookup; default none: plain decoding)")
     p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
     p.add_argument("--synth-len", type=float, default=None, metavar="L",
                    help="also time real MTP drafting whose drafts are right at the per-position rate p giving L tokens "
@@ -887,12 +946,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "(replay on cpu, snapshot on numpy and cuda; tinyspec/state.py)")
     p.add_argument("--spec-repeats", type=int, default=1,
                    help="timed rounds of plain + every drafter, interleaved; medians, and speedup = the median of "
-                        "the per-round ratios (1; use 3+ on a shared machine)")
+                        "the per-round ratios (1; use 3+ on a shared machine); with --serving, rounds of its four "
+                        "configurations")
     p.add_argument("--slots", default=None, metavar="B,B,..",
                    help="also decode B sequences at once for each B (the prompt with its first token changed per "
                         "copy), plain vs batched MTP drafting at --draft-n (with --synth-len: at that synthetic "
-                        "rate, MTP drafting paid for real): aggregate tok/s, rows per pass, speedup, identical")
+                        "rate, MTP drafting paid for real): aggregate tok/s, rows per pass, speedup, identical; "
+                        "with --serving, the engine's slot count, one number (4)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    g = p.add_argument_group(
+        "serving scenario (--serving)",
+        "Instead of the measurements above: --requests prompts of --prefix shared random tokens + --own of their "
+        "own, one arriving every --gap engine steps, each generating --max-new greedy tokens in --slots slots, run four "
+        "ways (baseline: no prefix cache, whole prompts; cache; chunk; cache+chunk), every output checked equal. "
+        "Reports per configuration the time to first token (median, p90, min-max; also in steps and rows, exact), "
+        "aggregate tok/s, prefill rows computed, the joining rows a running slot waited through, memory at the peak "
+        "pass, and the goals of issue 36 (cache+chunk against baseline: prefill rows <= 1/8, median time to first "
+        "token >= 4x sooner, no running slot delayed by more than one chunk). The two configurations without the "
+        "cache recompute every prompt and take most of the time.")
+    g.add_argument("--serving", action="store_true", help="run the serving scenario (fast/bench_serving.py)")
+    g.add_argument("--requests", type=int, default=None, metavar="N", help="requests (16)")
+    g.add_argument("--prefix", type=int, default=None, metavar="T", help="tokens every prompt shares (512)")
+    g.add_argument("--own", type=int, default=None, metavar="T", help="tokens of its own after the prefix (16)")
+    g.add_argument("--gap", type=int, default=None, metavar="STEPS",
+                   help="request i arrives before engine step i x STEPS (8: with --chunk 64 each request arrives after "
+                        "the first has prefilled the 512 shared tokens; a request admitted before that finds nothing "
+                        "cached and prefills its whole prompt)")
+    g.add_argument("--chunk", type=int, default=None, metavar="N", help="prefill rows a pass, chunked configurations (64)")
+    g.add_argument("--block-size", type=int, default=None, metavar="N", help="positions a KV block (16)")
+    g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="KV pool size in blocks (default: room for --slots of the longest requests, none shared)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="the demo (also what `python -m tinyspec` runs): speculation on the shipped model",

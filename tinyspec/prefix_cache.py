@@ -58,6 +58,7 @@ class Entry:
     id: int  # > 0; 0 is the root, the parent of every first block
     block: int  # the pool block holding its keys and values
     depth: int  # blocks from the start through this one
+    key: tuple = ()  # (parent entry id, the block's tokens): where `entries` finds it
     hidden: object = None  # [block_size, D] the target's hidden rows of its positions, or None
     state: list | None = None  # per GDN layer (conv [C, w-1], memory [n_v, K, V]) after this block, or None
 
@@ -139,10 +140,19 @@ class PrefixCache:
             if entry is not None and not self.valid(entry):
                 self._drop(key, entry)
                 entry = None
-            if entry is None:
-                if blocks[j] in self.pool.cached:
+            if entry is None and blocks[j] in self.pool.cached:
+                # this sequence registered the block before, under a parent entry since evicted (another copy of
+                # the same tokens) and now registered again from its own block: the same tokens, a new parent id
+                entry = self.pool.cached[blocks[j]]
+                if entry.depth != j + 1:
                     raise RuntimeError(f"block {blocks[j]} is cached under other tokens")
-                entry = Entry(self.next_id, blocks[j], j + 1, None if hidden is None else hidden[j * bs : (j + 1) * bs].copy())
+                if self.entries.get(entry.key) is entry:
+                    del self.entries[entry.key]
+                entry.key = key
+                self.entries[key] = entry
+            if entry is None:
+                entry = Entry(self.next_id, blocks[j], j + 1, key,
+                              None if hidden is None else hidden[j * bs : (j + 1) * bs].copy())
                 self.next_id += 1
                 self.entries[key] = entry
                 self.pool.cached[blocks[j]] = entry
