@@ -9,8 +9,10 @@
     schedules a hypothesis property over random arrival schedules (continuous batching): after EVERY step each
               active slot's state is bitwise a fresh prefill of its committed tokens, no KV block is leaked or
               owned twice, tables hold exactly ceil(pos / block_size) blocks, the rollback rings are never
-              reallocated, and a finished sequence's drafter (lookup history, MTP cache, draft-model state)
-              holds exactly its committed tokens
+              reallocated, the drafters' KV (MTP head, draft model) takes pool blocks counted with the rest, and a
+              drafter giving its blocks back (its sequence preempted or finished) holds exactly its committed
+              tokens (lookup history, MTP window and queue, draft-model state); sampled, each sequence equals its
+              solo run, an MTP head restarted from a window before the preemption included
     bad input slots=0, no prompts, too long / empty / out-of-vocabulary prompts, a run the pool cannot hold
 
 Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle and the cpu
@@ -41,7 +43,7 @@ from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.sampling import SamplingParams, probs_from_logits
 from tinyspec.drafting import FixedDraftLength, Plan
-from tinyspec.speculate import speculative_generate
+from tinyspec.speculate import blocks_per_run, speculative_generate
 from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
@@ -87,15 +89,15 @@ def solo_greedy(backend: str, prompt, max_new: int, stops=()) -> list[int]:
     return _SOLO[key]
 
 
-def batch_drafter(kind: str, target: Model, draft: Model, slots: int):
+def batch_drafter(kind: str, target: Model, draft: Model, slots: int, max_queue: int = 32):
     return {"none": lambda: None,
             "lookup": lambda: LookupDrafter(n_max=3),
-            "mtp": lambda: MTPDrafter(target),
+            "mtp": lambda: MTPDrafter(target, max_queue=max_queue),
             "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
 
 
-def solo_drafter(kind: str, target: Model, draft: Model):
-    return {"lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target),
+def solo_drafter(kind: str, target: Model, draft: Model, max_queue: int = 32):
+    return {"lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target, max_queue=max_queue),
             "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
 
 
@@ -347,15 +349,26 @@ class Watch:
                     assert not np.may_share_memory(buffers[a], buffers[b])
 
     def check_pool(self) -> None:
-        """Every block is in use (refs = the tables listing it), idle (cached, nobody's) or free, exactly one of
-        them; a shared or cached block lies before every position its users may still write."""
+        """Every block is in use (refs = the tables listing it, the drafters' included), idle (cached, nobody's) or
+        free, exactly one of them; a shared or cached block lies before every position its users may still write; a
+        drafter holds blocks only while its slot's sequence decodes, exactly those its KV's positions need."""
         engine, pool = self.engine, self.engine.pool
         assert all(a is b for a, b in zip(pool.k, self.pool_k)) and all(a is b for a, b in zip(pool.v, self.pool_v))
-        tables = [s.state.table for s in engine.active.values()]
+        tables = [s.state.table.blocks for s in engine.active.values()]
+        for b, drafter in enumerate(engine.drafters or []):
+            held = drafter.pool_blocks()
+            s = engine.active.get(b)
+            if s is None or s.prefilling:
+                assert not held, f"slot {b}'s drafter holds blocks while no sequence of its has started it"
+            if isinstance(drafter, MTPDrafter):
+                assert len(held) == drafter.fed_cache.table.blocks_for(drafter.fed_cache.n)
+            elif isinstance(drafter, DraftModelDrafter):
+                assert len(held) == drafter.fed_state.table.blocks_for(drafter.fed_state.pos)
+            tables.append(held)
         users = np.zeros(pool.n_blocks, np.int64)
         for table in tables:
-            assert len(table.blocks) == len(set(table.blocks)), "a block twice in one table"
-            users[table.blocks] += 1
+            assert len(table) == len(set(table)), "a block twice in one table"
+            users[table] += 1
         assert (users == pool.refs).all(), "a reference count differs from the tables using the block"
         in_use, idle, free = set(np.flatnonzero(users)), set(pool.idle), set(pool.free)
         assert len(pool.free) == len(free), "a block twice on the free list"
@@ -393,12 +406,15 @@ def schedules(draw):
     block_size = draw(st.sampled_from([1, 2, 3, 4, 16]))
     need = max(-(-(len(s["prompt"]) + s["max_new"] + k_max + 1) // block_size) for s in seqs)
     return {"seqs": seqs, "slots": draw(st.integers(1, 3)), "k_max": k_max, "block_size": block_size,
-            "n_blocks": need + draw(st.integers(0, 2 * need)),  # often too few for all: waits and preemptions
+            # the pool: one longest run (its drafter's KV included, pool_size) and `spare` blocks more, often too
+            # few for all: waits and preemptions
+            "spare": draw(st.integers(0, 2 * need)),
             "stops": draw(st.sets(st.sampled_from(COMMON_OUT), max_size=2)),
             "policy_seed": draw(st.integers(0, 2**16)),
             "chunk": draw(st.sampled_from([None, 1, 2, 3, 5])),
             "prefix_cache": draw(st.booleans()), "max_states": draw(st.integers(0, 3)),
-            "state_every": draw(st.integers(0, 2))}
+            "state_every": draw(st.integers(0, 2)),
+            "max_queue": draw(st.sampled_from([1, 2, 3, 32]))}  # the MTP head's window: small ones restart often
 
 
 HEAVY = {  # always run: late arrivals, a pool too small for all at once (sequences wait for blocks), stops
@@ -407,8 +423,8 @@ HEAVY = {  # always run: late arrivals, a pool too small for all at once (sequen
              {"prompt": [220, 11, 1, 4, 220, 11, 1, 4, 3, 5, 2, 9], "max_new": 12, "arrive": 2},
              {"prompt": [353, 4, 11], "max_new": 1, "arrive": 3},
              {"prompt": [5, 5, 5, 1, 2, 3, 4], "max_new": 14, "arrive": 5}],
-    "slots": 3, "k_max": 4, "block_size": 2, "n_blocks": 17, "stops": {7}, "policy_seed": 3,
-    "chunk": None, "prefix_cache": False, "max_states": 0, "state_every": 0}
+    "slots": 3, "k_max": 4, "block_size": 2, "spare": 2, "stops": {7}, "policy_seed": 3,
+    "chunk": None, "prefix_cache": False, "max_states": 0, "state_every": 0, "max_queue": 32}
 
 SHARED = [220, 11, 1, 4, 220, 11, 1, 4, 3]
 PREFIXED = {  # always run: prompts sharing a 9-token prefix arrive one by one in 3 slots with a tight pool, chunked
@@ -418,12 +434,20 @@ PREFIXED = {  # always run: prompts sharing a 9-token prefix arrive one by one i
              {"prompt": SHARED + [5, 2], "max_new": 12, "arrive": 2},
              {"prompt": SHARED + [15], "max_new": 8, "arrive": 3},
              {"prompt": [1, 2], "max_new": 14, "arrive": 3}],
-    "slots": 3, "k_max": 3, "block_size": 2, "n_blocks": 16, "stops": set(), "policy_seed": 5,
-    "chunk": 3, "prefix_cache": True, "max_states": 3, "state_every": 0, "expect_hits_and_preemptions": True}
+    "slots": 3, "k_max": 3, "block_size": 2, "spare": 2, "stops": set(), "policy_seed": 5,
+    "chunk": 3, "prefix_cache": True, "max_states": 3, "state_every": 0, "max_queue": 2,
+    "expect_hits_and_preemptions": True}
+
+
+def pool_size(model: Model, drafter, sch: dict, k_max: int) -> int:
+    """The schedule's pool: the blocks of its longest run, the drafter's KV included, and `spare` more."""
+    longest = max(len(s["prompt"]) + s["max_new"] + k_max + 1 for s in sch["seqs"])
+    return blocks_per_run(model, drafter, longest, sch["block_size"]) + sch["spare"]
 
 
 def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=SamplingParams(), on_finish=None):
-    return Batch(model, sch["slots"], sch["n_blocks"], sch["block_size"], batch_drafter(kind, model, draft, sch["slots"]),
+    drafter = batch_drafter(kind, model, draft, sch["slots"], sch["max_queue"])
+    return Batch(model, sch["slots"], pool_size(model, drafter, sch, policy.k_max), sch["block_size"], drafter,
                  policy, params, stop_ids=sch["stops"], on_finish=on_finish, chunk=sch["chunk"],
                  prefix_cache=sch["prefix_cache"], max_states=sch["max_states"], state_every=sch["state_every"])
 
@@ -437,53 +461,70 @@ def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=
 def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, sch):
     """Continuous batching under a random schedule: sequences arrive between steps, slots free up and are
     refilled, k varies per slot and step, prompts share prefixes, join a chunk at a time (random chunk sizes),
-    start from the prefix cache and are preempted when the (often tiny) pool runs out. After every step each
-    active slot holds exactly the state of a fresh prefill of its committed tokens (committed_tokens), bitwise:
-    GDN conv windows and memories, KV contents (read through shared blocks too) and positions; its tokens so
-    far are a prefix of its solo greedy output; the block pool and the rings obey the invariants of Watch
-    (reference counts, no leak, nothing in two places, no shared block still writable; every write into a
-    shared or cached block raises, BlockTable.check_writable). At the end every sequence equals its solo
-    greedy output and every block is idle or free."""
+    start from the prefix cache and are preempted when the (often tiny) pool runs out, the drafters' KV (the MTP
+    head's, a draft model's) counted in it. After every step each active slot holds exactly the state of a fresh
+    prefill of its committed tokens (committed_tokens), bitwise: GDN conv windows and memories, KV contents (read
+    through shared blocks too) and positions; its tokens so far are a prefix of its solo greedy output; the block
+    pool and the rings obey the invariants of Watch (reference counts with the drafters' blocks, no leak, nothing
+    in two places, no shared block still writable; every write into a shared or cached block raises,
+    BlockTable.check_writable). Each time a drafter gives its blocks back (preempted or finished) it holds exactly
+    what a solo run's would (check_drafter), and a resumed one is handed back what it gave. At the end every
+    sequence equals its solo greedy output and every block is idle or free."""
     base, draft = models(backend)
     model = base.with_kernels(base.kernels)  # the same weights, a Model object of this example's own (Watch wraps it)
     slots, seqs, stops = sch["slots"], sch["seqs"], sch["stops"]
-    finished, slot_of = [], {}
+    finished, occupant, released = [], {}, {}  # slot -> its Running, seq index -> its drafter's release() record
 
     def on_finish(seq: SeqResult):
-        """The sequence is done and its slot's drafter was told everything it kept (commit comes before finish):
-        the drafter holds exactly the committed tokens, as in a solo run (test_speculate checks the same)."""
         finished.append(seq.index)
         assert seq.tokens == solo_greedy(backend, seq.prompt_tokens, seqs[seq.index]["max_new"], stops)
-        committed = seq.prompt_tokens + seq.tokens[:-1]
-        if kind == "none" or not committed:
-            return
-        alone = engine.drafters[slot_of[seq.index]]
+
+    def check_drafter(alone, committed: list[int]) -> None:
+        """A drafter about to give its blocks back holds what a solo run's holds after `committed`."""
         if kind == "lookup":
             assert alone.history == committed
-        elif kind == "mtp":  # the head's cache: every committed token with the target's hidden rows (<= 26
-            # tokens: under max_queue, so never a windowed restart)
+        elif kind == "mtp":  # the head's window: its fed tokens' KV, with the target's hidden rows, and the rest queued
             _, hidden = base.forward(np.array(committed), base.new_state())
+            rows, (begin, fed) = shift_hidden(hidden), (alone.window.start, alone.window.fed)
             head = MTPHead(base)
-            cache = head.new_cache()
-            head.forward(committed, shift_hidden(hidden), cache)
-            assert alone.cache.max_abs_diff(cache) == 0.0
-        else:  # the draft model's state: a prefill of the committed tokens, bitwise
+            ref = head.new_cache()
+            if fed:
+                head.forward(committed[begin : begin + fed], rows[begin : begin + fed], ref)
+            assert alone.fed_cache.max_abs_diff(ref) == 0.0
+            assert [t for f, _ in alone.queue for t in f] == committed[begin + fed :]
+            if alone.queue:
+                assert np.array_equal(np.concatenate([h for _, h in alone.queue]), rows[begin + fed :])
+            if sch["max_queue"] >= 32:  # (<= 26 tokens: under the window, so never a restart)
+                assert begin == 0
+        else:  # the draft model's state: a prefill of the committed tokens it fed, bitwise; the rest queued
             ref = draft.new_state()
-            draft.forward(np.array(committed), ref)
-            assert alone.state.max_abs_diff(ref) == 0.0
+            n = alone.fed_state.pos
+            if n:
+                draft.forward(np.array(committed[:n]), ref)
+            assert alone.fed_state.max_abs_diff(ref) == 0.0 and alone.queue == committed[n:]
 
     policy = RandomK(sch["k_max"], sch["policy_seed"])
     engine = engine_for(model, draft, kind, sch, policy, on_finish=on_finish)
     assert engine.k_max == sch["k_max"] and len(engine.rings) == slots
     for slot, drafter in enumerate(engine.drafters or []):  # which sequence each slot's drafter serves
-        def start(prompt, hidden, k_max, slot=slot, real_start=drafter.start):  # (called after the slot is filled)
-            s = engine.active[slot]
-            slot_of[s.seq.index] = slot
+        def start(prompt, hidden, k_max, resume=None, slot=slot, real_start=drafter.start):  # (after the slot is filled)
+            s = occupant[slot] = engine.active[slot]
             assert prompt == s.history == s.seq.prompt_tokens + s.seq.tokens[:-1] and k_max == engine.k_max
             assert len(hidden) == len(prompt)
-            real_start(prompt, hidden, k_max)
+            assert resume == released.pop(s.seq.index, None)  # what it gave back when preempted, or nothing
+            real_start(prompt, hidden, k_max, resume)
 
-        drafter.start = start
+        def release(slot=slot, alone=drafter, real_release=drafter.release):  # (after the slot was emptied)
+            s = occupant.pop(slot, None)
+            if s is None:  # a sequence that never started its drafter (cancelled while prefilling): nothing held
+                assert not alone.pool_blocks()
+                return real_release()
+            check_drafter(alone, s.seq.prompt_tokens + s.seq.tokens[:-1])
+            released[s.seq.index] = record = real_release()
+            assert not alone.pool_blocks()
+            return record
+
+        drafter.start, drafter.release = start, release
     watch = Watch(engine, model)
     results = [SeqResult(i, list(s["prompt"])) for i, s in enumerate(seqs)]
     last_arrival, step = max(s["arrive"] for s in seqs), 0
@@ -524,16 +565,18 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
 _SOLO_SAMPLED: dict = {}
 
 
-def solo_sampled(backend: str, kind: str, prompt, max_new: int, k: int, seed: int, stops=()) -> list[int]:
+def solo_sampled(backend: str, kind: str, prompt, max_new: int, k: int, seed: int, stops=(), max_queue: int = 32,
+                 policy=None) -> list[int]:
     """The sequence's sampled output alone with its seed (plain: generate; else speculative_generate with the
-    same drafter kind and k), memoised."""
-    key = (backend, kind, tuple(prompt), max_new, k, seed, tuple(sorted(stops)))
+    same drafter kind, MTP window and k, or `policy`), memoised."""
+    key = (backend, kind, tuple(prompt), max_new, k, seed, tuple(sorted(stops)), max_queue, repr(policy))
     if key not in _SOLO_SAMPLED:
         target, draft = models(backend)
         rng, stop_ids = np.random.default_rng(seed), tuple(sorted(stops))
         _SOLO_SAMPLED[key] = (generate(target, list(prompt), max_new, SAMPLED, rng=rng, stop_ids=stop_ids) if kind == "none"
-                              else speculative_generate(target, solo_drafter(kind, target, draft), list(prompt), max_new,
-                                                        draft_n=k, params=SAMPLED, rng=rng, stop_ids=stop_ids)).tokens
+                              else speculative_generate(target, solo_drafter(kind, target, draft, max_queue), list(prompt),
+                                                        max_new, draft_n=None if policy else k, params=SAMPLED, rng=rng,
+                                                        stop_ids=stop_ids, policy=policy)).tokens
     return _SOLO_SAMPLED[key]
 
 
@@ -544,9 +587,11 @@ def solo_sampled(backend: str, kind: str, prompt, max_new: int, k: int, seed: in
 @example(sch=PREFIXED)
 def test_random_schedules_keep_every_sampled_sequence_equal_to_its_solo_run(backend, kind, sch):
     """Sampled, under the same random schedules (arrivals, shared prefixes, chunk sizes, prefix cache, tiny pools
-    forcing preemption): every sequence's tokens equal its solo run with its seed and the same k. A preempted
-    sequence keeps its random stream and resumes with its drafter restarted on its history, so it draws what it
-    would have drawn; its first token comes from its final chunk's last row as from a one-pass prefill."""
+    forcing preemption, the drafters' KV in them; MTP windows of 1-3 tokens, so heads restart from a window before
+    they are preempted): every sequence's tokens equal its solo run with its seed and the same k. A preempted
+    sequence keeps its random stream and resumes with its drafter restarted on its history from the record its
+    release() gave (an MTP head: the same window and queue), so it draws what it would have drawn; its first
+    token comes from its final chunk's last row as from a one-pass prefill."""
     target, draft = models(backend)
     k = max(1, sch["k_max"]) if kind != "none" else 0
     engine = engine_for(target, draft, kind, sch, FixedDraftLength(k), SAMPLED)
@@ -560,9 +605,87 @@ def test_random_schedules_keep_every_sampled_sequence_equal_to_its_solo_run(back
         step += 1
         assert step < 400, "no progress"
     for r, s in zip(results, sch["seqs"]):
-        assert r.tokens == solo_sampled(backend, kind, r.prompt_tokens, s["max_new"], k, 100 + r.index, sch["stops"])
+        assert r.tokens == solo_sampled(backend, kind, r.prompt_tokens, s["max_new"], k, 100 + r.index, sch["stops"],
+                                        sch["max_queue"])
     pool = engine.pool
     assert sorted(pool.free + list(pool.idle)) == list(range(pool.n_blocks)) and not pool.refs.any()
+    if sch.get("expect_hits_and_preemptions"):
+        assert engine.preemptions > 0
+
+
+class PlainThenDraft:
+    """k = 0 while max_new leaves room for k_max drafts, then as many as it leaves: a long run of plain steps (an
+    MTP head's queue passes its 32-token window, so the head restarts from it), drafting only at the end. It reads
+    only the rooms, so a sequence gets the same k alone and in a batch."""
+
+    def __init__(self, k_max: int):
+        self.k_max = k_max
+
+    def plan(self, rooms: list[int], prefill_rows: int = 0) -> list[Plan]:
+        return [Plan(0 if room == self.k_max else room) for room in rooms]
+
+    def observe(self, drafts, accepted, draft_s, verify_s, rows) -> None:
+        pass
+
+    def summary(self):
+        return None
+
+    def __repr__(self):  # the memo key of solo_sampled
+        return f"PlainThenDraft({self.k_max})"
+
+
+def recording_laws(drafter, laws: list, owner=lambda: 0) -> None:
+    """Wrap drafter.drafting so that each Draft's tokens and proposal laws q (bitwise copies) are appended to
+    laws[owner()] (owner: the index of the sequence the drafter serves now)."""
+    real = drafter.drafting
+
+    def drafting(pending, k, params, rng, stop=None, on_device=False):
+        draft = yield from real(pending, k, params, rng, stop, on_device)
+        laws[owner()].append((list(draft.tokens), [q.copy() for q in draft.q_rows]))
+        return draft
+
+    drafter.drafting = drafting
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_queue, max_new, n_blocks", [(32, 48, 35), (2, 20, 14)], ids=["window32", "window2"])
+def test_a_sampled_mtp_sequence_preempted_after_its_head_restarted_from_a_window_draws_its_solo_tokens(
+        backend, max_queue, max_new, n_blocks):
+    """The bug this guards: an MTP head whose queue passed max_queue restarts from a window of the recent past, so
+    its cache holds only that window, and its next restart comes when its queue passes max_queue again. A sequence
+    preempted after such a restart used to resume with its head rebuilt from the whole history and an empty queue:
+    other proposal laws q, so a sampled sequence could draw other tokens than its solo run (greedy ones never
+    noticed: acceptance compares argmaxes). release() now hands back the HeadWindow (where the cache starts, how
+    many tokens it fed) and start() rebuilds that cache and queue. Two sequences, plain steps until max_new leaves
+    room for 8 drafts then drafting (PlainThenDraft: the queue passes the window, then the head drafts from it), in
+    a pool of blocks of 4 (the heads' KV counted) that runs out after the newer one's head restarted: the default
+    32-token window, and a 2-token one. The newer sequence's tokens AND every draft's law q equal its solo run's,
+    bitwise (rebuilt from the whole history instead, its laws after the resume differ in both cases)."""
+    target, _ = models(backend)
+    policy = PlainThenDraft(8)
+    engine = Batch(target, 2, n_blocks, 4, MTPDrafter(target, max_queue=max_queue), policy, SAMPLED)
+    windows, laws = [], [[], []]  # what each resumed head was handed back; per sequence its drafts and laws
+    for slot, drafter in enumerate(engine.drafters):
+        def start(prompt, hidden, k_max, resume=None, real_start=drafter.start):
+            windows.append(resume)
+            real_start(prompt, hidden, k_max, resume)
+
+        drafter.start = start
+        recording_laws(drafter, laws, lambda slot=slot: engine.active[slot].seq.index)
+    newer = SeqResult(1, [9, 15, 9])
+    engine.add(SeqResult(0, [1, 2, 3]), max_new, seed=100)
+    engine.add(newer, max_new, seed=101)
+    while not engine.done():
+        engine.step()
+    assert newer.stats["preemptions"] > 0 and any(w is not None and w.start > 0 for w in windows)
+    alone, solo_laws = MTPDrafter(target, max_queue=max_queue), [[]]
+    recording_laws(alone, solo_laws)
+    solo = speculative_generate(target, alone, newer.prompt_tokens, max_new, params=SAMPLED, policy=policy,
+                                rng=np.random.default_rng(101))
+    assert newer.tokens == solo.tokens
+    assert len(laws[1]) == len(solo_laws[0]) > 0
+    for (tokens, q_rows), (solo_tokens, solo_q_rows) in zip(laws[1], solo_laws[0]):
+        assert tokens == solo_tokens and all(np.array_equal(a, b) for a, b in zip(q_rows, solo_q_rows))
 
 
 # ------------------------------------------------------------------------------------------------ 5. bad input

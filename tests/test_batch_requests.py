@@ -156,3 +156,18 @@ def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stay
             alone = speculative_generate(target, MTPDrafter(target), seq.prompt_tokens, MAX_NEW, draft_n=3,
                                          params=params, rng=np.random.default_rng(seed), stop_ids=stops).tokens
         assert seq.tokens == alone, seq.index
+
+
+def test_a_trunk_without_attention_layers_still_batches_with_its_mtp_head(tmp_path):
+    """The MTP head's KV lives in the pool's slabs, one per attention layer of the trunk; a trunk with none (a
+    one-layer test file) still gets one slab a block for it (was: 'rows ... do not tile the pool's slabs')."""
+    from tinyspec.batch import batch_generate
+    from tinyspec.fast import synth
+
+    path = tmp_path / "moe-1-layer.gguf"
+    synth.synth_model(path, "35b-a3b", "q4_k_m", n_layers=1, n_vocab=512, n_expert=8)
+    model = load_model(path, "numpy")
+    assert all(model.cfg.recurrent) and model.cfg.n_nextn
+    prompts = [[1, 2, 3 + i] for i in range(3)]
+    out = batch_generate(model, prompts, 4, slots=3, drafter=MTPDrafter(model), draft_n=2)
+    assert [s.tokens for s in out.sequences] == [generate(model, p, 4).tokens for p in prompts]

@@ -405,15 +405,16 @@ def test_batch_json_tokens_equal_generate_alone(prompts_file, capsys, spec):
 
 
 def test_batch_chunk_prefix_cache_and_a_small_pool_keep_sampled_tokens(tmp_path, capsys):
-    """--chunk 2 --prefix-cache --kv-blocks 8 --block-size 4 with four prompts sharing a prefix, sampled with MTP
-    drafts: the prompts join two rows a step, a later one starts from a saved state, and the pool of eight
-    4-position blocks (one run needs six) makes the newest sequence give its blocks back and resume; every sequence still samples
-    exactly `generate --seed S+i`, and the summary says so."""
+    """--chunk 2 --prefix-cache --kv-blocks 11 --block-size 4 with four prompts sharing a prefix, sampled with MTP
+    drafts: the prompts join two rows a step, a later one starts from a saved state, and the pool of eleven
+    4-position blocks (the longest run needs all eleven: seven for its KV, four for its MTP head's) makes the newest
+    sequence give its blocks back and resume; every sequence still samples exactly `generate --seed S+i`, and the
+    summary says so."""
     prompts = ["def main(): return 1", "def main(): return 1", "def main(): print(2)", "def main(): return 1"]
     (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
     common = ["--spec", "mtp", "--draft-n", "2", "--max-new", "14", "--temperature", "0.9", "--backend", "numpy"]
     assert main(["batch", "--prompts", str(tmp_path / "p.txt"), "--slots", "3", "--seed", "5", "--chunk", "2",
-                 "--prefix-cache", "--kv-blocks", "8", "--block-size", "4", *common, "--json"]) == 0
+                 "--prefix-cache", "--kv-blocks", "11", "--block-size", "4", *common, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     stats = out["stats"]
     assert stats["chunk"] == 2 and stats["prefix_hits"] > 0 and stats["preemptions"] > 0

@@ -90,8 +90,8 @@ class Recording:
     def __init__(self, inner):
         self.inner, self.stops_by_confidence, self.drafted = inner, inner.stops_by_confidence, []
 
-    def start(self, prompt, hidden, k_max):
-        self.inner.start(prompt, hidden, k_max)
+    def start(self, prompt, hidden, k_max, resume=None):
+        self.inner.start(prompt, hidden, k_max, resume)
 
     def drafting(self, *args):
         draft = yield from self.inner.drafting(*args)
@@ -101,11 +101,23 @@ class Recording:
     def draft_pass(self, asks):
         return self.inner.draft_pass(asks)
 
-    def another(self):
-        return Recording(self.inner.another())
+    def another(self, pool=None):
+        return Recording(self.inner.another(pool))
 
     def commit(self, fed, hidden):
         self.inner.commit(fed, hidden)
+
+    def blocks_to_start(self, n, resume=None):
+        return self.inner.blocks_to_start(n, resume)
+
+    def blocks_to_draft(self, k):
+        return self.inner.blocks_to_draft(k)
+
+    def release(self):
+        return self.inner.release()
+
+    def pool_blocks(self):
+        return self.inner.pool_blocks()
 
 
 def count_steps(target, drafter=None, max_new: int = 14, **kw) -> tuple[list[Step], list[int]]:

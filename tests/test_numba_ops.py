@@ -545,24 +545,23 @@ def test_quant_linear_q8_names_the_types_it_reads(qtype, rng):
         numba_ops.quant_linear_q8(np.zeros((1, 256), np.float32), raw, qtype, (2, 256))
 
 
-def test_the_serial_twin_never_stands_in_for_the_parallel_kernel(tmp_path):
-    """The serial and parallel K-quant kernels are one py_func compiled twice; Numba's cache does not key
-    entries by the parallel flag, so they must be cached under different names. In a fresh cache: compile
-    the serial twin first (as the tests do), then the parallel kernel must compile, not load the twin."""
-    import os
-    import subprocess
-    import sys
+def test_no_two_cached_kernels_share_a_cache_entry():
+    """The serial and parallel K-quant kernels are one py_func compiled twice. Numba's cache names an entry by
+    the function's module, qualified name and first line (its index file, `numba_ops.<name>-<line>.py311.nbi`),
+    not by its flags, so two cache=True dispatchers of one py_func share an entry and whichever compiles first is
+    loaded for both (it happened: after the tests compiled the serial twin first, every "parallel" matmul ran
+    on one thread). So every cached kernel in the fast modules must own its index file, and the two twins must
+    differ in the flag that matters. Structural, no compile (a fresh-cache compile of both took 35 s)."""
+    import numba
+    from tinyspec.fast import numba_attention, numba_gdn
 
-    code = """
-import numpy as np
-from tinyspec.fast import numba_ops as no
-from tinyspec.quants import GGMLType
-rb = GGMLType.Q4_K.row_nbytes(256)
-x, raw, y = np.zeros((1, 256), np.float32), np.zeros(4 * rb, np.uint8), np.zeros((1, 4), np.float32)
-no._quant_linear_q8_serial(x, raw, rb, int(GGMLType.Q4_K), 256, y)
-no._quant_linear_q8_parallel(x, raw, rb, int(GGMLType.Q4_K), 256, y)
-print(sum(no._quant_linear_q8_parallel.stats.cache_hits.values()))
-"""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[0] == "0", out
+    cached = {}
+    for module in (numba_ops, numba_gdn, numba_attention):
+        for name, obj in vars(module).items():
+            if isinstance(obj, numba.core.dispatcher.Dispatcher) and \
+                    isinstance(obj._cache, numba.core.caching.FunctionCache):
+                cached[f"{module.__name__}.{name}"] = obj._cache._cache_file._index_name
+    assert "tinyspec.fast.numba_ops._quant_linear_q8_serial" in cached, sorted(cached)
+    assert len(set(cached.values())) == len(cached), sorted(cached.items(), key=lambda kv: kv[1])
+    assert numba_ops._quant_linear_q8_parallel.targetoptions.get("parallel")
+    assert not numba_ops._quant_linear_q8_serial.targetoptions.get("parallel")

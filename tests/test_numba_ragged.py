@@ -113,6 +113,28 @@ def test_causal_conv_ragged_bitwise_equal_to_the_oracle_loop(seed, B, C, w):
             assert np.array_equal(bits(so[b]), bits(so_ref[b])), b
 
 
+def test_a_batch_of_any_size_reuses_one_kernel():
+    """A Numba tuple's type carries its length: per-sequence states passed as a tuple of B compiled one kernel
+    per B, seconds each, mid-run. The kernels take them by address instead (numba_gdn._f32_at), so after one
+    batch, batches of 1 to 9 sequences add no signature (asserted as sets: other tests may have compiled more
+    in this process)."""
+    rng = np.random.default_rng(7)
+    HV, K, V, C, w = 2, 5, 7, 32, 4
+
+    def run(B):
+        bounds = ragged_bounds(rng, B, most=3)
+        q, k, v, log_decay, beta = scan_inputs(rng, bounds[-1], HV, K, V)
+        numba_gdn.gdn_scan_ragged(q, k, v, log_decay, beta, bounds, [np.zeros((HV, K, V), np.float32)] * B,
+                                  [zeros_aligned((4, HV, K, V))] * B)
+        x = rng.standard_normal((bounds[-1], C)).astype(np.float32)
+        numba_gdn.causal_conv_ragged(x, bounds, [np.zeros((C, w - 1), np.float32)] * B,
+                                     rng.standard_normal((C, w)).astype(np.float32), [None] * B)
+        return set(numba_gdn._scan_ragged.signatures), set(numba_gdn._causal_conv_ragged.signatures)
+
+    one = run(1)
+    assert all(run(B) == one for B in range(2, 10))
+
+
 def test_ragged_kernels_reject_bad_bounds_and_shapes():
     rng = np.random.default_rng(0)
     q, k, v, log_decay, beta = scan_inputs(rng, 5, 2, 4, 4)

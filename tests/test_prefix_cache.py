@@ -20,8 +20,8 @@ from test_batch import BACKENDS, models, one_numba_thread, solo_greedy
 
 from tinyspec.batch import Batch, batch_generate
 from tinyspec.lookup import LookupDrafter
-from tinyspec.mtp import MTPDrafter
-from tinyspec.paged import BlockPool, PagedKVCache
+from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
+from tinyspec.paged import BlockPool, PagedKVCache, ViewTable
 from tinyspec.prefix_cache import PrefixCache
 from tinyspec.speculate import SeqResult
 
@@ -122,6 +122,63 @@ def test_a_write_into_a_shared_block_raises():
     k = np.zeros((1, target.cfg.n_head_kv, target.cfg.head_dim), np.float32)
     with pytest.raises(RuntimeError, match="shared or cached"):
         layer.append(k, k)
+
+
+def test_a_view_table_puts_chunk_c_of_layer_l_in_slab_c_times_l_plus_l_of_its_blocks():
+    """The layout worked by hand (paged.ViewTable): the tiny target has S = 2 attention layers of rows [1, 64], so a
+    block of 4 positions is 2 slabs of 4 such rows; slab a of block b is slab a * n_blocks + b of the view. A model
+    of L = 3 layers of the same rows puts chunk c (4 positions) of its layer l in its slab i = 3c + l, slab i % 2
+    of its block i // 2: 5 positions are 2 chunks, 6 slabs, 3 blocks."""
+    target, _ = models("numpy")
+    pool = BlockPool(target.cfg, 8, 4)
+    table = ViewTable(pool, [0, 5, 9], 1, 64)
+    assert table.block_size == 4 and table.blocks_for(4) == 2 and table.blocks_for(5) == 3 and table.blocks_for(0) == 0
+    table.reserve(5)
+    b0, b1, b2 = table.blocks
+    assert list(table.ids(0)) == [0 * 8 + b0, 1 * 8 + b1]  # i = 0: (0, b0); i = 3: (1, b1)
+    assert list(table.ids(5)) == [1 * 8 + b0, 0 * 8 + b2]  # i = 1: (1, b0); i = 4: (0, b2)
+    assert list(table.ids(9)) == [0 * 8 + b1, 1 * 8 + b2]  # i = 2: (0, b1); i = 5: (1, b2)
+    assert pool.used == 3
+    table.keep(4)  # one chunk: 3 slabs, 2 blocks
+    assert table.blocks == [b0, b1] and pool.used == 2 and list(table.ids(9)) == [b1]
+    k_view, _, P = pool.view(2, 32)  # another row shape of the same 64 floats: 4 positions a slab
+    assert P == 4 and k_view.shape == (2 * 8, 4, 2, 32) and np.shares_memory(k_view, pool.k[2])
+    assert pool.view(1, 16)[2] == 16  # rows of 16 floats: 16 positions a slab
+    with pytest.raises(ValueError, match="tile"):
+        pool.view(3, 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_drafters_kv_in_the_pool_is_bitwise_their_own_and_takes_blocks_of_one_budget(backend):
+    """The MTP head's cache (MTPHead.new_cache(pool)) and the draft model's state (its layout differs from the
+    target's: BlockPool.table_for gives it a ViewTable) in the target's pool, fed in two passes: the same keys,
+    values and outputs as their own contiguous caches fed in one, bitwise; their blocks and the target's come from
+    one free list, none in two tables, and go back on truncate / release."""
+    target, draft = models(backend)
+    tokens = SYSTEM[:11]
+    _, hidden = target.forward(np.array(tokens), target.new_state())
+    rows = shift_hidden(hidden)
+    pool = BlockPool(target.cfg, 16, 4, target.xp)
+    head = MTPHead(target)
+    paged, own = head.new_cache(pool), head.new_cache()
+    h_paged = np.concatenate([head.forward(tokens[:5], rows[:5], paged)[1], head.forward(tokens[5:], rows[5:], paged)[1]])
+    h_own = head.forward(tokens, rows, own)[1]
+    assert paged.max_abs_diff(own) == 0.0 and np.array_equal(h_paged, h_own)
+    assert len(paged.table.blocks) == 2  # 11 positions: 3 chunks of 4, 2 slabs a block
+    state, alone = draft.new_state(pool), draft.new_state()
+    assert isinstance(state.table, ViewTable)
+    logits = np.concatenate([draft.forward(np.array(tokens[:5]), state)[0], draft.forward(np.array(tokens[5:]), state)[0]])
+    assert np.array_equal(logits, draft.forward(np.array(tokens), alone)[0]) and state.max_abs_diff(alone) == 0.0
+    trunk = target.new_state(pool)
+    target.forward(np.array(tokens), trunk)
+    held = paged.table.blocks + state.table.blocks + trunk.table.blocks
+    assert len(set(held)) == len(held) == pool.used == 2 + 2 + 3
+    paged.truncate(4)  # one chunk left: one block
+    assert len(paged.table.blocks) == 1 and pool.used == 6
+    state.release()
+    trunk.release()
+    paged.truncate(0)
+    assert pool.used == 0 and sorted(pool.free) == list(range(16))
 
 
 # ------------------------------------------------------------------------------------------------ 3. prefix cache

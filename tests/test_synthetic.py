@@ -198,14 +198,14 @@ def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, referenc
             Counting.drafted += draft.n
             return draft
 
-        def another(self):
-            return Counting(self.head.model, head=self.head, scores=self.scores)
+        def another(self, pool=None):
+            return Counting(self.head.model, head=self.head, scores=self.scores, pool=pool)
 
     class Recorded(SyntheticDrafter):
         history, started = [], 0
 
-        def another(self):
-            return Recorded(self.references, self.acceptance, self.seed + 1, self.inner.another())
+        def another(self, pool=None):
+            return Recorded(self.references, self.acceptance, self.seed + 1, self.inner.another(pool))
 
         def start(self, *args):
             Recorded.started += 1

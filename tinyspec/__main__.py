@@ -809,8 +809,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share the KV blocks of prompt prefixes already prefilled and start from a saved GDN state "
                         "(tinyspec/prefix_cache.py): a prompt that starts like an earlier one prefills only the rest")
     p.add_argument("--kv-blocks", type=int, default=None,
-                   help="KV pool size in blocks of --block-size positions (default: room for --slots of the longest "
-                        "runs); a smaller pool makes sequences wait or be preempted (resumed by recompute)")
+                   help="KV pool size in blocks of --block-size positions, the drafter's KV (mtp, draft) counted "
+                        "with the target's (default: room for --slots of the longest runs); a smaller pool makes "
+                        "sequences wait or be preempted (resumed by recompute)")
     p.add_argument("--block-size", type=int, default=16,
                    help="positions per KV block, the unit the pool hands out and the prefix cache shares (default 16)")
     add_decoding_args(p, max_new_help="tokens to generate per prompt at most (default 32)",

@@ -137,8 +137,7 @@ def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern
     for lo, hi, cache in zip(bounds[:-1], bounds[1:], caches):
         cache.append(k[lo:hi], v[lo:hi])
     if PagedKVCache.one_pool(caches):
-        pool, layer = caches[0].pool, caches[0].layer
-        o = kern.attend_paged_ragged(q, pool.k[layer], pool.v[layer], [c.table.ids() for c in caches], n_pasts,
+        o = kern.attend_paged_ragged(q, caches[0].k_pool, caches[0].v_pool, [c.ids() for c in caches], n_pasts,
                                      bounds, scale)
     else:
         o = join_rows([cache.attend(kern, q[lo:hi], n_past, scale)

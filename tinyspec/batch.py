@@ -6,14 +6,16 @@ pass). speculate.Engine already steps any number of slots; this module gives it 
 
     a KV pool    the attention layers' keys and values in fixed-size blocks shared by all sequences
                  (paged.py): a sequence takes blocks as its positions are written and gives them back when
-                 a rollback truncates or the sequence ends, so a finished slot's memory serves the next prompt
+                 a rollback truncates or the sequence ends, so a finished slot's memory serves the next prompt;
+                 its drafter's KV (the MTP head's, a draft model's) takes blocks of the same pool, in the same bytes
     chunked prefill  a joining prompt is fed `chunk` rows per step as rows of the verify pass (speculate.Engine):
                  the running slots never stop for it, and wait at most `chunk` extra rows a step
     admission    a sequence joins a free slot while the pool's available blocks hold the next step of every
-                 running sequence and its own first chunk: no worst-case reservation
-    preemption   when a step's rows would not fit the pool (the running sequences grew), the newest sequence
-                 gives its blocks back and waits in front of the queue; it resumes by prefilling its prompt and
-                 tokens again (or from the prefix cache), exactly where it was (its stats count `preemptions`)
+                 running sequence (its drafter's drafting too) and its own first chunk: no worst-case reservation
+    preemption   when a step would not fit the pool (the running sequences grew), the newest sequence gives its
+                 blocks back, its drafter's too, and waits in front of the queue; it resumes by prefilling its
+                 prompt and tokens again (or from the prefix cache), its drafter rebuilt from what it handed back
+                 (Drafter.release), exactly where it was (its stats count `preemptions`)
     prefix cache full blocks of prefilled prompts found again by their tokens and shared by reference, with GDN
                  states saved at chosen block boundaries (prefix_cache.py): a prompt that shares a cached prefix
                  prefills only the rest
@@ -23,8 +25,8 @@ Exact, per sequence: each gets exactly the tokens it gets alone (speculate.py sa
 size, the preemptions and the prefix hits; tests/test_batch.py checks it over random arrival schedules, greedy
 and sampled.
 
-Does NOT include: the MTP head's and a draft model's KV in the pool (each drafter keeps its own, outside the
-pool's count), swapping a preempted sequence's blocks to the host (it recomputes), priorities.
+Does NOT include: the drafters' GDN states in the pool (a draft model's, like the target's, are per sequence and
+not counted), swapping a preempted sequence's blocks to the host (it recomputes), priorities.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .model import Model
 from .paged import BlockPool
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
-from .speculate import Engine, SeqResult, check_prompt
+from .speculate import Engine, SeqResult, blocks_per_run, check_prompt
 
 
 @dataclass
@@ -77,7 +79,7 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     input order). drafter: None for plain decoding, else the first slot's Drafter (the others get
     drafter.another()), proposing draft_n drafts per slot and step (default 3), or as many as `policy` plans.
     seeds[i]: prompt i's random stream (default: i), the seed its solo run takes for the same tokens. n_blocks: the KV pool (default: room for
-    `slots` of the longest runs). A prompt that cannot run (empty, too long, bad ids) is reported in its
+    `slots` of the longest runs, their drafters' KV included). A prompt that cannot run (empty, too long, bad ids) is reported in its
     SeqResult.error and the others run. on_finish(result): called as each sequence ends (streamed output).
     chunk, prefix_cache, max_states, state_every: as Batch. A pool smaller than the sequences' needs is not an
     error: sequences wait, or are preempted and resumed (stats: preemptions)."""
@@ -97,7 +99,7 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
     runnable = [r for r in results if check_prompt(model, r.prompt_tokens, max_new) is None]
     longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new + policy.k_max + 1
     if n_blocks is None:
-        n_blocks = slots * -(-longest // block_size)
+        n_blocks = slots * blocks_per_run(model, drafter, longest, block_size)
     engine = Batch(model, slots, n_blocks, block_size, drafter, policy, params, stop_ids, on_finish, chunk,
                    prefix_cache, max_states, state_every)
     for r in results:

@@ -14,6 +14,12 @@ queued and fed with the next propose's first pass (one forward for all of them: 
 so the state is the same bits), so a run of plain steps costs the draft model nothing until drafting
 resumes; reading `state` feeds the queue.
 
+In a batch engine's KV pool (another(pool)) the draft model's attention layers take the pool's blocks, seen in its
+own row shape (paged.ViewTable; the pool's BlockPool.table_for picks it), so admission and preemption count them
+with the target's. A preempted sequence's release() gives them back; start() on resume prefills the draft model
+with the same history, which is exactly the state it had (no window, and its queue is fed with the next draft in
+one pass of the same bits), so release() has nothing to hand back.
+
 Official implementation: llama.cpp common/speculative.cpp draft-simple (docs/qwen35.md section 5.5).
 """
 
@@ -26,6 +32,7 @@ import numpy as np
 from .model import Model
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
+from .paged import BlockPool
 from .state import SnapshotRing
 
 
@@ -40,15 +47,18 @@ class DraftPass:
 class DraftModelDrafter(Proposing):
     stops_by_confidence = True  # it knows its law over each draft, and honours stop.keep_going
 
-    def __init__(self, draft_model: Model, target: Model, vocab: DraftVocabulary | None = None, scores=None):
+    def __init__(self, draft_model: Model, target: Model, vocab: DraftVocabulary | None = None, scores=None,
+                 pool: BlockPool | None = None):
         """target: the model the drafts are for; its vocabulary must be the draft model's (a draft is a target
-        token id, fed to the target from where the draft model made it, unchecked on a GPU)."""
+        token id, fed to the target from where the draft model made it, unchecked on a GPU). pool: a batch
+        engine's BlockPool the draft model's KV takes blocks from (None: its own caches)."""
         if draft_model.cfg.n_vocab != target.cfg.n_vocab:
             raise ValueError(f"the draft model's vocabulary ({draft_model.cfg.n_vocab} tokens) differs from the "
                              f"target's ({target.cfg.n_vocab}); drafts must be target token ids")
         self.model, self.target = draft_model, target
         self.ring: SnapshotRing | None = None  # one entry per draft, allocated by start()
-        self._state = draft_model.new_state()
+        self.pool = pool
+        self.fed_state = draft_model.new_state(pool)  # the tokens fed so far (`state` feeds the queue first)
         self.queue: list[int] = []  # kept tokens the draft model has not been fed yet (see commit)
         self.n_drafted = 0  # forwards made by the last propose
         self.vocab = vocab  # draft over these ids only (sampling.DraftVocabulary); None: the whole vocabulary
@@ -56,23 +66,45 @@ class DraftModelDrafter(Proposing):
             scores = draft_model.output if vocab is None else vocab.rows(draft_model.output)
         self.scores = scores  # [N, D] or [n, D]
 
-    def another(self) -> "DraftModelDrafter":
-        """A drafter for another sequence of the same batch: its own state and ring, this one's draft model and
-        scores weight (so a batch's draft passes score every sequence with one product)."""
-        return DraftModelDrafter(self.model, self.target, self.vocab, self.scores)
+    def another(self, pool: BlockPool | None = None) -> "DraftModelDrafter":
+        """A drafter for another sequence of the same batch: its own state (its KV in `pool`, if given) and ring,
+        this one's draft model and scores weight (so a batch's draft passes score every sequence with one product)."""
+        return DraftModelDrafter(self.model, self.target, self.vocab, self.scores, pool)
 
     @property
     def state(self):  # the draft model's ModelState, every kept token fed
         if self.queue:
-            self.model.forward(np.array(self.queue), self._state, logits=False)
+            self.model.forward(np.array(self.queue), self.fed_state, logits=False)
             self.queue = []
-        return self._state
+        return self.fed_state
 
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None:
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int, resume: None = None) -> None:
         if self.ring is None or self.ring.size < max(1, k_max):
             self.ring = SnapshotRing(self.model.cfg, max(1, k_max), self.model.xp)
-        self._state, self.queue, self.n_drafted = self.model.new_state(), [], 0
-        self.model.forward(np.array(prompt), self._state, logits=False)
+        self.fed_state.release()  # (in a pool it holds no block here: release() came first)
+        self.fed_state, self.queue, self.n_drafted = self.model.new_state(self.pool), [], 0
+        self.model.forward(np.array(prompt), self.fed_state, logits=False)
+
+    def release(self) -> None:
+        """Give every pool block back (the sequence is preempted or done); a resumed start() rebuilds the state
+        from the history alone, so nothing is handed back."""
+        self.fed_state.release()
+        self.queue, self.n_drafted = [], 0
+
+    def blocks_to_start(self, n: int, resume: None = None) -> int:
+        """Pool blocks the draft model's KV holds after start() of an n-token history (0 without a pool)."""
+        return 0 if self.pool is None else self.fed_state.table.blocks_for(n)
+
+    def blocks_to_draft(self, k: int) -> int:
+        """New pool blocks the next drafting of k drafts takes at most: the queue, the pending token and k - 1
+        drafts fed (commit rolls back or queues: it takes none)."""
+        if self.pool is None or not k:
+            return 0
+        table = self.fed_state.table
+        return max(0, table.blocks_for(self.fed_state.pos + len(self.queue) + k) - len(table.blocks))
+
+    def pool_blocks(self) -> list[int]:
+        return [] if self.pool is None else list(self.fed_state.table.blocks)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting:
@@ -89,8 +121,8 @@ class DraftModelDrafter(Proposing):
         tokens, self.queue = self.queue + [pending], []  # the first pass also feeds the queued kept tokens
         self.ring.filled = 0
         for i in range(k):
-            scores = yield DraftPass(tokens, self._state, self.scores)  # [N] or [n]: the pass's last row
-            self.ring.save(self._state, i)  # entry i: pending + d_1..d_i fed
+            scores = yield DraftPass(tokens, self.fed_state, self.scores)  # [N] or [n]: the pass's last row
+            self.ring.save(self.fed_state, i)  # entry i: pending + d_1..d_i fed
             if argmax_ids:  # [1] id where the draft model computes: no transfer
                 token, q_draft = np.argmax(scores).reshape(1), None
             else:  # a sampled draft reads the law on the host
@@ -129,7 +161,7 @@ class DraftModelDrafter(Proposing):
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         n = len(fed)
         if self.n_drafted and n <= self.n_drafted:
-            self.ring.restore(self._state, n - 1)
+            self.ring.restore(self.fed_state, n - 1)
         else:  # nothing drafted, or every draft kept: queue what the draft model has not seen (fed lazily)
             self.queue += fed[self.n_drafted:]
         self.n_drafted = 0

@@ -101,19 +101,33 @@ Drafting = Generator[object, object, Draft]  # yields the passes it needs, is se
 class Drafter(Protocol):
     """One sequence's drafter. The engine calls, per sequence:
 
-        start(prompt, hidden, k_max)   after the target prefilled the prompt (hidden [n, D]: the target's
-                                       post-norm rows, where the model computes when greedy)
+        start(prompt, hidden, k_max, resume)   after the target prefilled the prompt (hidden [n, D]: the
+                                       target's post-norm rows, where the model computes when greedy); resume:
+                                       None, or what release() returned when this sequence was preempted
         drafting(pending, k, params, rng, stop, on_device) -> a coroutine of passes returning a Draft of <= k
                                        drafts after the pending token (on_device: see the module docstring)
         draft_pass(asks) -> answers    several sequences' passes (what their coroutines yielded) made as one
         commit(fed, hidden)            the target kept these tokens (fed[0] = pending), with its hidden rows
-        another() -> Drafter           a drafter for another sequence, sharing this one's model and weights
+        another(pool) -> Drafter       a drafter for another sequence, sharing this one's model and weights;
+                                       pool: the engine's paged.BlockPool its KV takes blocks from (None: its
+                                       own memory)
         stops_by_confidence            True if drafting honours stop.keep_going (it knows each draft's p)
+
+    The KV a drafter keeps (the MTP head's, a draft model's) is memory like the target's: with a pool, it takes
+    the pool's blocks (paged.ViewTable), and the engine admits and preempts by all of them. With a pool only:
+
+        blocks_to_start(n, resume) -> int   blocks it holds after start() of an n-token history (it holds
+                                       none before: a drafter's blocks go back when its sequence leaves)
+        blocks_to_draft(k) -> int      new blocks the next drafting of k drafts takes at most (commit takes none)
+        release() -> resume            its sequence is preempted or done: every block back to the pool; returns
+                                       what start() needs to rebuild exactly the state it had (the engine
+                                       keeps it with the sequence, unread, and hands it back on resume)
+        pool_blocks() -> [int]         the blocks it holds now (tests and reports read it)
     """
 
     stops_by_confidence: bool
 
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int) -> None: ...
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int, resume: object = None) -> None: ...
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting: ...
@@ -122,7 +136,32 @@ class Drafter(Protocol):
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
 
-    def another(self) -> "Drafter": ...
+    def another(self, pool=None) -> "Drafter": ...
+
+    def blocks_to_start(self, n: int, resume: object = None) -> int: ...
+
+    def blocks_to_draft(self, k: int) -> int: ...
+
+    def release(self) -> object: ...
+
+    def pool_blocks(self) -> list[int]: ...
+
+
+class KeepsNoKV:
+    """The pool half of the Drafter protocol for a drafter that keeps no KV (lookup; test doubles): it takes no
+    block, and its state is rebuilt exactly from the history alone, so release() has nothing to hand back."""
+
+    def blocks_to_start(self, n: int, resume: object = None) -> int:
+        return 0
+
+    def blocks_to_draft(self, k: int) -> int:
+        return 0
+
+    def release(self) -> None:
+        return None
+
+    def pool_blocks(self) -> list[int]:
+        return []
 
 
 class Proposing:

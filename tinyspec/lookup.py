@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from .sampling import SamplingParams
-from .drafting import Draft, Drafting, Proposing, StopRule, no_passes
+from .drafting import Draft, Drafting, KeepsNoKV, Proposing, StopRule, no_passes
 
 
 def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
@@ -65,12 +65,13 @@ def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -
     return []
 
 
-class LookupDrafter(Proposing):
+class LookupDrafter(Proposing, KeepsNoKV):
     """The drafter protocol (drafting.Drafter) around find_draft; its state is the token history.
 
     history = prompt + every token the target has fed since; drafting looks up history + [pending].
     The target's hidden rows are ignored: this drafter runs no model (its drafting asks for no pass), and has no
-    confidence to report; its drafts are host ints from the start.
+    confidence to report; its drafts are host ints from the start. It keeps no KV (KeepsNoKV): in a batch it takes
+    no pool block, and a preempted sequence's history restarts it exactly.
     """
 
     stops_by_confidence = False
@@ -81,10 +82,11 @@ class LookupDrafter(Proposing):
         self.n_max, self.n_min = n_max, n_min
         self.history: list[int] = []
 
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0) -> None:
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: None = None) -> None:
         self.history = [int(t) for t in prompt]
 
-    def another(self) -> "LookupDrafter":
+    def another(self, pool=None) -> "LookupDrafter":  # no KV: nothing in a pool
+
         return LookupDrafter(self.n_max, self.n_min)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,

@@ -27,6 +27,7 @@ from .attention import attention_layer_ragged
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, embed_rows, ffn
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
+from .paged import BlockPool, PagedKVCache, ViewTable
 from .state import KVCache
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
@@ -50,8 +51,12 @@ class MTPHead:
         self.head_norm = self.w.get("nextn.shared_head_norm.weight", model.output_norm)
         self.head = self.w.get("nextn.shared_head_head.weight", model.output)
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_head_kv, self.cfg.head_dim, xp=self.model.xp)
+    def new_cache(self, pool: BlockPool | None = None) -> KVCache | PagedKVCache:
+        """An empty cache for one sequence: its own contiguous KVCache, or, in a batch engine's pool, one layer
+        of the target's row shape in the pool's blocks (paged.ViewTable: S * block_size positions a block)."""
+        if pool is None:
+            return KVCache(self.cfg.n_head_kv, self.cfg.head_dim, xp=self.model.xp)
+        return PagedKVCache(ViewTable(pool, [0], self.cfg.n_head_kv, self.cfg.head_dim), 0)
 
     def forward(self, tokens, hidden_prev: np.ndarray, cache: KVCache,
                 logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
@@ -117,6 +122,15 @@ class HeadPass:
     scores: object
 
 
+@dataclass(frozen=True)
+class HeadWindow:
+    """Where an MTP head's cache stands in its sequence: its row 0 is the sequence's position `start` (0 until a
+    restart from a window) and it has fed `fed` tokens from there; the sequence's tokens after those are queued.
+    What MTPDrafter.release() returns and start() rebuilds the same cache and queue from."""
+    start: int
+    fed: int
+
+
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
     """Pair row p with h_{p-1}: [T, D] -> [T, D], first row = h_before (zeros at the start of a sequence)."""
     first = np.zeros_like(hidden[:1]) if h_before is None else h_before.reshape(1, -1)  # where hidden is
@@ -141,6 +155,15 @@ class MTPDrafter(Proposing):
     only on relative positions, so the window is consistent), which costs draft quality, never correctness
     (drafts are only proposals), and bounds what a suspended drafter pays to catch up.
 
+    In a batch engine's KV pool (another(pool)) the head's cache takes the pool's blocks like the target's KV
+    (new_cache; blocks_to_start / blocks_to_draft tell the engine how many). A preempted sequence's release()
+    gives them back and returns its HeadWindow (where the cache starts in the sequence, how many tokens it fed);
+    on resume, start(history, hidden, k_max, window) feeds the same window's tokens with the target's hidden rows
+    (recomputed by the resumed prefill: the same bits) and queues the rest, as the cache and queue stood. A fresh
+    cache of the whole history would differ after a restart (the solo head attends to its window only), and so
+    would the next restart's moment (it comes when the queue passes max_queue): the drafts, and so a sampled
+    sequence's draws, would no longer be its solo run's.
+
     Options (constructor arguments; a policy's StopRule adds to them per step):
     vocab: score only these token ids when drafting (sampling.DraftVocabulary, e.g. the wing's
     draft_vocab.DraftVocab); verification is unchanged.
@@ -159,12 +182,17 @@ class MTPDrafter(Proposing):
     stops_by_confidence = True  # drafting reports each draft's probability and honours stop.keep_going
 
     def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
-                 p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None):
+                 p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None,
+                 pool: BlockPool | None = None):
         if not 0.0 <= p_min <= 1.0 or not 0.0 <= p_floor <= 1.0:
             raise ValueError(f"p_min and p_floor must be in [0, 1], got {p_min}, {p_floor}")
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
         self.head = head or MTPHead(model)  # head, scores: shared with the drafters another() makes
-        self._cache = self.head.new_cache()
+        self.pool = pool  # a batch engine's BlockPool the cache takes blocks from, or None
+        self.fed_cache = self.head.new_cache(pool)  # the head's KV of the tokens fed so far (`cache` feeds the queue)
+        self.window_start = 0  # the sequence position of the cache's row 0 (> 0 after a restart from a window)
         self.queue: list[tuple[list[int], np.ndarray]] = []  # kept tokens not yet fed, with their h_{p-1} rows
         self.max_queue = max_queue
         self.h_last: np.ndarray | None = None  # target hidden row that predicted the pending token
@@ -173,27 +201,72 @@ class MTPDrafter(Proposing):
             scores = self.head.head if vocab is None else vocab.rows(self.head.head)
         self.scores = scores  # [N, D] or [n, D]
 
-    def another(self) -> "MTPDrafter":
-        """A drafter for another sequence of the same batch: its own cache and queue, this one's head, options
-        and scores weight (so a batch's head passes score every sequence with one product)."""
-        return MTPDrafter(self.head.model, self.vocab, self.max_queue, self.p_min, self.p_floor, self.head, self.scores)
+    def another(self, pool: BlockPool | None = None) -> "MTPDrafter":
+        """A drafter for another sequence of the same batch: its own cache (in `pool`, if given) and queue, this
+        one's head, options and scores weight (so a batch's head passes score every sequence with one product)."""
+        return MTPDrafter(self.head.model, self.vocab, self.max_queue, self.p_min, self.p_floor, self.head, self.scores,
+                          pool)
 
     @property
-    def cache(self) -> KVCache:  # the head's KV cache, every kept token fed
+    def cache(self) -> KVCache | PagedKVCache:  # the head's KV cache, every kept token fed
         self._feed_queue()
-        return self._cache
+        return self.fed_cache
+
+    @property
+    def window(self) -> HeadWindow:
+        """Where the cache stands in the sequence, read without feeding anything."""
+        return HeadWindow(self.window_start, self.fed_cache.n)
+
+    def _queued(self) -> int:
+        return sum(len(fed) for fed, _ in self.queue)
 
     def _feed_queue(self) -> None:
         if self.queue:
             tokens = [t for fed, _ in self.queue for t in fed]
             rows = np.concatenate([h for _, h in self.queue])  # [n, D]
             self.queue = []
-            self.head.forward(tokens, rows, self._cache, logits=False)
+            self.head.forward(tokens, rows, self.fed_cache, logits=False)
 
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0) -> None:
-        self._cache, self.queue = self.head.new_cache(), []
-        self.head.forward(prompt, shift_hidden(hidden), self._cache, logits=False)
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: HeadWindow | None = None) -> None:
+        """The target prefilled `prompt` (hidden [n, D], its rows): feed the head every token, or, resuming a
+        preempted sequence (resume: what release() returned), the window's fed tokens, and queue the rest."""
+        window = resume or HeadWindow(0, len(prompt))
+        begin, end = window.start, window.start + window.fed
+        if not 0 <= begin <= end <= len(prompt):
+            raise ValueError(f"{window} does not lie in a history of {len(prompt)} tokens")
+        self.fed_cache.truncate(0)  # (in a pool it holds no block here: release() came first)
+        self.window_start, self.queue = begin, []
+        rows = shift_hidden(hidden)  # [n, D]: row p is h_{p-1}, a zero row at p = 0
+        if end > begin:
+            self.head.forward(prompt[begin:end], rows[begin:end], self.fed_cache, logits=False)
+        if end < len(prompt):
+            self.queue = [(list(prompt[end:]), rows[end:])]
         self.h_last = hidden[-1]
+
+    def release(self) -> HeadWindow:
+        """Give every pool block back (the sequence is preempted or done) and forget the tokens; returns the
+        HeadWindow that start() rebuilds this cache and queue from."""
+        window = self.window
+        self.fed_cache.truncate(0)
+        self.queue = []
+        return window
+
+    def blocks_to_start(self, n: int, resume: HeadWindow | None = None) -> int:
+        """Pool blocks the cache holds after start() of an n-token history (0 without a pool)."""
+        if self.pool is None:
+            return 0
+        return self.fed_cache.table.blocks_for(n if resume is None else resume.fed)
+
+    def blocks_to_draft(self, k: int) -> int:
+        """New pool blocks the next drafting of k drafts takes at most: the queue and the pending token in the
+        first pass, then k - 1 drafts, all past the cache's fed rows (drafting truncates back; commit only queues)."""
+        if self.pool is None or not k:
+            return 0
+        table = self.fed_cache.table
+        return max(0, table.blocks_for(self.fed_cache.n + self._queued() + k) - len(table.blocks))
+
+    def pool_blocks(self) -> list[int]:
+        return [] if self.pool is None else list(self.fed_cache.table.blocks)
 
     def draft_pass(self, asks: list[HeadPass]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Several sequences' head passes as one (MTPHead.draft_pass)."""
@@ -216,7 +289,7 @@ class MTPDrafter(Proposing):
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
         argmax_ids = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
-        cache = self._cache
+        cache = self.fed_cache
         # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
         # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
         fed = [t for f, _ in self.queue for t in f]
@@ -252,7 +325,10 @@ class MTPDrafter(Proposing):
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))
         self.h_last = hidden[-1]
-        if sum(len(f) for f, _ in self.queue) > self.max_queue:  # restart from a window of the recent past
+        queued = self._queued()
+        if queued > self.max_queue:  # restart from a window of the recent past (its blocks go back to the pool)
             tokens = [t for f, _ in self.queue for t in f][-self.max_queue:]
             rows = np.concatenate([h for _, h in self.queue])[-self.max_queue:]
-            self._cache, self.queue = self.head.new_cache(), [(tokens, rows)]
+            self.window_start += self.fed_cache.n + queued - self.max_queue
+            self.fed_cache.truncate(0)
+            self.queue = [(tokens, rows)]

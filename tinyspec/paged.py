@@ -30,8 +30,25 @@ prefix cache still finds it by its tokens, evicting idle blocks least recently u
 ones. Shared and cached blocks are full and read only: a sequence adopts them before it writes anything and
 writes only past them (BlockTable.check_writable raises otherwise), so no copy-on-write is ever needed.
 
+Other models' KV in the same blocks (the MTP head's, a draft model's: the drafters of speculate.Engine). The pool
+holds each attention layer's keys as one slab of a block: all of them are one array [S, n_blocks, block_size,
+H_kv, d] (S: the attention layers; pool.k[l] is slab a of every block, its own contiguous array), so a block is
+S slabs of block_size * H_kv * d floats (keys; values alike). Another model's rows [H', d'] see the same memory as
+[S * n_blocks, P, H', d'] with P = block_size * H_kv * d / (H' * d') of its positions a slab (BlockPool.view; slab
+a * n_blocks + b is slab a of block b). A model of L attention layers (ViewTable) puts its positions in chunks of
+P, chunk c of its layer l in its slab i = c * L + l, which is slab i % S of its block i // S:
+
+    pool, S = 2 slabs    | 0 | 1 | 2 | 3 | ...   block b: slabs (0, b) and (1, b)
+    target table [3, 0]  its layer of slab 0 reads slab (0, b), its layer of slab 1 slab (1, b), of blocks 3, 0
+    MTP head (L = 1, P = block_size)    table [5]: chunk 0 in slab (0, 5), chunk 1 in slab (1, 5): a block
+                                        holds 2 * block_size of its positions, in the bytes of block_size target ones
+
+So the drafters take blocks from the same free list as the target, in the same bytes, and a block is in one
+table at a time, whichever model's: admission and preemption count one budget (speculate.Engine). The
+attention kernels read a view through its table of slab ids as they read a target layer (attend_paged).
+
 Does NOT include: swapping blocks to the host (a preempted sequence gives its blocks back and is recomputed,
-speculate.Engine), sharing a partly filled block, quantized KV.
+speculate.Engine), sharing a partly filled block, a row shape that does not tile a slab, quantized KV.
 """
 
 from __future__ import annotations
@@ -62,10 +79,17 @@ class BlockPool:
         if n_blocks < 1 or block_size < 1:
             raise ValueError(f"a block pool needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
         self.n_blocks, self.block_size = int(n_blocks), int(block_size)
-        shape = (self.n_blocks, self.block_size, cfg.n_head_kv, cfg.head_dim)
-        # trunk layer i -> its key / value pool (None for GDN layers, which keep no KV)
-        self.k = [None if r else xp.zeros(shape, np.float32) for r in cfg.recurrent]
-        self.v = [None if r else xp.zeros(shape, np.float32) for r in cfg.recurrent]
+        attention = [i for i, r in enumerate(cfg.recurrent) if not r]
+        # S: a block is one slab of block_size positions per attention layer; a trunk without one (a small test
+        # file's) still gets one slab a block, which its drafters' KV takes (view())
+        self.slabs = max(len(attention), 1)
+        self.layout = (tuple(cfg.recurrent), cfg.n_head_kv, cfg.head_dim)  # the model whose tables are BlockTables
+        shape = (self.slabs, self.n_blocks, self.block_size, cfg.n_head_kv, cfg.head_dim)
+        self.k_slabs, self.v_slabs = xp.zeros(shape, np.float32), xp.zeros(shape, np.float32)
+        # trunk layer i -> its key / value pool [n_blocks, block_size, H_kv, d] (None for GDN layers, which keep no KV)
+        self.k = [None if r else self.k_slabs[attention.index(i)] for i, r in enumerate(cfg.recurrent)]
+        self.v = [None if r else self.v_slabs[attention.index(i)] for i, r in enumerate(cfg.recurrent)]
+        self.views: dict[tuple[int, int], tuple] = {}  # (H', d') -> the memory as slabs of that row (view())
         self.free = list(range(self.n_blocks - 1, -1, -1))  # a stack: pop() hands out block 0 first
         self.refs = np.zeros(self.n_blocks, np.int64)  # block tables using each block
         self.cached: dict[int, object] = {}  # block -> the prefix cache's entry that finds it (prefix_cache.py)
@@ -123,15 +147,48 @@ class BlockPool:
         return self.refs[block] == 1 and block not in self.cached
 
     def bytes_per_block(self) -> int:
-        return 2 * sum(k[0].nbytes for k in self.k if k is not None)  # keys and values, every attention layer
+        return 2 * self.k_slabs[:, 0].nbytes  # keys and values, every attention layer
+
+    def view(self, n_head_kv: int, head_dim: int) -> tuple:
+        """The pool's memory as slabs of rows [n_head_kv, head_dim] (another model's KV, the module docstring):
+        (keys, values [S * n_blocks, P, n_head_kv, head_dim], P) with P of its positions a slab; slab a * n_blocks
+        + b is slab a of block b. One pair of arrays per row shape, so every sequence's view attends in one call."""
+        key = (int(n_head_kv), int(head_dim))
+        if key not in self.views:
+            _, H_kv, d = self.layout
+            floats, row = self.block_size * H_kv * d, key[0] * key[1]
+            if floats % row:
+                raise ValueError(f"rows of {key[0]} x {key[1]} floats do not tile the pool's slabs of {self.block_size}"
+                                 f" x {H_kv} x {d} floats ({self.slabs} a block): choose another block_size")
+            P = floats // row
+            self.views[key] = (self.k_slabs.reshape(-1, P, *key), self.v_slabs.reshape(-1, P, *key), P)
+        return self.views[key]
+
+    def table_for(self, cfg: ModelConfig) -> "BlockTable | ViewTable":
+        """A new sequence's table for a model of `cfg`: a BlockTable for the model the pool was made for (its
+        attention layers and row shape), else a ViewTable of the pool's memory (a draft model)."""
+        if (tuple(cfg.recurrent), cfg.n_head_kv, cfg.head_dim) == self.layout:
+            return BlockTable(self)
+        return ViewTable(self, [i for i, r in enumerate(cfg.recurrent) if not r], cfg.n_head_kv, cfg.head_dim)
 
 
 class BlockTable:
-    """One sequence's block ids in position order, and the count of positions it holds."""
+    """One sequence's block ids in position order, and the count of positions it holds: its position j of every
+    attention layer l is row j % block_size of block blocks[j // block_size] in pool.k[l] / pool.v[l]."""
 
     def __init__(self, pool: BlockPool):
         self.pool, self.blocks = pool, []
+        self.block_size = pool.block_size  # positions an id of ids() holds
         self._ids = np.zeros(0, np.int64)  # self.blocks as an array, for the kernels (rebuilt on change only)
+
+    def blocks_for(self, n_positions: int) -> int:
+        return self.pool.blocks_for(n_positions)
+
+    def arrays(self, layer: int) -> tuple:
+        """Where layer `layer`'s keys and values live: [n_blocks, block_size, H_kv, d] each."""
+        if self.pool.k[layer] is None:
+            raise ValueError(f"layer {layer} is a GDN layer: it keeps no KV")
+        return self.pool.k[layer], self.pool.v[layer]
 
     def adopt(self, blocks: list[int]) -> None:
         """Start from full blocks a prefix cache found (a fresh table only): shared, never written."""
@@ -165,28 +222,87 @@ class BlockTable:
             del self.blocks[n_blocks:]
             self._ids = np.array(self.blocks, np.int64)
 
-    def ids(self) -> np.ndarray:  # [n_blocks] int64
+    def ids(self, layer: int | None = None) -> np.ndarray:  # [n_blocks] int64, the same for every layer
         return self._ids
+
+
+class ViewTable:
+    """One sequence's blocks for another model's attention layers (the MTP head, a draft model) in the pool's
+    memory (the module docstring): its layer l's position j is row j % P of slab ids(l)[j // P] of the view
+    [S * n_blocks, P, H', d'] (BlockPool.view). layers: that model's attention layer indices (L of them).
+
+    It takes whole blocks from the pool's free list (blocks_for: ceil(ceil(n / P) * L / S) for n positions) and
+    gives back its tail blocks when it keeps fewer positions; it never shares or adopts one."""
+
+    def __init__(self, pool: BlockPool, layers: list[int], n_head_kv: int, head_dim: int):
+        self.pool, self.blocks = pool, []
+        self.k, self.v, self.block_size = pool.view(n_head_kv, head_dim)  # block_size: P, positions an id holds
+        self.ordinal = {layer: j for j, layer in enumerate(layers)}  # model layer -> l, its place among the L
+        self._ids = [np.zeros(0, np.int64) for _ in layers]  # per l its slab ids in position order
+
+    def blocks_for(self, n_positions: int) -> int:
+        slabs = -(-int(n_positions) // self.block_size) * len(self.ordinal)  # chunks of P positions, one slab a layer
+        return -(-slabs // self.pool.slabs)
+
+    def arrays(self, layer: int) -> tuple:
+        if layer not in self.ordinal:
+            raise ValueError(f"layer {layer} keeps no KV in this table (its attention layers: {list(self.ordinal)})")
+        return self.k, self.v
+
+    def reserve(self, n_positions: int) -> None:
+        """Own enough blocks for n_positions of every layer (takes from the free list at a block boundary only)."""
+        n_blocks = self.blocks_for(n_positions)
+        if len(self.blocks) < n_blocks:
+            while len(self.blocks) < n_blocks:
+                self.blocks.append(self.pool.take())
+            self._index()
+
+    def check_writable(self, first: int, n_positions: int) -> None:
+        """As BlockTable.check_writable: a view's blocks are its own (never shared, never cached)."""
+        for block in self.blocks[(first // self.block_size * len(self.ordinal)) // self.pool.slabs :
+                                 self.blocks_for(n_positions)]:
+            if not self.pool.writable(block):
+                raise RuntimeError(f"a write into block {block}, which is shared or cached")
+
+    def keep(self, n_positions: int) -> None:
+        n_blocks = self.blocks_for(n_positions)
+        if n_blocks < len(self.blocks):
+            self.pool.give_back(self.blocks[n_blocks:])
+            del self.blocks[n_blocks:]
+            self._index()
+
+    def _index(self) -> None:
+        """Each layer's slab ids from the blocks: slab i = c * L + l of chunk c is slab i % S of block i // S."""
+        L, S = len(self.ordinal), self.pool.slabs
+        i = np.arange(len(self.blocks) * S // L)[:, None] * L + np.arange(L)  # [chunks, L]
+        slab = (i % S) * self.pool.n_blocks + np.array(self.blocks, np.int64)[i // S]  # [chunks, L] view slab ids
+        self._ids = [np.ascontiguousarray(slab[:, j]) for j in range(L)]
+
+    def ids(self, layer: int) -> np.ndarray:  # [chunks] int64: layer's slab ids in position order
+        return self._ids[self.ordinal[layer]]
 
 
 class PagedKVCache:
     """One attention layer's cache of one sequence, in the pool: state.KVCache's interface (n, append,
-    truncate, attend, contents). `table` is shared with the sequence's other attention layers."""
+    truncate, attend, contents). `table` (a BlockTable, or a ViewTable for another model's layers) is shared with
+    the sequence's other attention layers and says where each position lives."""
 
-    def __init__(self, pool: BlockPool, layer: int, table: BlockTable):
-        if pool.k[layer] is None:
-            raise ValueError(f"layer {layer} is a GDN layer: it keeps no KV")
-        self.pool, self.layer, self.table = pool, layer, table
+    def __init__(self, table: BlockTable | ViewTable, layer: int):
+        self.table, self.layer, self.pool = table, layer, table.pool
+        self.k_pool, self.v_pool = table.arrays(layer)  # [ids, block_size, H_kv, d] each, read through ids()
         self.n = 0  # positions filled
 
+    def ids(self) -> np.ndarray:
+        return self.table.ids(self.layer)
+
     def append(self, k: np.ndarray, v: np.ndarray) -> None:  # [T, H_kv, d] each
-        T, bs = k.shape[0], self.pool.block_size
+        T, bs = k.shape[0], self.table.block_size
         self.table.reserve(self.n + T)
         self.table.check_writable(self.n, self.n + T)
         pos = np.arange(self.n, self.n + T)
-        blocks, rows = self.table.ids()[pos // bs], pos % bs
-        self.pool.k[self.layer][blocks, rows] = k
-        self.pool.v[self.layer][blocks, rows] = v
+        ids, rows = self.ids()[pos // bs], pos % bs
+        self.k_pool[ids, rows] = k
+        self.v_pool[ids, rows] = v
         self.n += T
 
     def truncate(self, n: int) -> None:
@@ -199,20 +315,21 @@ class PagedKVCache:
 
     def attend(self, kern, q: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
         """kern.attend_paged over this layer's pool through the table (q [T, H_kv, G, d] -> [T, H_kv, G, d])."""
-        return kern.attend_paged(q, self.pool.k[self.layer], self.pool.v[self.layer], self.table.ids(), n_past, scale)
+        return kern.attend_paged(q, self.k_pool, self.v_pool, self.ids(), n_past, scale)
 
     @staticmethod
     def one_pool(caches: list) -> bool:
-        """Whether `caches` (one layer's, one per sequence) are all views of the same layer of one pool: then
-        they attend in one call (attention.attend_paged_ragged), each through its own table."""
+        """Whether `caches` (one layer's, one per sequence) all live in the same arrays of one pool (the same
+        target layer, or the same view): then they attend in one call (attention.attend_paged_ragged), each
+        through its own ids."""
         first = caches[0]
-        return all(isinstance(c, PagedKVCache) and c.pool is first.pool and c.layer == first.layer for c in caches)
+        return all(isinstance(c, PagedKVCache) and c.k_pool is first.k_pool for c in caches)
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """The keys and values of positions 0 .. n-1, gathered: [n, H_kv, d] each (tests compare them)."""
-        bs, pos = self.pool.block_size, np.arange(self.n)
-        blocks, rows = self.table.ids()[pos // bs], pos % bs
-        return self.pool.k[self.layer][blocks, rows], self.pool.v[self.layer][blocks, rows]
+        bs, pos = self.table.block_size, np.arange(self.n)
+        ids, rows = self.ids()[pos // bs], pos % bs
+        return self.k_pool[ids, rows], self.v_pool[ids, rows]
 
     def max_abs_diff(self, other) -> float:
         return kv_max_abs_diff(self, other)

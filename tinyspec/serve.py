@@ -57,7 +57,7 @@ from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate, compl
 from .paged import BlockPool
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
-from .speculate import Engine, check_prompt
+from .speculate import Engine, blocks_per_run, check_prompt
 
 BLOCK_SIZE = 16  # positions per KV block
 MAX_BODY = 16 << 20  # bytes of a request body at most
@@ -146,8 +146,9 @@ class Server:
         if not 1 <= self.ctx <= model.cfg.n_ctx:
             raise ValueError(f"the context per request must be in 1..{model.cfg.n_ctx} (the model's), got {ctx}")
         policy = policy_for(0 if drafter is None else None, policy)
-        # the KV pool holds every slot's longest run (ctx positions and a pass's drafts): admission never waits
-        per_slot = -(-(self.ctx + policy.k_max + 1) // BLOCK_SIZE)
+        # the KV pool holds every slot's longest run (ctx positions and a pass's drafts, its drafter's KV too):
+        # admission never waits
+        per_slot = blocks_per_run(model, drafter, self.ctx + policy.k_max + 1, BLOCK_SIZE)
         pool = BlockPool(model.cfg, slots * per_slot, BLOCK_SIZE, model.xp)
         # chunk: a joining prompt's prefill rows per pass (the running requests wait at most that many extra rows);
         # prefix_cache: a prompt that starts like an earlier one prefills only the rest (prefix_cache.py)

@@ -59,6 +59,7 @@ import numpy as np
 from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, check_draft_length, policy_for, run_together
 from .generate import SeqResult, step_ms
 from .model import Model
+from .paged import BlockPool
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, pick, probs_from_logits
 from .spec_sampling import verify_greedy, verify_step
@@ -89,6 +90,15 @@ def check_prompt(model: Model, prompt: list[int], max_new: int) -> str | None:
     except ValueError as e:
         return str(e)
     return None
+
+
+def blocks_per_run(model: Model, drafter: Drafter | None, n_positions: int, block_size: int) -> int:
+    """KV pool blocks (paged.BlockPool of block_size) that one run of n_positions holds at most: the target's and
+    its drafter's (the MTP head's, a draft model's KV: counted on a one-block pool of the same geometry, since a
+    drafter's count depends on the geometry only). What sizes a pool for `slots` such runs before it exists."""
+    probe = BlockPool(model.cfg, 1, block_size, model.xp)
+    own = 0 if drafter is None else drafter.another(probe).blocks_to_start(n_positions)
+    return probe.blocks_for(n_positions) + own
 
 
 PHASES = ("prefill", "draft", "verify", "accept", "rollback")
@@ -225,6 +235,7 @@ class Running:
     hidden_rows: list = field(default_factory=list)  # the prefill's hidden rows so far (the drafter starts from them)
     save_at: list[int] = field(default_factory=list)  # token counts where the prefix cache keeps its GDN state
     order: int = 0  # admission order: the newest is preempted first
+    resume: object = None  # what its drafter's release() returned when it was preempted: handed to start() on resume
 
     @property
     def prefilling(self) -> bool:
@@ -238,7 +249,8 @@ class Engine:
     for every running sequence: each decoding one's verify rows (the module docstring's steps) and each
     joining one's next prefill chunk (rows like any others: a T-token chunk computes the bits T one-token
     steps would). `active` maps slot -> Running, the state a test or a notebook may look at between steps.
-    drafter: None (plain decoding) or the first slot's Drafter (the others get drafter.another());
+    drafter: None (plain decoding) or the first slot's Drafter (the others get drafter.another()); with a pool,
+    every slot's is drafter.another(pool), whose KV (the MTP head's, a draft model's) takes the pool's blocks too;
     policy: a DraftPolicy (its k_max sizes the rings); pool: a paged.BlockPool the sequences' KV lives in
     (None: each its own cache; a sequence is then admitted at once). on_emit(seq, tokens, marks): each step's
     run as it is decided; on_finish(seq): as each sequence ends.
@@ -246,10 +258,12 @@ class Engine:
     chunk: prefill rows a pass takes at most, shared by the joining sequences in admission order (None: each
     joining prompt whole, in the pass that follows its admission). A running sequence then waits at most
     `chunk` extra rows per step for a joining prompt, and a long prompt takes several steps to join.
-    With a pool, a sequence is admitted while the pool's available blocks hold the next step's rows of every
-    running sequence and its own first chunk; when a step's rows would not fit (sequences grew), the newest
-    sequence is preempted: its blocks go back, its tokens and random stream are kept, and it is resumed first,
-    by prefilling prompt + tokens[:-1] again (pending: its last token; its drafter restarted on that history).
+    With a pool, a sequence is admitted while the pool's available blocks hold the next step of every running
+    sequence (its rows, its drafter's drafting) and its own first chunk (and its drafter's start, if that chunk
+    ends its prefill); when a step would not fit (sequences grew), the newest sequence is preempted: its blocks
+    and its drafter's go back, its tokens, random stream and its drafter's release() record are kept, and it is
+    resumed first, by prefilling prompt + tokens[:-1] again (pending: its last token; its drafter restarted on
+    that history from the record, exactly as it stood: a sampled sequence draws its solo run's tokens).
     prefix_cache: a prefix_cache.PrefixCache over the pool: a joining sequence starts from the deepest saved
     state whose blocks are cached, and its prefill saves states where the cache chooses (prefix_cache.py)."""
 
@@ -267,7 +281,12 @@ class Engine:
         self.model, self.slots, self.params, self.pool = model, int(slots), params, pool
         self.chunk, self.prefix_cache = chunk, prefix_cache
         self.on_emit, self.on_finish = on_emit, on_finish
-        self.drafters = None if drafter is None else [drafter] + [drafter.another() for _ in range(self.slots - 1)]
+        if drafter is None:
+            self.drafters = None
+        elif pool is None:
+            self.drafters = [drafter] + [drafter.another() for _ in range(self.slots - 1)]
+        else:  # every slot's drafter keeps its KV in the pool
+            self.drafters = [drafter.another(pool) for _ in range(self.slots)]
         self.policy = policy or policy_for(0 if drafter is None else None, None)
         self.k_max, self.stops = self.policy.k_max, {int(t) for t in stop_ids}
         self.rings = [model.new_ring(self.k_max + 1) for _ in range(self.slots)]  # per slot, allocated once
@@ -433,7 +452,7 @@ class Engine:
                 else:
                     seq, max_new, rng = self.waiting[0]
                     longest = len(seq.prompt_tokens) + max_new + self.k_max + 1
-                    if pool is not None and pool.blocks_for(longest) > pool.n_blocks:  # could never fit: reported
+                    if pool is not None and self._run_blocks(longest) > pool.n_blocks:  # could never fit: reported
                         self.waiting.popleft()
                         seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
                         continue
@@ -459,8 +478,10 @@ class Engine:
             start = 0 if match is None else len(match.blocks) * pool.block_size
             first = min(len(s.history) - start, self.chunk or len(s.history))
             idle_adopted = 0 if match is None else sum(pool.refs[blk] == 0 for blk in match.blocks)
-            if self._blocks_needed(self._chunks()) + pool.blocks_for(start + first) - start // pool.block_size > \
-                    pool.available - idle_adopted:
+            own = pool.blocks_for(start + first) - start // pool.block_size  # its first chunk's new blocks
+            if self.drafters is not None and start + first == len(s.history):  # and its drafter's start
+                own += self.drafters[b].blocks_to_start(len(s.history), s.resume)
+            if self._blocks_needed(self._chunks()) + own > pool.available - idle_adopted:
                 return False
         s.state, s.hidden_rows, s.save_at, s.order = model.new_state(pool), [], [], self.admitted
         self.admitted += 1
@@ -486,14 +507,26 @@ class Engine:
         return out
 
     def _blocks_needed(self, chunks: dict[int, int]) -> int:
-        """New pool blocks this step's rows take at most: a chunk's, or a decoding sequence's k + 1 at the most."""
+        """New pool blocks this step takes at most: a joining sequence's chunk (and its drafter's start if the chunk
+        ends its prefill), a decoding sequence's k + 1 rows and its drafter's drafting of k, at the most k."""
         if self.pool is None:
             return 0
         need = 0
         for b, s in self.active.items():
             rows = chunks.get(b, 0) if s.prefilling else self._room(s) + 1
             need += max(0, self.pool.blocks_for(s.state.pos + rows) - len(s.state.table.blocks))
+            if self.drafters is None:
+                continue
+            if not s.prefilling:
+                need += self.drafters[b].blocks_to_draft(self._room(s))
+            elif s.state.pos + rows == len(s.history):
+                need += self.drafters[b].blocks_to_start(len(s.history), s.resume)
         return need
+
+    def _run_blocks(self, n_positions: int) -> int:
+        """Pool blocks a run of n_positions holds at most: its KV and its drafter's."""
+        drafter = 0 if self.drafters is None else self.drafters[0].blocks_to_start(n_positions)
+        return self.pool.blocks_for(n_positions) + drafter
 
     def _make_room(self) -> dict[int, int]:
         """This step's chunks, after preempting the newest sequences while the step's rows would not fit the pool."""
@@ -505,8 +538,11 @@ class Engine:
         return chunks
 
     def _preempt(self, b: int) -> None:
-        """Give slot b's blocks back; keep its tokens, stats and random stream; resume it before anything waiting."""
+        """Give slot b's blocks back, its drafter's too; keep its tokens, stats, random stream and what its drafter
+        needs to restart as it stood (release()'s record); resume it before anything waiting."""
         s = self.active.pop(b)
+        if self.drafters is not None and not s.prefilling:  # (a prefilling one's drafter has not started: its
+            s.resume = self.drafters[b].release()  # record from an earlier preemption, if any, still holds)
         s.state.release()
         s.state, s.hidden_rows, s.save_at = None, [], []
         s.stats.preemptions += 1
@@ -529,8 +565,8 @@ class Engine:
         if s.prefilling:
             return
         if self.drafters is not None:
-            self.drafters[b].start(s.history, np.concatenate(s.hidden_rows), self.k_max)
-        s.hidden_rows = []
+            self.drafters[b].start(s.history, np.concatenate(s.hidden_rows), self.k_max, s.resume)
+        s.hidden_rows, s.resume = [], None
         if s.seq.tokens:  # a resumed sequence: its pending token was chosen before it was preempted
             return
         if s.max_new == 0:
@@ -552,7 +588,9 @@ class Engine:
     def _finish(self, b: int) -> None:
         s = self.active.pop(b)
         if self.pool is not None:
-            s.state.release()  # every KV block back to the pool
+            s.state.release()  # every KV block back to the pool, its drafter's too
+            if self.drafters is not None:
+                self.drafters[b].release()
         s.stats.emitted, s.stats.wall_s = len(s.seq.tokens), time.perf_counter() - s.t_join
         s.seq.stats = {k: v for k, v in s.stats.as_dict().items() if k != "phase_ms"}  # phases: the engine's
         self.finished.append(s)

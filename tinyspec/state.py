@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelConfig
-from .paged import BlockTable, PagedKVCache, kv_max_abs_diff
+from .paged import PagedKVCache, kv_max_abs_diff
 
 
 def zeros_aligned(shape, xp=np, align: int = 64):
@@ -137,20 +137,22 @@ class ModelState:
     """Everything one sequence has seen: a GDNState or KVCache per trunk layer, and the position count.
 
     pool: None for a sequence of its own (a contiguous KVCache per attention layer), or a paged.BlockPool
-    shared by many sequences: the attention layers are then PagedKVCache views of it through one block
-    table per sequence (self.table), and release() gives the blocks back when the sequence ends."""
+    shared by many sequences: the attention layers are then PagedKVCache views of it through one table per
+    sequence (self.table: a BlockTable for the model the pool was made for, a ViewTable for another model's,
+    a draft model's: BlockPool.table_for), and release() gives the blocks back when the sequence ends."""
 
     def __init__(self, cfg: ModelConfig, xp=np, pool=None):
-        self.table = None if pool is None else BlockTable(pool)
+        self.table = None if pool is None else pool.table_for(cfg)
         self.layers: list = [
             GDNState.zeros(cfg, xp) if recurrent
-            else KVCache(cfg.n_head_kv, cfg.head_dim, xp=xp) if pool is None else PagedKVCache(pool, i, self.table)
+            else KVCache(cfg.n_head_kv, cfg.head_dim, xp=xp) if pool is None else PagedKVCache(self.table, i)
             for i, recurrent in enumerate(cfg.recurrent)
         ]
         self.pos = 0  # tokens consumed = position of the next token
 
     def release(self) -> None:
-        """The sequence is over: give its KV blocks back to the pool (a contiguous cache has none to give)."""
+        """The sequence is over (or preempted): give its KV blocks back to the pool (a contiguous cache has none
+        to give; it forgets its positions)."""
         self.truncate_kv(0)
 
     def copy(self) -> "ModelState":

@@ -1,12 +1,13 @@
 """The figures of docs/serving.md: prefix cache, chunked prefill and preemption on the shipped tiny model.
 
-    python tools/serving_figures.py [--backend cpu] [--prefix 256] [--prompts 8] [--long 1024]
+    python tools/serving_figures.py [--backend cpu] [--prefix 256] [--prompts 8] [--long 1024] [--figures 123]
 
 1. prefix cache  N prompts = a shared prefix + 8 tokens of their own, 2 slots, blocks of 16: prefill rows, wall
                  time and the memory of the saved GDN states, cache off and on (state_every 0 and 4)
 2. chunking      two sequences decode while a long prompt joins: the longest step a running sequence waits
                  through, and the steps until the joining prompt's first token, chunk None / 256 / 64 / 16
-3. preemption    8 prompts in 4 slots with a pool of 1.5 longest runs: preemptions, recomputed rows, wall time
+3. preemption    8 prompts in 4 slots with a pool of 1.5 longest runs (the MTP heads' KV counted): preemptions,
+                 recomputed rows, wall time
 Every configuration's tokens are checked against the cache-off / unchunked run (exactness is the tests' job;
 this only guards the figures)."""
 
@@ -22,7 +23,7 @@ import tinyspec
 from tinyspec.backends import load_model
 from tinyspec.batch import Batch, batch_generate
 from tinyspec.mtp import MTPDrafter
-from tinyspec.speculate import SeqResult
+from tinyspec.speculate import SeqResult, blocks_per_run
 
 MODEL = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
 
@@ -89,8 +90,9 @@ def chunking(model, n_long: int) -> None:
 
 def preemption(model) -> None:
     prompts = [[int(t) for t in np.arange(40) * (i + 3) % 7000 + 10] for i in range(8)]
-    longest = -(-(40 + 48 + 3 + 1) // 16)
-    print(f"3. preemption: 8 prompts of 40 tokens, 48 new each, 4 slots, MTP k = 2; one run needs {longest} blocks")
+    longest = blocks_per_run(model, MTPDrafter(model), 40 + 48 + 3 + 1, 16)  # its KV and its MTP head's
+    print(f"3. preemption: 8 prompts of 40 tokens, 48 new each, 4 slots, MTP k = 2; one run needs {longest} blocks "
+          f"({-(-(40 + 48 + 3 + 1) // 16)} for its KV, the rest for its MTP head's)")
     base = None
     for n_blocks, cache in ((4 * longest, False), (longest + longest // 2, False), (longest + longest // 2, True)):
         base, s, wall = timed_run(model, prompts, 48, 4, base, "preemption", n_blocks=n_blocks, prefix_cache=cache)
@@ -104,14 +106,18 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--long", type=int, default=1024)
+    ap.add_argument("--figures", default="123", help="which figures to make (default all three: 123)")
     args = ap.parse_args()
     model = load_model(MODEL, args.backend)
     # warm-up: the cpu backend compiles its kernels on first use (not timed below)
     batch_generate(model, [[1, 2, 3] * 20, [4, 5]], 4, slots=2, drafter=MTPDrafter(model), draft_n=2, prefix_cache=True,
-                   chunk=8, block_size=4, n_blocks=24)
-    prefix_cache(model, args.prefix, args.prompts)
-    chunking(model, args.long)
-    preemption(model)
+                   chunk=8, block_size=4, n_blocks=40)
+    if "1" in args.figures:
+        prefix_cache(model, args.prefix, args.prompts)
+    if "2" in args.figures:
+        chunking(model, args.long)
+    if "3" in args.figures:
+        preemption(model)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ medians over `rounds` interleaved rounds with their spread, and `checks` flags f
 ones or spread too wide (bench.checks' rule).
 
 Does NOT include: arrivals in wall-clock time (a server's load generator), sampling, stop tokens (every request
-runs max_new tokens), the drafters' own memory (docs/serving.md section 6).
+runs max_new tokens), a draft model's GDN states (outside the pool; docs/serving.md section 6).
 """
 
 from __future__ import annotations

@@ -31,9 +31,28 @@ paid its page faults on every call: LESSONS 14.)
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic
 
 from . import kernel_cache, simd
+
+
+@intrinsic
+def _f32_at(typingctx, address):
+    """The float32 pointer at an integer address (an array's .ctypes.data), for numba.carray to view.
+
+    Why addresses: a batch hands each kernel B per-sequence arrays, and a tuple of B arrays is a type of its own
+    for every B, so each new batch size compiled the kernel again (seconds, mid-run on a cold cache:
+    docs/performance-log.md, 2026-11-27). An int64 array of addresses is one type for every B. The Python
+    functions below pass only C-contiguous float32 arrays that they keep alive through the call."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+
+    return types.CPointer(types.float32)(types.int64), codegen
+
+
+def _addresses(arrays) -> np.ndarray:
+    return np.array([a.ctypes.data for a in arrays], np.int64)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -67,16 +86,17 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _scan_ragged(q, k, v, decay, beta, bounds, S0s, Ss, o, snaps, keep, stream):
-    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b (tuples of B arrays):
-    # S0s[b] [HV, K, V] read, Ss[b] written (may be S0s[b]), snaps[b] [>= T_b, HV, K, V] if keep[b]; o [R, HV, V]
+def _scan_ragged(q, k, v, decay, beta, bounds, S0_at, S_at, o, snaps_at, snap_rows, keep, stream):
+    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b, by address (int64 [B]):
+    # S0 [HV, K, V] read, S written (may be S0), snaps [snap_rows[b], HV, K, V] if keep[b]; o [R, HV, V]
     R, HV, K = q.shape
     V = v.shape[2]
     B = bounds.shape[0] - 1
     for item in prange(B * HV):  # (sequence, value head) pairs: each reads only its own sequence's state
         b, h = item // HV, item % HV
         lo, hi = bounds[b], bounds[b + 1]
-        S0, S, sn, kp, st = S0s[b], Ss[b], snaps[b], keep[b], stream[b]
+        S0, S = carray(_f32_at(S0_at[b]), (HV, K, V)), carray(_f32_at(S_at[b]), (HV, K, V))
+        sn, kp, st = carray(_f32_at(snaps_at[b]), (snap_rows[b], HV, K, V)), keep[b], stream[b]
         pred = np.empty(V, np.float32)
         if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
             mode = (2 if st else 1) if kp else 0
@@ -101,7 +121,7 @@ def _scan_ragged(q, k, v, decay, beta, bounds, S0s, Ss, o, snaps, keep, stream):
             simd.store_fence()
 
 
-_NO_SNAPS = np.empty((1, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+_NO_SNAPS = np.empty((0, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
 
 
 def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
@@ -166,7 +186,8 @@ def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, 
             Ss[b][...] = S0s[b]
     o = np.empty((R, HV, V), np.float32)
     if R:
-        _scan_ragged(q, k, v, decay, beta, bounds, S0s, tuple(Ss), o, tuple(snaps), keep, stream)
+        _scan_ragged(q, k, v, decay, beta, bounds, _addresses(S0s), _addresses(Ss), o, _addresses(snaps),
+                     np.array([sn.shape[0] if kp else 0 for sn, kp in zip(snaps, keep)], np.int64), keep, stream)
     return o, Ss
 
 
@@ -208,14 +229,17 @@ def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, 
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, states_outs, keep):
-    # x [R, C], bounds [B+1], conv_states: B x [C, w-1] (a tuple), weight [C, w] -> y [R, C], new_states [B, C, w-1]
+def _causal_conv_ragged(x, bounds, states_at, weight, y, new_states, outs_at, out_rows, keep):
+    # x [R, C], bounds [B+1], weight [C, w]; per sequence b, by address (int64 [B]): its window [C, w-1] and, if
+    # keep[b], its states_out [out_rows[b], C, w-1] -> y [R, C], new_states [B, C, w-1]
+    C, w = weight.shape
     for b in range(bounds.shape[0] - 1):  # one thread: a sequence's conv is a few microseconds at the 0.8B shape
         lo, hi = bounds[b], bounds[b + 1]
-        _causal_conv(x[lo:hi], conv_states[b], weight, y[lo:hi], new_states[b], states_outs[b], keep[b])
+        _causal_conv(x[lo:hi], carray(_f32_at(states_at[b]), (C, w - 1)), weight, y[lo:hi], new_states[b],
+                     carray(_f32_at(outs_at[b]), (out_rows[b], C, w - 1)), keep[b])
 
 
-_NO_CONV_STATES = np.empty((1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+_NO_CONV_STATES = np.empty((0, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
 
 
 def causal_conv(x, conv_state, weight, states_out=None):
@@ -253,10 +277,11 @@ def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None):
             raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, {C}, {w - 1}], "
                              f"got {so.dtype} {so.shape}")
     keep = np.array([so is not None for so in states_outs], np.bool_)
-    snaps = tuple(_NO_CONV_STATES if so is None else so for so in states_outs)
+    snaps = [_NO_CONV_STATES if so is None else so for so in states_outs]
     y = np.empty((R, C), np.float32)
     new_states = np.empty((B, C, w - 1), np.float32)  # sequence b's new window is new_states[b]
-    _causal_conv_ragged(x, bounds, conv_states, weight, y, new_states, snaps, keep)
+    _causal_conv_ragged(x, bounds, _addresses(conv_states), weight, y, new_states, _addresses(snaps),
+                        np.array([so.shape[0] for so in snaps], np.int64), keep)
     return y, list(new_states)
 
 

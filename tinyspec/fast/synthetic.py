@@ -135,11 +135,24 @@ class SyntheticDrafter(Proposing):
             raise ValueError("reference tokens must be non-negative token ids")
         return tokens
 
-    def another(self) -> "SyntheticDrafter":
-        inner = self.inner.another() if self.inner is not None else None
+    def another(self, pool=None) -> "SyntheticDrafter":
+        inner = self.inner.another(pool) if self.inner is not None else None  # its KV, if any, in the pool
         return SyntheticDrafter(self.references, self.acceptance, self.seed + 1, inner)
 
-    def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0) -> None:
+    # the pool half of the protocol is the inner drafter's (the synthetic drafts keep no KV)
+    def blocks_to_start(self, n: int, resume: object = None) -> int:
+        return self.inner.blocks_to_start(n, resume) if self.inner is not None else 0
+
+    def blocks_to_draft(self, k: int) -> int:
+        return self.inner.blocks_to_draft(k) if self.inner is not None else 0
+
+    def release(self) -> object:
+        return self.inner.release() if self.inner is not None else None
+
+    def pool_blocks(self) -> list[int]:
+        return self.inner.pool_blocks() if self.inner is not None else []
+
+    def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0, resume: object = None) -> None:
         if isinstance(self.references, Mapping):
             key = tuple(int(t) for t in prompt)
             if key not in self.references:
@@ -148,7 +161,7 @@ class SyntheticDrafter(Proposing):
         elif callable(self.references):
             self.reference = self._checked(self.references(list(prompt)))
         if self.inner is not None:
-            self.inner.start(prompt, hidden, k_max)
+            self.inner.start(prompt, hidden, k_max, resume)
         self.step = 0  # every generation sees the same draws
         self.i = 0  # index in the reference of the pending token
         self.diverged_at: int | None = None
