@@ -353,3 +353,21 @@ def test_a_python_int_read_during_capture_is_baked_in(cuda):
     n = 5  # the host moved on; the graph did not
     graph.launch()
     assert float(out) == 0 + 1 + 2 and n == 5
+
+
+def test_the_serving_engine_on_the_cuda_backend_keeps_every_sequence_solo(cuda, files):
+    """Issue 36's engine on the cuda backend (through the fake): prompts sharing a prefix, the prefix cache,
+    chunked prefill inside the verify pass and a pool small enough to preempt, with MTP drafts whose KV takes
+    the same pool. Every sequence's tokens equal its solo run on the same backend."""
+    from tinyspec.batch import batch_generate
+    from tinyspec.speculate import blocks_per_run
+
+    model = load_model(files / "target.gguf", "cuda")
+    shared = list(range(1, 40))
+    prompts = [shared + [60 + i, 70 + i] for i in range(5)]
+    solo = [generate(model, p, 10, drafter=MTPDrafter(model), draft_n=2).tokens for p in prompts]
+    per_run = blocks_per_run(model, MTPDrafter(model), len(prompts[0]) + 10 + 3, 8)
+    out = batch_generate(model, prompts, 10, slots=3, drafter=MTPDrafter(model), draft_n=2, chunk=8,
+                         prefix_cache=True, block_size=8, n_blocks=per_run * 3 // 2)
+    assert [s.tokens for s in out.sequences] == solo
+    assert out.stats["preemptions"] > 0 and out.stats["prefix_hits"] > 0, out.stats
