@@ -33,19 +33,13 @@ import numpy as np
 STAMP = "tinyspec-warm.txt"
 
 
-def _weight(qtype, n_out: int = 2, n_in: int = 256) -> tuple[np.ndarray, int]:
-    """Read-only zero bytes of an [n_out, n_in] weight, flat, as numba_ops._weight_blocks hands them over."""
-    flat = np.zeros(n_out * qtype.row_nbytes(n_in), np.uint8)
-    flat.flags.writeable = False
-    return flat, qtype.row_nbytes(n_in)
-
-
 def _matmul(kernel: str, qtype_name: str) -> None:
     from . import numba_ops
     from ..quants import GGMLType
 
     qtype = GGMLType[qtype_name]
-    flat, row_bytes = _weight(qtype)
+    _, flat = numba_ops._weight_blocks(np.zeros(2 * qtype.row_nbytes(256), np.uint8), qtype, (2, 256))  # as bind()
+    row_bytes = qtype.row_nbytes(256)
     x, y = np.zeros((1, 256), np.float32), np.zeros((1, 2), np.float32)
     run = {"integer": numba_ops._quant_linear_q8_parallel, "integer, one thread": numba_ops._quant_linear_q8_serial,
            "float": numba_ops._quant_linear_parallel, "q8_0": numba_ops._quant_linear_q8_0_parallel,
@@ -57,7 +51,8 @@ def _experts() -> None:
     from . import numba_ops
     from ..quants import GGMLType
 
-    flat, row_bytes = _weight(GGMLType.Q4_K)
+    row_bytes = GGMLType.Q4_K.row_nbytes(256)
+    _, flat = numba_ops._weight_blocks(np.zeros(2 * row_bytes, np.uint8), GGMLType.Q4_K, (2, 256))  # as bind_experts()
     x, y = np.zeros((1, 256), np.float32), np.zeros((1, 2), np.float32)
     numba_ops._experts_linear(x, flat, 2 * row_bytes, row_bytes, int(GGMLType.Q4_K), 256, numba_ops._FLOAT,
                               np.zeros(1, np.int64), np.array([0, 1], np.int64), y)
