@@ -244,9 +244,10 @@ class CudaWeightKernels:
 
 
 def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels), a matmul
-    weight of a type the kernels do not read as an F32 packed weight (so ops.linear still finds .linear),
-    every other tensor as a float32 device array."""
+    """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels); a matmul
+    weight of a type the kernels do not read (Q4_0, Q5_0, Q2_K, Q3_K, the I-quants, MXFP4) dequantized and
+    packed as F32 (a PackedWeight, or for a 3-D expert tensor a PackedExperts: so ops.linear and
+    moe.experts_linear still find the method they call); every other tensor as a float32 device array."""
     kernels = CudaWeightKernels()
     cp = kernels.cp
     out = packed_tensors(g, kernels, cp.asarray, progress)
@@ -254,9 +255,11 @@ def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
         if isinstance(t, (PackedWeight, PackedExperts)):
             continue
         packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and t.ndim == 2
-        if packable:
+        experts = name.endswith(EXPERT_SUFFIXES) and t.ndim == 3
+        if packable or experts:
             f32 = np.ascontiguousarray(t, dtype=np.float32)
-            out[name] = PackedWeight(cp.asarray(f32.view(np.uint8).reshape(-1)), GGMLType.F32, f32.shape, kernels)
+            packed = PackedExperts if experts else PackedWeight
+            out[name] = packed(cp.asarray(f32.view(np.uint8).reshape(-1)), GGMLType.F32, f32.shape, kernels)
         else:
             out[name] = cp.asarray(t)
     return out
