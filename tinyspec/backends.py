@@ -143,7 +143,8 @@ class PackedWeight:
 class PackedExperts:
     """A qwen35moe expert tensor [E, out, in] kept as its GGUF bytes (each expert's rows are whole blocks, stored
     one expert after the other). experts_linear(x, experts, offsets) multiplies rows grouped by expert, each
-    expert's weights read once (moe.experts_linear is its oracle); experts[e] is expert e's [out, in] weight as a
+    expert's weights read once (moe.experts_linear is its oracle; offsets are host ints, or on the cuda backend
+    a device [E + 1] from Kernels.route_experts, never read on the host); experts[e] is expert e's [out, in] weight as a
     PackedWeight over its slice of the bytes, bound when first used."""
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int, int], kernels):
@@ -167,8 +168,9 @@ class PackedExperts:
 
 def bind_each_expert(bind: Callable, raw, ggml_type, shape: tuple[int, int, int], q8: bool, xp) -> Callable:
     """experts_linear (PackedExperts' contract) from weight kernels that bind one [out, in] weight at a time:
-    each expert bound when first chosen, over its slice of the bytes, and run on its own rows (the cuda
-    backend's; the cpu backend's numba_ops.bind_experts runs every chosen expert in one kernel call)."""
+    each expert bound when first chosen, over its slice of the bytes, and run on its own rows (host groups;
+    the oracles of tests/test_backends.py; the cpu backend's numba_ops.bind_experts runs every chosen expert in
+    one kernel call, the cuda backend's cuda_ops.bind_experts in one launch)."""
     per, bound = raw.size // shape[0], {}
 
     def experts_linear(x, experts, offsets):  # x [P, in] where the kernels compute; experts, offsets host ints
@@ -235,7 +237,8 @@ class CudaWeightKernels:
         return linear
 
     def bind_experts(self, raw, ggml_type, shape, q8: bool = False):
-        return bind_each_expert(self.bind, raw, ggml_type, shape, q8, self.cp)
+        """cuda_ops.bind_experts: every expert's rows in one grouped launch, offsets read on the device."""
+        return self.ops.bind_experts(raw, ggml_type, shape)
 
     def get_rows(self, raw, ggml_type, shape, ids):
         if isinstance(ids, self.cp.ndarray):
@@ -314,10 +317,11 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
 def cuda_kernels(graphs: bool = True) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
     one launch per norm or gate instead of four to six), the greedy rule on the device (replayed from a CUDA
-    graph per verify length with graphs=True: fast/cuda_graphs.py) and the snapshot ring."""
+    graph per verify length with graphs=True: fast/cuda_graphs.py), a MoE layer's routing and grouping on
+    the device (fast/cuda_moe.py: no sync per layer) and the snapshot ring."""
     import cupy
 
-    from .fast import cuda_accept, cuda_rows
+    from .fast import cuda_accept, cuda_moe, cuda_rows
 
     dev = cupy.ndarray
     return Kernels(
@@ -328,6 +332,7 @@ def cuda_kernels(graphs: bool = True) -> Kernels:
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
         silu=device_rows(cuda_rows.silu, ops.silu, dev),
         softplus=device_rows(cuda_rows.softplus, ops.softplus, dev),
+        route_experts=cuda_moe.route_experts,  # the same bits as moe.route_experts, all E groups, device offsets
     )
 
 
