@@ -22,7 +22,10 @@
             delta-rule scan is cuda_ops.gdn_scan (writes the ring from registers); rollback is a
             device-to-device copy. The row functions (norms, gates) take one launch each
             (fast/cuda_rows.py) and every weight is bound once (cuda_ops.bind): at decode sizes a launch
-            costs Python time, not GPU time.
+            costs Python time, not GPU time. A MoE layer routes and groups its rows on the device
+            (fast/cuda_moe.py, Kernels.route_experts: no sync per layer) and multiplies every chosen expert
+            of a projection in one grouped launch reading the device offsets (cuda_ops.bind_experts); an
+            expert tensor of a type the kernels do not read is a PackedExperts over its float32 bytes.
 
 A backend is two things, both built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):

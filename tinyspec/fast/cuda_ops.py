@@ -3,6 +3,8 @@
 Same names, arguments and results as the NumPy oracles (tinyspec/ops.py, tinyspec/gdn.py), on cupy arrays:
 
     quant_linear(x, raw, ggml_type, shape)   y[t, r] = sum_j W[r, j] * x[t, j]        [T, in] -> [T, out]
+    bind_experts(raw, ggml_type, shape)      moe.experts_linear: rows grouped by expert   [P, in] -> [P, out]
+                                             times W_e, every expert in one launch (device offsets [E + 1])
     get_rows(raw, ggml_type, shape, ids)     W[ids], bit-exact                          [n] -> [n, in]
     delta_rule_step(state, q, k, v, log_decay, beta)          one token, every value head
     gdn_scan(q, k, v, log_decay, beta, state, states_out)     T tokens; states_out = the snapshot ring
@@ -38,6 +40,10 @@ Two kernels compute quant_linear; which one depends on the weight's type and sha
 
     tensor cores (mma_linear_k)  Q4_K, Q5_K, Q6_K, Q8_0 with in % 256 == 0, on sm_80+ (the real files' case)
     float FMAs (quant_linear_k)  F32, F16, BF16, and the others elsewhere (or with use_mma = False)
+
+A MoE expert tensor [E, out, in] takes quant_linear_grouped_k, the float kernel's tile (quant_linear_tile) run per
+(expert, tile of up to NT of its rows): bitwise the float kernel on that expert alone, never the tensor cores
+(bind_experts' docstring says what that guarantees; a grouped tensor-core kernel is not written).
 
 Tensor-core kernel. Every quantized weight is W = dl * code - ml over a group of 16 or 32 values (dl, ml
 the oracle's (d * sc) and (dmin * m); ml = 0 but for Q4_K/Q5_K) with a small integer code, exact in bf16.
