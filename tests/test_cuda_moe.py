@@ -53,3 +53,18 @@ def test_experts_of_every_type_run_on_the_cuda_backend(tmp_path, cuda, expert_ty
     want, _ = oracle.forward(tokens, oracle.new_state())
     got = fake_cupy.asnumpy(logits)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_the_expert_tally_counts_the_chosen_experts_on_cuda(tmp_path, cuda):
+    """expert_union.tallied on the cuda backend: its groups list every expert (device offsets over all E), and
+    the tally counts the non-empty ones, as on the oracle (one sync a call: a measurement, not the model's path)."""
+    from tinyspec.fast.expert_union import tallied
+
+    write_moe(tmp_path / "moe.gguf", GGMLType.Q8_0)
+    tokens = np.array([5, 9, 13, 40, 41])
+    counts = []
+    for backend in ("numpy", "cuda"):
+        model, tally = tallied(load_model(tmp_path / "moe.gguf", backend))
+        model.forward(tokens, model.new_state(), logits=False)
+        counts.append(tally.calls)
+    assert counts[0] == counts[1] and len(counts[0]) == 4  # one call per trunk MoE layer
