@@ -30,10 +30,10 @@ bits, no host sync): its groups list every expert (U = E, empty groups too, host
 offsets [E + 1], so no count has to come back, and each projection is one grouped launch over them.
 
 The router's exp is computed in float64 and rounded once to float32 (the correctly rounded value, barring
-double rounding, p ~ 2^-29 a value), not NumPy's float32 exp: that one is not correctly rounded (one ulp off on
-about a third of inputs with NumPy 2.4's SIMD code), so no device kernel could give its bits, and a one-ulp
-change in p can flip a near-tie between two experts. With it, the device's routing is this function's, bit for
-bit (tests/test_cuda_ops.py).
+double rounding, p ~ 2^-29 a value), not NumPy's float32 exp: that one is not correctly rounded (NumPy 2.4.6
+here: 39% of 5M inputs in [-30, 0] off by 1 or 2 ulp), so no device kernel could give its bits, and one ulp in p
+can flip a near-tie between two experts. With it, the device's routing is meant to be this function's bit for
+bit: tests/test_cuda_ops.py section 5 checks it on a GPU (written 2026-11-27 without one: not yet run).
 
 Official implementation: llama.cpp src/models/qwen35moe.cpp (build_moe_ffn with softmax gating and
 renormalised weights); HF transformers Qwen3_5MoeSparseMoeBlock (modeling_qwen3_5_moe.py).

@@ -19,8 +19,9 @@ Two launches, each small:
               of the counts in shared memory (thread 0, in expert order: offsets), then walk the pairs in order
               writing each of e's to order[offsets[e] + its rank among them] (a stable counting sort).
 
-Bits: the same as moe.route + moe.group_by_expert on the same logits, for every row (exp aside, where CUDA's
-float64 exp and the host's could straddle a float32 rounding boundary: p ~ 2^-28 a value). The host's groups
+Bits, by construction: the same as moe.route + moe.group_by_expert on the same logits, for every row (exp aside,
+where CUDA's float64 exp and the host's could straddle a float32 rounding boundary: p ~ 2^-28 a value). Written
+on 2026-11-27 without a GPU: no GPU has run these kernels yet. The host's groups
 list only the chosen experts (U of them); these list all E, the empty ones with offsets[e] == offsets[e+1], so
 that U, a count, never has to come back: moe.experts_linear's packed path reads offsets on the device
 (cuda_ops.bind_experts, one grouped launch per projection). The kernels' numbers are checked against moe.route
