@@ -100,6 +100,8 @@ def pairwise_sum(a) -> np.float32:  # cuda_moe's pairwise_sum: NumPy's order
 
 
 def route_k(z, k):  # one row: softmax, k selection sweeps, renormalise
+    # (the kernel spreads each sweep over a warp's lanes and reduces them under the same total order, p descending
+    # then index ascending: the unique maximum, which this one serial sweep finds too)
     m = max(z)
     p = [np.float32(np.exp(np.float64(np.float32(v - m)))) for v in z]
     s = pairwise_sum(p)

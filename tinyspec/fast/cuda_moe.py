@@ -11,10 +11,12 @@ tinyspec.moe.route_experts's contract on the device (moe.py has the math): for r
 
 Two launches, each small:
 
-    route_k   one thread per row t: the row's softmax (max, exp, pairwise sum, divide: the float32 operations
-              of moe.route in its order, each an _rn intrinsic so nothing fuses), then k selection sweeps,
-              each taking the largest p after the previous pick in the order (p descending, index ascending),
-              then the renormalisation. Writes probs [T, E] (scratch), chosen [T, k] int32, weights [T, k].
+    route_k   one warp per row t: the row's softmax (max, exp and divide across the lanes; the pairwise sum on
+              lane 0: the float32 operations of moe.route in its order, each an _rn intrinsic so nothing
+              fuses), then k selection sweeps, each taking the largest p after the previous pick in the order
+              (p descending, index ascending: a total order, so the warp's reduction over its lanes finds the
+              same pick whatever lane held it), then the renormalisation on lane 0. Writes probs [T, E]
+              (scratch), chosen [T, k] int32, weights [T, k].
     group_k   one block, one thread per expert e (E <= 1024): count the pairs that chose e, an exclusive scan
               of the counts in shared memory (thread 0, in expert order: offsets), then walk the pairs in order
               writing each of e's to order[offsets[e] + its rank among them] (a stable counting sort).
@@ -28,7 +30,8 @@ that U, a count, never has to come back: moe.experts_linear's packed path reads 
 and group_by_expert by tests/test_cuda_ops.py on a GPU (ties included); without a GPU only their compilation is
 (tools/check_cuda_kernels.py, tests/test_cuda_compile.py), and their Python side through tests/fake_cupy.py.
 
-Speed: a decode step routes one row (one thread does E exps: microseconds); a prefill of T rows runs T threads,
+Speed: a decode step routes one row (a warp: E / 32 exps a lane, k sweeps of E / 32 compares and 5 shuffles,
+one serial pairwise sum of E values; not measured: no GPU yet); a prefill of T rows runs T warps,
 and group_k's one block walks T k pairs per expert thread, twice (T k = 4096 pairs: some tens of microseconds).
 Both are far below the experts' matmuls; they exist to remove the sync, not to be fast.
 
@@ -74,17 +77,26 @@ extern "C" __global__ void route_k(const float* __restrict__ logits, int T, int 
                                    int* __restrict__ chosen,      // [T, k] experts, largest p first
                                    float* __restrict__ weights)   // [T, k] renormalised
 {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31, t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // one warp per row
+    if (t >= T) return;  // the whole warp: t is the warp's
     const float* z = logits + (long long)t * E;
     float* p = probs + (long long)t * E;
     float m = z[0];
-    for (int e = 1; e < E; ++e) m = fmaxf(m, z[e]);  // the max is exact in any order
-    for (int e = 0; e < E; ++e) p[e] = (float)exp((double)__fsub_rn(z[e], m));  // rounded once to float32
-    const float s = pairwise_sum(p, E, 1);
-    for (int e = 0; e < E; ++e) p[e] = __fdiv_rn(p[e], s);
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, z[e]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(all, m, off));  // exact in any order
+    for (int e = lane; e < E; e += 32) p[e] = (float)exp((double)__fsub_rn(z[e], m));  // rounded once to float32
+    __syncwarp();  // (orders the lanes' writes of p before the reads below)
+    float s = 0.0f;
+    if (lane == 0) s = pairwise_sum(p, E, 1);  // one lane: NumPy's order
+    s = __shfl_sync(all, s, 0);
+    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], s);
+    __syncwarp();
     // top k, stable: pick j is the largest p after pick j-1 in the order (p descending, index ascending), so
-    // equal p go to the lower index first, as NumPy's stable argsort of -p does
+    // equal p go to the lower index first, as NumPy's stable argsort of -p does. Each lane finds the best of its
+    // experts (ascending: strict > keeps the lower index), then the warp takes the best of the lanes' under the
+    // same total order, so the pick does not depend on which lane held what.
     int prev = -1;
     float prev_p = 0.0f;
     int* c = chosen + (long long)t * k;
@@ -92,16 +104,24 @@ extern "C" __global__ void route_k(const float* __restrict__ logits, int T, int 
     for (int j = 0; j < k; ++j) {
         int best = -1;
         float best_p = 0.0f;
-        for (int e = 0; e < E; ++e) {
+        for (int e = lane; e < E; e += 32) {
             const float pe = p[e];
             const bool after = prev < 0 || pe < prev_p || (pe == prev_p && e > prev);
-            if (after && (best < 0 || pe > best_p)) { best = e; best_p = pe; }  // strict >: the lower index wins
+            if (after && (best < 0 || pe > best_p)) { best = e; best_p = pe; }
         }
-        c[j] = best; w[j] = best_p;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const int ob = __shfl_xor_sync(all, best, off);
+            const float op = __shfl_xor_sync(all, best_p, off);
+            if (ob >= 0 && (best < 0 || op > best_p || (op == best_p && ob < best))) { best = ob; best_p = op; }
+        }
+        if (lane == 0) { c[j] = best; w[j] = best_p; }
         prev = best; prev_p = best_p;
     }
-    const float sc = pairwise_sum(w, k, 1);  // chosen.sum(axis=1): the k values in rank order
-    for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sc);
+    if (lane == 0) {
+        const float sc = pairwise_sum(w, k, 1);  // chosen.sum(axis=1): the k values in rank order
+        for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sc);
+    }
 }
 
 extern "C" __global__ void group_k(const int* __restrict__ chosen, int P, int E,  // chosen [P = T k] flat
@@ -162,6 +182,6 @@ def route_experts(router_logits, k: int):
     if T == 0:
         offsets.fill(0)
         return weights, order, np.arange(E), offsets
-    _kernel("route_k")((-(-T // 128),), (128,), (z, np.int32(T), np.int32(E), np.int32(k), probs, chosen, weights))
+    _kernel("route_k")((-(-T // 4),), (128,), (z, np.int32(T), np.int32(E), np.int32(k), probs, chosen, weights))
     _kernel("group_k")((1,), (-(-E // 32) * 32,), (chosen, np.int32(T * k), np.int32(E), offsets, order))
     return weights, order, np.arange(E), offsets
