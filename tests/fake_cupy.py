@@ -22,9 +22,10 @@ CuPy's own takes. Anything else raises NotInCuPy, naming what is missing, even w
 run it: the fake must not hide an API the cuda backend would first miss on a GPU.
 
 `ndarray` wraps a NumPy array; every NumPy function and ufunc on it runs NumPy on the wrapped arrays and wraps
-the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, gdn_scan: the NumPy
-oracles on the wrapped arrays, taking device arrays only, as the real kernels do) and `rows` for
-tinyspec.fast.cuda_rows. What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
+the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, bind_experts, gdn_scan: the
+NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do), `rows` for
+tinyspec.fast.cuda_rows and `moe_kernels` for tinyspec.fast.cuda_moe (moe.route_experts on the device).
+What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
 tools/check_cuda_kernels.py without one).
 
 Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() as ledger:` records what
@@ -68,7 +69,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 import cupy_api
 
-from tinyspec import gdn, ops
+from tinyspec import gdn, moe, ops
 from tinyspec.quants import GGMLType
 
 
@@ -691,7 +692,58 @@ def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
     return ndarray(o), (out_state if out_state is not None else ndarray(final))
 
 
+def _bind_experts(raw, ggml_type, shape):
+    """As cuda_ops.bind_experts: x grouped by expert times each expert's bytes, one launch; device offsets
+    [E + 1] read where they are (the kernel's), host groups spread over all E and uploaded."""
+    E, n_out, n_in = shape
+    wa = _device(raw, "a weight").reshape(E, -1)
+
+    def experts_linear(x, experts, offsets, out=None):
+        xa = _device(x, "x")
+        if isinstance(offsets, ndarray):
+            if len(experts) != E or offsets.shape != (E + 1,):
+                raise ValueError(f"fake cuda_ops: device offsets must be [E + 1] = [{E + 1}] over every expert")
+            oa = offsets._a
+        else:
+            counts = np.zeros(E, np.int64)
+            counts[np.asarray(experts)] = np.diff(offsets)
+            oa = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            _transfer("upload", oa.nbytes, "bind_experts: host offsets")
+
+        def grouped():
+            y = np.empty((xa.shape[0], n_out), np.float32)
+            for e in range(E):
+                a, b = int(oa[e]), int(oa[e + 1])
+                y[a:b] = ops.quant_linear(xa[a:b], wa[e], ggml_type, (n_out, n_in))
+            return y
+        return ndarray(_run(grouped, makes=True))
+
+    return experts_linear
+
+
 kernels.quant_linear, kernels.bind, kernels.get_rows, kernels.gdn_scan = _quant_linear, _bind, _get_rows, _gdn_scan
+kernels.bind_experts = _bind_experts
+
+# --- tinyspec.fast.cuda_moe: moe.route_experts on device arrays, its groups over all E, no sync
+moe_kernels = types.ModuleType("tinyspec.fast.cuda_moe")
+
+
+def _route_experts(router_logits, k):
+    """As cuda_moe.route_experts: two launches (route_k, group_k), outputs on the device, experts = 0..E-1."""
+    za = _device(router_logits, "router logits")
+    E = za.shape[1]
+    chosen, weights = _run(lambda: moe.route(za, k), makes=True)  # route_k
+
+    def group():  # group_k: the oracle's grouping, its offsets spread over every expert
+        order, distinct, starts = moe.group_by_expert(chosen)
+        counts = np.zeros(E, np.int64)
+        counts[distinct] = np.diff(starts)
+        return order.astype(np.int64), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    order, offsets = _run(group, makes=True)
+    return ndarray(weights), ndarray(order), np.arange(E), ndarray(offsets)
+
+
+moe_kernels.route_experts = _route_experts
 
 # --- tinyspec.fast.cuda_rows: the oracle's row functions, one call each
 rows = types.ModuleType("tinyspec.fast.cuda_rows")
@@ -716,7 +768,7 @@ def install(monkeypatch) -> None:
     from tinyspec import backends
 
     monkeypatch.setitem(sys.modules, "cupy", module())
-    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows)):
+    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows), ("cuda_moe", moe_kernels)):
         monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
         monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
     monkeypatch.setattr(backends, "cuda_available", lambda: True)

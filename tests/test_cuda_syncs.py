@@ -46,12 +46,14 @@ import pytest
 
 import fake_cupy
 from test_backends import write_quantized
+from test_cuda_moe import write_moe
 from tinyspec import backends
 from tinyspec.backends import load_model
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
+from tinyspec.quants import GGMLType
 
 PROMPT = list(range(1, 300))  # every token seen once: the lookup drafter always finds a 1-gram, so it drafts k
 K = 3
@@ -65,6 +67,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("cuda_syncs")
     write_quantized(d / "target.gguf", seed=1)
     write_quantized(d / "draft.gguf", seed=2, n_trunk=2, interval=2, mtp=False)
+    write_moe(d / "moe.gguf", GGMLType.Q4_K)  # qwen35moe: 4 trunk layers and the MTP block routed over 6 experts
     return d
 
 
@@ -155,6 +158,40 @@ def test_syncs_per_verify_step_stay_in_budget(files, cuda, kind):
     most_syncs, most_bytes = BUDGET[kind]
     for s in full:
         assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
+def test_moe_routing_costs_no_sync(files, cuda, kind):
+    """Issue 35 item 7: on a qwen35moe target, a verify step stays in the dense budget. Before, every MoE layer
+    brought its router's choices to the host (moe_ffn's kern.to_host: 4 trunk layers, 5 syncs a verify step,
+    plus one per MTP draft) and launched one matmul per chosen expert; now routing and grouping run on the
+    device (Kernels.route_experts: fast/cuda_moe.py) and each projection is one grouped launch
+    (cuda_ops.bind_experts) reading the device offsets. The tokens are the NumPy oracle's, plain and
+    speculative."""
+    target = load_model(files / "moe.gguf", "cuda")
+    drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
+    steps, tokens = count_steps(target, drafter)
+    assert tokens == generate(load_model(files / "moe.gguf", "numpy"), PROMPT, 14).tokens
+    full = [s for s in steps if s.drafted == K] if drafter else steps
+    assert full, "no steady-state step drafted k tokens"
+    most_syncs, most_bytes = BUDGET[kind]
+    for s in full:
+        assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+        assert not any("moe.py" in cause for cause in s.causes), s.causes
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup"])
+def test_a_moe_batch_is_each_sequence_alone_on_cuda(files, cuda, kind):
+    """Many sequences at once on the MoE target (their rows routed together, grouped by expert in one launch per
+    projection): each sequence's greedy tokens are its plain greedy ones on the NumPy oracle."""
+    from tinyspec.batch import batch_generate
+
+    target = load_model(files / "moe.gguf", "cuda")
+    oracle = load_model(files / "moe.gguf", "numpy")
+    prompts = [PROMPT[:40], PROMPT[5:30], PROMPT[100:160]]
+    drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
+    out = batch_generate(target, prompts, 10, slots=2, drafter=drafter, draft_n=K if drafter else None)
+    assert [r.tokens for r in out.sequences] == [generate(oracle, p, 10).tokens for p in prompts]
 
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])

@@ -31,6 +31,11 @@ by following an argument, not by searching for who patched what.
     attend_paged_ragged  attention.attend_paged_ragged (q [R, H_kv, G, d], k_pool, v_pool, tables, n_pasts,
                                                   bounds, scale) -> o: B sequences' caches in one pool
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
+    route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
+                                         ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
+                                         expert (moe.py); weights, order and offsets where the model computes. The
+                                         cuda backend's (fast/cuda_moe.py) runs on the device with no sync: the
+                                         same bits, U = E (empty groups too) and device offsets
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
@@ -72,6 +77,7 @@ import numpy as np
 from . import ops
 from .attention import attend, attend_paged, attend_paged_ragged
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
+from .moe import route_experts
 from .spec_sampling import verify_greedy
 
 ROLLBACKS = ("snapshot", "replay")
@@ -113,6 +119,7 @@ class Kernels:
     sigmoid: Callable = ops.sigmoid
     silu: Callable = ops.silu
     softplus: Callable = ops.softplus
+    route_experts: Callable = route_experts
     xp: ModuleType = np
     to_device: Callable = same
     to_host: Callable = same
