@@ -689,14 +689,50 @@ class _Namespace(types.SimpleNamespace):
         raise _not_in_cupy(f"{self._path}.{name}")
 
 
+def _device_properties(device: int) -> dict:
+    """cupy.cuda.runtime.getDeviceProperties: the fields tools/gpu_check.py reads, for a card that is the CPU."""
+    return {"name": b"fake cupy (the CPU)", "multiProcessorCount": 0, "totalGlobalMem": 0}
+
+
 cuda = _Namespace(_path="cupy.cuda", Device=_Device,
-                  runtime=_Namespace(_path="cupy.cuda.runtime", getDevice=lambda: 0, getDeviceCount=lambda: 1),
+                  runtime=_Namespace(_path="cupy.cuda.runtime", getDevice=lambda: 0, getDeviceCount=lambda: 1,
+                                     runtimeGetVersion=lambda: 0, driverGetVersion=lambda: 0,
+                                     getDeviceProperties=_device_properties),
                   Stream=Stream, Graph=Graph, graph=_Namespace(_path="cupy.cuda.graph", Graph=Graph),
                   get_current_stream=get_current_stream, MemoryPool=MemoryPool, using_allocator=using_allocator)
 
+
+def _by_dispatch(name: str):
+    """cupy.<name> for a NumPy function that dispatches on its arguments (NEP 18): np.<name> on device arrays is
+    the same call (their __array_function__ checks it and runs it); with no device array among them CuPy would
+    refuse the host data, and so does this."""
+    func = getattr(np, name)
+
+    @_cupy(name)
+    def call(*args, **kwargs):
+        if not any(True for _ in _devices((args, kwargs))):
+            raise _leak(f"cupy.{name} of host data only")
+        return func(*args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+def _devices(x):
+    if isinstance(x, ndarray):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _devices(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _devices(v)
+
+
+argmax, cumprod, take, concatenate = (_by_dispatch(n) for n in ("argmax", "cumprod", "take", "concatenate"))
+
 _EXPORTS = ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
             "empty_like", "zeros_like", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-            "uint16", "uint32", "uint64", "bool_", "cuda")
+            "uint16", "uint32", "uint64", "bool_", "cuda", "argmax", "cumprod", "take", "concatenate")
 
 
 def _module_getattr(name):
@@ -710,6 +746,7 @@ def _module_getattr(name):
 def module() -> types.ModuleType:
     """This file as the `cupy` module (what `import cupy` finds while the fixture is active)."""
     m = types.ModuleType("cupy")
+    m.__version__ = "fake"
     for name in _EXPORTS:
         setattr(m, name, globals()[name])
     m.__getattr__ = _module_getattr  # PEP 562: asked for a name the module lacks
