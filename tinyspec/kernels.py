@@ -43,8 +43,8 @@ by following an argument, not by searching for who patched what.
                                          sequence's run, and its drafts when they were there, in one transfer
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
     graph_counts  no_graphs              () -> None, or what the backend's CUDA graphs did so far: {captured, failed,
-                                         replays, plain, reasons} (the cuda backend's greedy rule: fast/cuda_graphs.py);
-                                         `bench --json` reports it as "graphs"
+                                         replays, plain, shapes, reasons} (the cuda backend's greedy rule,
+                                         fast/cuda_graphs.py); `bench --json` reports it as "graphs"
 
 What every replacement must keep:
   * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
