@@ -51,6 +51,22 @@ def test_a_tied_case_rejects_a_later_copy_of_the_maximum(load_tool):
         assert token == int(np.argmax(logits[n]))
 
 
+def test_out_of_budget_steps_are_skipped_and_an_overrun_is_cut(monkeypatch, tmp_path, load_tool):
+    """Each step's limit is cut to what is left of --budget: with none left every step is recorded as skipped
+    (not a failure: exit 0), and an in-process step that overruns its limit is stopped (StepTimeout)."""
+    import time
+
+    fake_cupy.install(monkeypatch)
+    tool = load_tool("gpu_check")
+    assert tool.main([str(tmp_path), "--budget", "1", "--steps", "versions,rule,tests"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["status"] == {"versions": "skipped", "rule": "skipped", "tests": "skipped"}
+    assert "budget left" in report["rule"]["skipped"]
+    with pytest.raises(tool.StepTimeout):
+        with tool.time_limit(0.05):
+            time.sleep(2)
+
+
 def test_says_so_without_a_gpu(monkeypatch, tmp_path, capsys, load_tool):
     from tinyspec import backends
 

@@ -46,7 +46,9 @@ compare, kept prefix, gather; about 10 launches -> 1, plus the copies into its i
                model.embed_rows) are gathered unchecked already, with no sync
     MoE        the router's choices come to the host (a sync) -> a graph per expert grouping, or none
 tests/test_cuda_syncs.py runs graphs on and off through the fake CuPy's capture emulation (tests/fake_cupy.py):
-the same tokens, and no sync inside a capture. What it cannot tell: the time saved (measure on a GPU).
+the same tokens, the verify shape captured and none failed, no sync inside a capture, and every replay checked
+for a changed host scalar. What it cannot tell: the time saved, and whether a real card captures (on a GPU:
+tools/gpu_check.py and tests/test_backends.py::test_cuda_greedy_rule_graphs_are_captured).
 """
 
 from __future__ import annotations
