@@ -1,5 +1,4 @@
-"""The device check: what the fake CuPy (tests/fake_cupy.py) cannot tell, in one command that fits the first
-minutes of a lent GPU.
+"""The device check: what the fake CuPy (tests/fake_cupy.py) cannot tell, in one command for a GPU's first minutes.
 
     python tools/gpu_check.py OUTDIR                 # all of it, under 7 minutes on an H100 (--budget 420)
     python tools/gpu_check.py OUTDIR --steps rule,parity --quick --max-new 12    # a part (the CPU dry run's)
@@ -77,6 +76,11 @@ class Log:
         if self.file:
             self.file.write(line + "\n")
             self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
 
     def block(self, title: str, text: str) -> None:
         """A subprocess's output, into the log file only (stderr gets the one-line summary)."""
@@ -432,13 +436,14 @@ def main(argv=None) -> int:
             report["status"][name] = status
             log(f"{name} ({status}, {report[name + '_s']} s): {json.dumps(report[name], default=str)[:400]}")
             (args.outdir / args.json_name).write_text(json.dumps(report, indent=1, default=str))
+        report["total_s"] = round(time.perf_counter() - t0, 1)
+        (args.outdir / args.json_name).write_text(json.dumps(report, indent=1, default=str))
+        log(f"done in {report['total_s']} s: {report['status']}")
     finally:
         for p in synths.values():  # a synth still running when the check ends: this run started it, this run ends it
             if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    report["total_s"] = round(time.perf_counter() - t0, 1)
-    (args.outdir / args.json_name).write_text(json.dumps(report, indent=1, default=str))
-    log(f"done in {report['total_s']} s: {report['status']}")
+        log.close()
     return 1 if any(s not in ("ok", "skipped") for s in report["status"].values()) else 0
 
 
