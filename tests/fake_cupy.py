@@ -753,7 +753,9 @@ def module() -> types.ModuleType:
     return m
 
 
-# --- tinyspec.fast.cuda_ops: the oracles on device arrays, device arrays only
+# --- tinyspec.fast.cuda_ops: the oracles on device arrays, device arrays only. Each stand-in hands _run its
+# name and its host scalars (_scalars of every argument that is not an array: a type, a shape, an eps, n_past),
+# so that a capture traces what the real kernel's launch would bake in (check_replay).
 
 def _device(x, what: str) -> np.ndarray:
     if not isinstance(x, ndarray):
