@@ -363,8 +363,8 @@ def bench_summary(report: dict) -> dict:
     identical = [s["identical"] for s in report["spec"].values()] + [s["identical"]
                                                                       for s in report.get("slots", {}).values()]
     return {"decode_tok_s": report["decode_tok_s"], "verify_cost_ratio": report["verify_cost_ratio"],
-            "spec": {k: {"tok_s": v["tok_s"], "speedup": v["speedup"], "mean_accepted_length": v["mean_accepted_length"]}
-                     for k, v in report["spec"].items()},
+            "spec": {k: {"tok_s": v["tok_s"], "speedup": v["speedup"],
+                         "mean_accepted_length": v["mean_accepted_length"]} for k, v in report["spec"].items()},
             "slots": {B: {"plain_tok_s": s["plain_tok_s"], "spec_tok_s": s["spec_tok_s"], "speedup": s["speedup"]}
                       for B, s in report.get("slots", {}).items()},
             "graphs": graphs, "checks": report["checks"],
@@ -430,7 +430,8 @@ def main(argv=None) -> int:
                 except StepTimeout as exc:
                     report[name], status = {"error": f"StepTimeout: {exc}"}, "timeout"
                 except Exception as exc:  # noqa: BLE001 - a failed step is a finding: record it, run the next one
-                    report[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                    report[name] = {"error": f"{type(exc).__name__}: {exc}",
+                                    "traceback": traceback.format_exc()[-3000:]}
                     status = "error"
             report[name + "_s"] = round(time.perf_counter() - t, 1)
             report["status"][name] = status
