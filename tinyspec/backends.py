@@ -317,19 +317,21 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
     return row
 
 
-def cuda_kernels(graphs: bool = True) -> Kernels:
+def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
     one launch per norm or gate instead of four to six), the greedy rule on the device (replayed from a CUDA
-    graph per verify length with graphs=True: fast/cuda_graphs.py), a MoE layer's routing and grouping on
-    the device (fast/cuda_moe.py: no sync per layer) and the snapshot ring."""
+    graph per verify length with graphs=True: fast/cuda_graphs.py; graph_counts says what it captured), a MoE
+    layer's routing and grouping on the device (fast/cuda_moe.py: no sync per layer) and the snapshot ring.
+    check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
     import cupy
 
     from .fast import cuda_accept, cuda_moe, cuda_rows
 
     dev = cupy.ndarray
+    rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
-        accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
+        accept_greedy=rule, graph_counts=rule.graph_counts,
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),

@@ -47,6 +47,9 @@ by following an argument, not by searching for who patched what.
                                          token); the cuda backend's runs on the device and brings back every
                                          sequence's run, and its drafts when they were there, in one transfer
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
+    graph_counts  no_graphs              () -> None, or what the backend's CUDA graphs did so far: {captured, failed,
+                                         replays, plain, shapes, reasons} (the cuda backend's greedy rule,
+                                         fast/cuda_graphs.py); `bench --json` reports it as "graphs"
 
 What every replacement must keep:
   * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
@@ -95,6 +98,11 @@ def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, i
     return out
 
 
+def no_graphs() -> None:
+    """The oracle's Kernels.graph_counts: it captures no CUDA graphs, so there is nothing to count."""
+    return None
+
+
 def same(a):
     """The identity: the oracle's host and device are the same memory."""
     return a
@@ -125,6 +133,7 @@ class Kernels:
     to_host: Callable = same
     accept_greedy: Callable = accept_greedy
     rollback: str = "snapshot"
+    graph_counts: Callable[[], dict | None] = no_graphs
 
     def __post_init__(self):
         if self.rollback not in ROLLBACKS:
