@@ -767,6 +767,13 @@ def _quant_linear_q8_serial(x, raw, row_bytes, kind, n_in, y):
 
 
 _quant_linear_one_thread = njit(error_model="numpy", boundscheck=False)(_quant_linear_parallel.py_func)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _quant_linear_serial(x, raw, row_bytes, kind, n_in, y):  # the float kernel's one-thread twin, cached
+    _quant_linear_one_thread(x, raw, row_bytes, kind, n_in, y)
+
+
 _FLOAT, _INTEGER, _INTEGER_Q8_0 = 0, 1, 2  # _experts_linear's kernel families (which matmul each expert runs)
 
 
@@ -776,16 +783,18 @@ def _experts_linear(x, raw, expert_bytes, row_bytes, kind, n_in, family, experts
     grouped by the expert they chose (moe.py). One thread per expert, each running the one-row-at-a-time
     kernel of its family on its rows, so a row's bits are those of a one-row call (batch invariance) and an
     expert's weights are read once for all its rows. One parallel region per layer and projection instead of
-    one per expert: at T = 1 a decode's 8 small matmuls (0.6 MB each) would each pay a pool wake-up."""
+    one per expert: at T = 1 a decode's 8 small matmuls (0.6 MB each) would each pay a pool wake-up.
+    It calls the cached one-thread twins (the *_serial wrappers), so a warm cache links their compiled code
+    instead of compiling the three families again inside this kernel (fast/warm.py compiles them first)."""
     for i in prange(experts.size):
         a, b = offsets[i], offsets[i + 1]
         w = raw[experts[i] * expert_bytes : (experts[i] + 1) * expert_bytes]
         if family == _INTEGER:
-            _quant_linear_q8_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+            _quant_linear_q8_serial(x[a:b], w, row_bytes, kind, n_in, y[a:b])
         elif family == _INTEGER_Q8_0:
-            _quant_linear_q8_0_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+            _quant_linear_q8_0_serial(x[a:b], w, row_bytes, kind, n_in, y[a:b])
         else:
-            _quant_linear_one_thread(x[a:b], w, row_bytes, kind, n_in, y[a:b])
+            _quant_linear_serial(x[a:b], w, row_bytes, kind, n_in, y[a:b])
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)

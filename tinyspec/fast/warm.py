@@ -6,7 +6,7 @@ this project's 2-core VM. Kernels compile independently, so `warm` compiles them
 on-disk cache; every process that later calls a kernel (this one, pytest's workers, a server) loads it from
 there in milliseconds.
 
-jobs(): one entry per kernel, biggest first so the pool ends together. Each calls its kernel on tiny inputs of
+jobs(): one entry per kernel, biggest first so the pool ends together (the MoE kernel last: it links three others). Each calls its kernel on tiny inputs of
 exactly the argument types the backend passes (C-contiguous float32 activations, read-only uint8 weight bytes,
 int64 ids), so what it compiles is what a model loads: a kernel's code does not depend on the values (the
 weight type is a runtime argument; the GDN kernels take any number of sequences: numba_gdn._f32_at).
@@ -42,7 +42,8 @@ def _matmul(kernel: str, qtype_name: str) -> None:
     row_bytes = qtype.row_nbytes(256)
     x, y = np.zeros((1, 256), np.float32), np.zeros((1, 2), np.float32)
     run = {"integer": numba_ops._quant_linear_q8_parallel, "integer, one thread": numba_ops._quant_linear_q8_serial,
-           "float": numba_ops._quant_linear_parallel, "q8_0": numba_ops._quant_linear_q8_0_parallel,
+           "float": numba_ops._quant_linear_parallel, "float, one thread": numba_ops._quant_linear_serial,
+           "q8_0": numba_ops._quant_linear_q8_0_parallel,
            "q8_0, one thread": numba_ops._quant_linear_q8_0_serial}[kernel]
     run(x, flat, row_bytes, int(qtype), 256, y)
 
@@ -84,16 +85,18 @@ def _attend() -> None:
 
 
 def jobs() -> list[tuple[str, tuple]]:
-    """(label, (function, *args)) for every kernel, biggest first."""
+    """(label, (function, *args)) for every kernel, biggest first, but the MoE kernel last: it calls the three
+    one-thread matmuls, and links their cached code when they have compiled before it starts."""
     return [("quant_linear_q8 (integer, threaded)", (_matmul, "integer", "Q4_K")),
             ("quant_linear_q8 (integer, one thread)", (_matmul, "integer, one thread", "Q4_K")),
             ("quant_linear (float, every type)", (_matmul, "float", "Q4_K")),
-            ("experts_linear (MoE)", (_experts,)),
-            ("get_rows (embeddings)", (_get_rows,)),
-            ("GDN scan and conv", (_gdn,)),
+            ("quant_linear (float, one thread)", (_matmul, "float, one thread", "Q4_K")),
+            ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0")),
             ("quant_linear_q8_0 (threaded)", (_matmul, "q8_0", "Q8_0")),
+            ("GDN scan and conv", (_gdn,)),
+            ("get_rows (embeddings)", (_get_rows,)),
             ("attention", (_attend,)),
-            ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0"))]
+            ("experts_linear (MoE)", (_experts,))]
 
 
 def _run(job: tuple) -> float:
