@@ -45,7 +45,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import ops
+from . import attention, ops
 from .config import ModelConfig
 from .gdn import gdn_scan_ragged
 from .gguf import GGUFFile, read_gguf
@@ -295,9 +295,10 @@ def cpu_kernels() -> Kernels:
 
 
 def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
-    """oracle's contract, computed by `fused` (a fast/cuda_rows.py function) on a device array. A fused function
-    may decline (return None: a broadcast its kernel does not do), and a host array never reaches it: the
-    oracle computes both (it is the same function; NumPy runs it where the array lives)."""
+    """oracle's contract, computed by `fused` (a fast/cuda_rows.py function, or fast/cuda_attention.py's with q
+    first) on a device array. A fused function may decline (return None: a broadcast its kernel does not do, a
+    head too wide for the attention kernel), and a host array never reaches it: the oracle computes both (it is
+    the same function; NumPy runs it where the array lives)."""
 
     def row(x, *args):
         if isinstance(x, device_array) and (y := fused(x, *args)) is not None:
@@ -310,13 +311,14 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
 
 def cuda_kernels(graphs: bool = True) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
-    one launch per norm or gate instead of four to six), the greedy rule on the device (replayed from a CUDA
-    graph per verify length with graphs=True: fast/cuda_graphs.py) and the snapshot ring."""
+    one launch per norm or gate instead of four to six), attention as one kernel launch per layer (fast/
+    cuda_attention.py: contiguous, paged, and every sequence of a pool at once), the greedy rule on the device
+    (replayed from a CUDA graph per verify length with graphs=True: fast/cuda_graphs.py) and the snapshot ring."""
     import cupy
 
-    from .fast import cuda_accept, cuda_rows
+    from .fast import cuda_accept, cuda_attention, cuda_rows
 
-    dev = cupy.ndarray
+    dev, attn = cupy.ndarray, cuda_attention.DeviceAttention(cupy)
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
         accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
@@ -325,6 +327,9 @@ def cuda_kernels(graphs: bool = True) -> Kernels:
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
         silu=device_rows(cuda_rows.silu, ops.silu, dev),
         softplus=device_rows(cuda_rows.softplus, ops.softplus, dev),
+        attend=device_rows(attn.attend, attention.attend, dev),  # q first: a host q goes to the oracle
+        attend_paged=device_rows(attn.attend_paged, attention.attend_paged, dev),
+        attend_paged_ragged=device_rows(attn.attend_paged_ragged, attention.attend_paged_ragged, dev),
     )
 
 
