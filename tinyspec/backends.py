@@ -21,8 +21,9 @@
             (fast/cuda_accept.py; tests/test_cuda_syncs.py counts the syncs per step). The
             delta-rule scan is cuda_ops.gdn_scan (writes the ring from registers); rollback is a
             device-to-device copy. The row functions (norms, gates) take one launch each
-            (fast/cuda_rows.py) and every weight is bound once (cuda_ops.bind): at decode sizes a launch
-            costs Python time, not GPU time.
+            (fast/cuda_rows.py), attention one launch per layer, every sequence of a pool together, its
+            lengths and block tables read from device memory (fast/cuda_attention.py), and every weight is
+            bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time.
 
 A backend is two things, both built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):
