@@ -35,16 +35,17 @@ bitwise: within 1e-5 absolute on unit-scale q, k, v at the tested n <= 340 (the 
 states 2e-6; this one rescales its running sums once per tile and divides once at the end). CuPy compiles with
 -ftz: an exponential below 2^-126 (a score 87 below the row's max) counts as 0.
 
-UNTESTED NUMBERS: this machine has no GPU. The kernel compiles for sm_70..sm_120 (tools/check_cuda_kernels.py,
-tests/test_cuda_compile.py) and its Python side runs through the fake CuPy with the oracle standing in for the
-kernel body (tests/fake_cupy.py), but the numbers the CUDA code computes are untested until a GPU runs
-tests/test_cuda_ops.py (against the oracle, and bitwise batch invariance).
+UNTESTED NUMBERS: this was written on a machine without a GPU. The kernel compiles for sm_70..sm_120
+(tools/check_cuda_kernels.py, tests/test_cuda_compile.py) and its Python side runs through the fake CuPy with
+the oracle standing in for the kernel body (tests/fake_cupy.py, tests/test_cuda_attention.py), but the numbers
+the CUDA code computes are untested until a GPU runs tests/test_cuda_ops.py (section 6: against the oracle,
+bitwise batch invariance, a graph replay).
 
-Official implementation: llama.cpp ggml-cuda fattn-vec (one block per query row and head, online softmax);
+Official implementation: llama.cpp ggml-cuda fattn-vec (flash attention for few query rows, online softmax);
 vLLM csrc/attention/paged_attention_v1 (block tables); the online normalizer is Milakov & Gimelshein 2018.
 Does NOT include: splitting a row's keys over blocks (flash-decoding: at decode sizes R * H_kv blocks leave
 most of a GPU idle; a split that depended on n only would keep invariance), tensor cores, fp16/quantized KV,
-G * d beyond MAX_GD (the wrappers decline: the oracle's NumPy-on-CuPy computes those).
+G * d beyond MAX_GD or 48 KB of shared memory (the host forms decline: the oracle's NumPy-on-CuPy computes those).
 """
 
 from __future__ import annotations
