@@ -193,7 +193,7 @@ NDARRAY_ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "size", "nbytes", "str
 # cupy.cuda.<name> the fake defines (cupy/cuda/__init__.py in both versions), and their members
 CUDA = {
     "Device": {"id", "compute_capability", "synchronize"},
-    "runtime": {"getDevice", "getDeviceCount"},
+    "runtime": {"getDevice", "getDeviceCount", "runtimeGetVersion", "driverGetVersion", "getDeviceProperties"},
     "Stream": {"null", "begin_capture", "end_capture", "is_capturing", "synchronize"},  # Stream(null=False,
     "Graph": {"launch"},                                   # non_blocking=False, ptds=False); 14.x adds priority=
     "graph": {"Graph"},

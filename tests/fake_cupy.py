@@ -22,11 +22,13 @@ CuPy's own takes. Anything else raises NotInCuPy, naming what is missing, even w
 run it: the fake must not hide an API the cuda backend would first miss on a GPU.
 
 `ndarray` wraps a NumPy array; every NumPy function and ufunc on it runs NumPy on the wrapped arrays and wraps
-the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, gdn_scan: the NumPy
-oracles on the wrapped arrays, taking device arrays only, as the real kernels do) and `rows` for
-tinyspec.fast.cuda_rows. `RawKernel` runs a stand-in (the oracle) for a kernel it knows by name (RAW_KERNELS:
-cuda_attention's attend_rows), so that module's own Python side runs here. What this cannot check: the CUDA
-kernels themselves (tests/test_cuda_ops.py on a GPU, tools/check_cuda_kernels.py without one).
+the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, bind_experts, gdn_scan: the
+NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do), `rows` for
+tinyspec.fast.cuda_rows and `moe_kernels` for tinyspec.fast.cuda_moe (moe.route_experts on the device).
+`RawKernel` runs a stand-in (the oracle) for a kernel it knows by name (RAW_KERNELS: cuda_attention's
+attend_rows), so that module's own Python side runs here.
+What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
+tools/check_cuda_kernels.py without one).
 
 Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() as ledger:` records what
 crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
@@ -51,6 +53,16 @@ upload or a download inside a capture raises, as on a GPU (CuPy raises for synch
 would bake in the staging buffer's address). Allocations are allowed, as in CuPy's default relaxed capture
 mode, and counted on the graph (g.n_allocs): the graph keeps them alive, as a graph-private pool must (PyTorch's
 CUDA graphs keep one per graph; with CuPy's shared pool a freed intermediate could be handed to other work).
+
+What a replay bakes in (issue 35, item 4). Replaying the record cannot tell that the code would now pass a launch
+a different host scalar (a position the host advanced, a length closed over): the record holds the old one,
+as a GPU's graph does, and the tokens may even come out right on a test's inputs. So every call made while
+capturing also lands in the graph's trace (g.trace: the call's name and the host numbers among its arguments,
+_scalars), and check_replay(graph, rerun), handed to GraphedCall as its `check`, runs the function again before
+each replay, as a capture of its own that is thrown away (nothing written, nothing counted), and raises
+BakedScalarChanged where a call's scalars, or the calls themselves, differ from the trace. The function itself
+is needed for that, and only its owner has it: hence a check argument (cuda_kernels(check_graphs=...)), not
+a hook in the fake's Graph.launch.
 """
 
 from __future__ import annotations
@@ -69,7 +81,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 import cupy_api
 
-from tinyspec import attention, gdn, ops
+from tinyspec import attention, gdn, moe, ops
 from tinyspec.quants import GGMLType
 
 
@@ -242,14 +254,19 @@ def _allocated(n: int = 1) -> None:
         _capturing[-1].n_allocs += n
 
 
-def _run(fn, makes: bool, inputs=()):
+def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
     """Run one piece of device work, or record it while a graph captures.
+
+    what names the call and scalars are the host numbers among its arguments (_scalars): while a graph captures,
+    each call's (what, scalars) joins the capture's trace, the values the graph bakes in (check_replay).
 
     makes=True: fn() returns an array (or a tuple of them) and writes nowhere else. It runs now (its shape is
     needed); an output that shares no memory with `inputs` is new work (a launch, an allocation) and, during
     capture, is recorded to be computed again into the same array; an output that views an input (reshape,
     a slice) is no work at all. makes=False: fn() writes into arrays that exist (one launch); during capture
     it is only recorded, not run (a GPU does not run captured work)."""
+    if _capturing:
+        _capturing[-1].trace.append((what, scalars))
     if not makes:
         _launched()
         if _capturing:
@@ -284,6 +301,29 @@ def _arrays(x):
             yield from _arrays(v)
 
 
+def _scalars(x) -> tuple:
+    """The host numbers among a call's arguments, in order: Python and NumPy scalars, slice bounds, inside tuples,
+    lists and dicts (by key); arrays are not scalars (their addresses are the graph's inputs), nor dtypes or names.
+    What a kernel launch bakes in as a value: a length, an offset, a position, an eps, an axis."""
+    out: list = []
+
+    def walk(v):
+        if isinstance(v, (bool, int, float, complex)):
+            out.append(v)
+        elif isinstance(v, np.generic):
+            out.append(v.item())
+        elif isinstance(v, slice):
+            walk((v.start, v.stop, v.step))
+        elif isinstance(v, (tuple, list)):
+            for e in v:
+                walk(e)
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                walk(v[k])
+    walk(x)
+    return tuple(out)
+
+
 def _writes(func, kwargs) -> bool:
     """A NumPy call that writes into an array it is given rather than making one."""
     return kwargs.get("out") is not None or func in (np.copyto, np.put, np.place, np.putmask)
@@ -310,11 +350,12 @@ class ndarray(NDArrayOperatorsMixin):
         _check_ufunc(ufunc.__name__, method, inputs, kwargs)
         raw = _unwrap((inputs, kwargs), strict=True)
         call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])
+        what, scalars = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}"), _scalars(raw)
         if method == "at" or kwargs.get("out") is not None:  # in place: x += y, np.add(x, y, out=...)
-            _run(call, makes=False)
+            _run(call, makes=False, what=what, scalars=scalars)
             out = kwargs.get("out")
             return None if method == "at" else out[0] if isinstance(out, tuple) and len(out) == 1 else out
-        return _wrap(_run(call, makes=True, inputs=raw))
+        return _wrap(_run(call, makes=True, inputs=raw, what=what, scalars=scalars))
 
     def __array_function__(self, func, types_, args, kwargs):
         _check_function(func, args, kwargs)
@@ -322,10 +363,11 @@ class ndarray(NDArrayOperatorsMixin):
         call = lambda: func(*raw[0], **raw[1])
         if func in _SYNCING:
             _transfer("sync", 8, f"np.{func.__name__} of a device array (its size comes from the data)")
+        what, scalars = f"np.{func.__name__}", _scalars(raw)
         if _writes(func, kwargs):
-            _run(call, makes=False)
+            _run(call, makes=False, what=what, scalars=scalars)
             return kwargs.get("out")
-        return _wrap(_run(call, makes=True, inputs=raw))
+        return _wrap(_run(call, makes=True, inputs=raw, what=what, scalars=scalars))
 
     def __imatmul__(self, other):  # CuPy's ndarray has no __imatmul__: `x @= y` makes a new array, as x = x @ y
         return NotImplemented
@@ -355,21 +397,24 @@ class ndarray(NDArrayOperatorsMixin):
             raw = _unwrap((args, kwargs), strict=True)
             if name == "nonzero":
                 _transfer("sync", 8, ".nonzero() of a device array")
+            what, scalars = f"ndarray.{name}", _scalars(raw)
             if name in _MUTATING_METHODS:
-                return _run(lambda: attr(*raw[0], **raw[1]), makes=False)
-            return _wrap(_run(lambda: attr(*raw[0], **raw[1]), makes=True, inputs=(self._a, raw)))
+                return _run(lambda: attr(*raw[0], **raw[1]), makes=False, what=what, scalars=scalars)
+            return _wrap(_run(lambda: attr(*raw[0], **raw[1]), makes=True, inputs=(self._a, raw), what=what,
+                              scalars=scalars))
         return method
 
     def __getitem__(self, key):
         raw = _index(key)
-        return _wrap(_run(lambda: self._a[raw], makes=True, inputs=(self._a,)))
+        return _wrap(_run(lambda: self._a[raw], makes=True, inputs=(self._a,), what="ndarray[]", scalars=_scalars(raw)))
 
     def __setitem__(self, key, value):
         raw_key = _index(key)
         if isinstance(value, np.ndarray):
             _transfer("upload", value.nbytes, "dev[...] = host array")
         raw_value = _unwrap(value, strict=False)
-        _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False)
+        _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False, what="ndarray[]=",
+             scalars=_scalars((raw_key, raw_value)))
 
     # --- conversions, as core.pyx has them: len() and iteration read the host's shape (no sync; TypeError on a
     # 0-d array); int(), float(), bool() bring the value back (a sync). No __index__: a device array is no index.
@@ -464,7 +509,7 @@ def asarray(x, dtype=None):
     if isinstance(x, ndarray):
         if dtype is None or x.dtype == dtype:
             return x
-        return ndarray(_run(lambda: x._a.astype(dtype), makes=True))
+        return ndarray(_run(lambda: x._a.astype(dtype), makes=True, what="ndarray.astype"))
     a = np.array(x, dtype=dtype)  # an upload copies
     if isinstance(x, np.ndarray) or a.ndim:
         _transfer("upload", a.nbytes, "cupy.asarray(host)")
@@ -492,7 +537,8 @@ def _alloc(fn, launches: bool):
         if not launches:  # cupy.empty: memory from the pool, nothing written
             _allocated()
             return ndarray(fn(*args, **kwargs))
-        return ndarray(_run(lambda: fn(*args, **kwargs), makes=True))
+        return ndarray(_run(lambda: fn(*args, **kwargs), makes=True, what=f"cupy.{fn.__name__}",
+                            scalars=_scalars((args, kwargs))))
     return make
 
 
@@ -512,7 +558,8 @@ def empty_like(x, dtype=None, shape=None):
 
 @_cupy("zeros_like")
 def zeros_like(x, dtype=None, shape=None):
-    return ndarray(_run(lambda: np.zeros_like(x._a, dtype=dtype, shape=shape), makes=True))
+    return ndarray(_run(lambda: np.zeros_like(x._a, dtype=dtype, shape=shape), makes=True, what="cupy.zeros_like",
+                        scalars=_scalars(shape)))
 
 
 class _Device:
@@ -527,13 +574,15 @@ class _Device:
 class _Capture:
     def __init__(self):
         self.work, self.n_allocs = [], 0
+        self.trace: list[tuple[str, tuple]] = []  # (call, its host scalars) for every call made while capturing
 
 
 class Graph:
-    """cupy.cuda.Graph: the work a capture recorded; launch() reruns it in order on the same arrays."""
+    """cupy.cuda.Graph: the work a capture recorded; launch() reruns it in order on the same arrays. trace: each
+    captured call with the host scalars it baked in (what check_replay compares)."""
 
-    def __init__(self, work: list, n_allocs: int):
-        self.work, self.n_allocs = work, n_allocs
+    def __init__(self, work: list, n_allocs: int, trace: list | None = None):
+        self.work, self.n_allocs, self.trace = work, n_allocs, trace or []
 
     def launch(self, stream=None):
         if _capturing:
@@ -573,7 +622,7 @@ class Stream:
             raise RuntimeError("fake cupy: end_capture without begin_capture")
         _capturing.remove(self._capture)
         capture, self._capture = self._capture, None
-        return Graph(capture.work, capture.n_allocs)
+        return Graph(capture.work, capture.n_allocs, capture.trace)
 
     def is_capturing(self) -> bool:
         return self._capture is not None
@@ -583,6 +632,37 @@ class Stream:
 
 
 Stream.null = Stream(null=True)
+
+
+class BakedScalarChanged(RuntimeError):
+    """A graph is about to replay, but its function would now pass a launch another host scalar than the one the
+    capture baked in (or take another path): on a GPU the replay would silently compute with the old value."""
+
+
+def check_replay(graph: Graph, rerun) -> None:
+    """GraphedCall's check (fast/cuda_graphs.py), called before each replay with rerun() = the graph's function on
+    the graph's inputs. It runs rerun() as a capture of its own, thrown away: the calls are made (their host
+    scalars known) but write nothing and count in no ledger, and the trace must equal the one the graph
+    recorded, call for call. A length closed over, a position the host advanced, an offset read from a
+    Python variable: each differs here and raises BakedScalarChanged, where a GPU would replay the old value."""
+    saved = _ledgers[:]
+    _ledgers.clear()
+    check = _Capture()
+    _capturing.append(check)
+    try:
+        rerun()
+    finally:
+        _capturing.remove(check)
+        _ledgers.extend(saved)
+    for i, (baked, now) in enumerate(zip(graph.trace, check.trace)):
+        if baked != now:
+            raise BakedScalarChanged(f"fake cupy: call {i} of a captured graph, {baked[0]}, was captured with the "
+                                     f"host scalars {baked[1]} and its function now passes {now[0]} {now[1]}: a "
+                                     "replay would use the captured values (read it from device memory, or key "
+                                     "the graph on it)")
+    if len(graph.trace) != len(check.trace):
+        raise BakedScalarChanged(f"fake cupy: a captured graph made {len(graph.trace)} calls, its function now makes "
+                                 f"{len(check.trace)}: it took another path, which a replay cannot")
 _streams: list[Stream] = []
 
 
@@ -612,14 +692,51 @@ class _Namespace(types.SimpleNamespace):
         raise _not_in_cupy(f"{self._path}.{name}")
 
 
+def _device_properties(device: int) -> dict:
+    """cupy.cuda.runtime.getDeviceProperties: the fields tools/gpu_check.py reads, for a card that is the CPU."""
+    return {"name": b"fake cupy (the CPU)", "multiProcessorCount": 0, "totalGlobalMem": 0}
+
+
 cuda = _Namespace(_path="cupy.cuda", Device=_Device,
-                  runtime=_Namespace(_path="cupy.cuda.runtime", getDevice=lambda: 0, getDeviceCount=lambda: 1),
+                  runtime=_Namespace(_path="cupy.cuda.runtime", getDevice=lambda: 0, getDeviceCount=lambda: 1,
+                                     runtimeGetVersion=lambda: 0, driverGetVersion=lambda: 0,
+                                     getDeviceProperties=_device_properties),
                   Stream=Stream, Graph=Graph, graph=_Namespace(_path="cupy.cuda.graph", Graph=Graph),
                   get_current_stream=get_current_stream, MemoryPool=MemoryPool, using_allocator=using_allocator)
 
+
+def _by_dispatch(name: str):
+    """cupy.<name> for a NumPy function that dispatches on its arguments (NEP 18): np.<name> on device arrays is
+    the same call (their __array_function__ checks it and runs it); with no device array among them CuPy would
+    refuse the host data, and so does this."""
+    func = getattr(np, name)
+
+    @_cupy(name)
+    def call(*args, **kwargs):
+        if not any(True for _ in _devices((args, kwargs))):
+            raise _leak(f"cupy.{name} of host data only")
+        return func(*args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+def _devices(x):
+    if isinstance(x, ndarray):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _devices(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _devices(v)
+
+
+argmax, cumprod, take, concatenate = (_by_dispatch(n) for n in ("argmax", "cumprod", "take", "concatenate"))
+
 _EXPORTS = ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
             "empty_like", "zeros_like", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-            "uint16", "uint32", "uint64", "bool_", "cuda", "RawKernel")
+            "uint16", "uint32", "uint64", "bool_", "cuda", "argmax", "cumprod", "take", "concatenate",
+            "RawKernel")
 
 
 def _module_getattr(name):
@@ -633,13 +750,16 @@ def _module_getattr(name):
 def module() -> types.ModuleType:
     """This file as the `cupy` module (what `import cupy` finds while the fixture is active)."""
     m = types.ModuleType("cupy")
+    m.__version__ = "fake"
     for name in _EXPORTS:
         setattr(m, name, globals()[name])
     m.__getattr__ = _module_getattr  # PEP 562: asked for a name the module lacks
     return m
 
 
-# --- tinyspec.fast.cuda_ops: the oracles on device arrays, device arrays only
+# --- tinyspec.fast.cuda_ops: the oracles on device arrays, device arrays only. Each stand-in hands _run its
+# name and its host scalars (_scalars of every argument that is not an array: a type, a shape, an eps, n_past),
+# so that a capture traces what the real kernel's launch would bake in (check_replay).
 
 def _device(x, what: str) -> np.ndarray:
     if not isinstance(x, ndarray):
@@ -655,9 +775,11 @@ kernels.SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, G
 def _quant_linear(x, raw, ggml_type, shape, out=None):
     xa, wa = _device(x, "x"), _device(raw, "a weight")
     if out is None:
-        return ndarray(_run(lambda: ops.quant_linear(xa, wa, ggml_type, shape), makes=True))
+        return ndarray(_run(lambda: ops.quant_linear(xa, wa, ggml_type, shape), makes=True, what="quant_linear",
+                            scalars=_scalars((ggml_type, shape))))
     oa = _device(out, "out")
-    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False)
+    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False, what="quant_linear",
+         scalars=_scalars((ggml_type, shape)))
     return out
 
 
@@ -676,7 +798,8 @@ def _get_rows(raw, ggml_type, shape, ids, checked=True):
         ia = np.asarray(ids, dtype=np.int64).reshape(-1)
         _transfer("upload", ia.nbytes, "get_rows: host ids")
     wa = _device(raw, "a weight")
-    return ndarray(_run(lambda: ops.get_rows(wa, ggml_type, shape, ia), makes=True))
+    return ndarray(_run(lambda: ops.get_rows(wa, ggml_type, shape, ia), makes=True, what="get_rows",
+                        scalars=_scalars((ggml_type, shape))))
 
 
 def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
@@ -688,11 +811,62 @@ def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
 
     def scan():  # one launch: o and the final state (and the ring) written in place
         o[...] = gdn.gdn_scan(*args, states_out=ring, out=final)[0]
-    _run(scan, makes=False)
+    _run(scan, makes=False, what="gdn_scan")
     return ndarray(o), (out_state if out_state is not None else ndarray(final))
 
 
+def _bind_experts(raw, ggml_type, shape):
+    """As cuda_ops.bind_experts: x grouped by expert times each expert's bytes, one launch; device offsets
+    [E + 1] read where they are (the kernel's), host groups spread over all E and uploaded."""
+    E, n_out, n_in = shape
+    wa = _device(raw, "a weight").reshape(E, -1)
+
+    def experts_linear(x, experts, offsets, out=None):
+        xa = _device(x, "x")
+        if isinstance(offsets, ndarray):
+            if len(experts) != E or offsets.shape != (E + 1,):
+                raise ValueError(f"fake cuda_ops: device offsets must be [E + 1] = [{E + 1}] over every expert")
+            oa = offsets._a
+        else:
+            counts = np.zeros(E, np.int64)
+            counts[np.asarray(experts)] = np.diff(offsets)
+            oa = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            _transfer("upload", oa.nbytes, "bind_experts: host offsets")
+
+        def grouped():
+            y = np.empty((xa.shape[0], n_out), np.float32)
+            for e in range(E):
+                a, b = int(oa[e]), int(oa[e + 1])
+                y[a:b] = ops.quant_linear(xa[a:b], wa[e], ggml_type, (n_out, n_in))
+            return y
+        return ndarray(_run(grouped, makes=True))
+
+    return experts_linear
+
+
 kernels.quant_linear, kernels.bind, kernels.get_rows, kernels.gdn_scan = _quant_linear, _bind, _get_rows, _gdn_scan
+kernels.bind_experts = _bind_experts
+
+# --- tinyspec.fast.cuda_moe: moe.route_experts on device arrays, its groups over all E, no sync
+moe_kernels = types.ModuleType("tinyspec.fast.cuda_moe")
+
+
+def _route_experts(router_logits, k):
+    """As cuda_moe.route_experts: two launches (route_k, group_k), outputs on the device, experts = 0..E-1."""
+    za = _device(router_logits, "router logits")
+    E = za.shape[1]
+    chosen, weights = _run(lambda: moe.route(za, k), makes=True)  # route_k
+
+    def group():  # group_k: the oracle's grouping, its offsets spread over every expert
+        order, distinct, starts = moe.group_by_expert(chosen)
+        counts = np.zeros(E, np.int64)
+        counts[distinct] = np.diff(starts)
+        return order.astype(np.int64), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    order, offsets = _run(group, makes=True)
+    return ndarray(weights), ndarray(order), np.arange(E), ndarray(offsets)
+
+
+moe_kernels.route_experts = _route_experts
 
 # --- tinyspec.fast.cuda_rows: the oracle's row functions, one call each
 rows = types.ModuleType("tinyspec.fast.cuda_rows")
@@ -700,7 +874,8 @@ rows = types.ModuleType("tinyspec.fast.cuda_rows")
 
 def _row(fn):
     return lambda x, *args: ndarray(_run(lambda: fn(_device(x, "x"), *[_device(a, "w") if isinstance(a, ndarray)
-                                                                          else a for a in args]), makes=True))
+                                                                          else a for a in args]), makes=True,
+                                         what=fn.__name__, scalars=_scalars(args)))
 
 
 rows.rms_norm = lambda x, w, eps: _row(ops.rms_norm)(x, w, eps)
@@ -730,7 +905,8 @@ class RawKernel:
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
         stand_in = RAW_KERNELS[self.name]
-        _run(lambda: stand_in(tuple(grid), tuple(block), *raw), makes=False)
+        _run(lambda: stand_in(tuple(grid), tuple(block), *raw), makes=False, what=self.name,
+             scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
 
 
 def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables, o, H_kv, G, d, bs, scale):
@@ -758,7 +934,7 @@ def install(monkeypatch) -> None:
     from tinyspec import backends
 
     monkeypatch.setitem(sys.modules, "cupy", module())
-    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows)):
+    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows), ("cuda_moe", moe_kernels)):
         monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
         monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
     monkeypatch.setattr(backends, "cuda_available", lambda: True)

@@ -266,6 +266,26 @@ def test_cuda_state_and_ring_live_on_the_device(files):
 
 
 @needs_cuda
+def test_cuda_greedy_rule_graphs_are_captured(files):
+    """Issue 35, item 2: on a GPU the greedy rule's CUDA graph is captured for the verify shape (k = 3: logits
+    [4, N], drafts [3]) and no capture fails. A failed capture still gives the right tokens (plain launches), so
+    only these counts, and the GraphCaptureWarning made an error here, tell that graphs work on this card."""
+    import warnings
+
+    from tinyspec.fast.cuda_graphs import GraphCaptureWarning
+
+    target = load_model(files / "target.gguf", "cuda")  # cuda_kernels(graphs=True): the default
+    prompt = [10, 20, 30, 10, 20, 30, 10, 20]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphCaptureWarning)
+        spec = generate(target, prompt, 24, drafter=MTPDrafter(target), draft_n=3)
+    assert spec.tokens == generate(target, prompt, 24).tokens
+    counts = target.kernels.graph_counts()
+    assert str((((4, target.cfg.n_vocab), "float32"), ((3,), "int64"))) in counts["shapes"], counts
+    assert counts["failed"] == 0 and counts["replays"] > 0, counts
+
+
+@needs_cuda
 def test_cuda_chunked_prefill_runs_on_the_device(files):
     """The chunked (WY) prefill form on CuPy arrays: equal to the scan to rounding, as on the host."""
     model = load_model(files / "target.gguf", "cuda")

@@ -37,3 +37,15 @@ def test_a_wide_spread_is_named():
     assert "noisy" in found and "decode_ms" in found
     text = report_text(noisy | {"checks": checks(noisy)})
     assert "CHECK" in text and "decode_ms" in text
+
+
+def test_a_failed_graph_capture_is_named():
+    """Issue 35, item 2: on cuda a shape whose greedy rule could not be captured runs (slower) as plain launches;
+    the report's "graphs" counts say so and checks() makes it a CHECK line with the reason."""
+    ok = {"captured": 2, "failed": 0, "replays": 40, "plain": 2, "shapes": ["a", "b"], "reasons": {}}
+    assert checks(report(graphs=ok)) == []
+    assert "2 shapes captured, 0 failed, 40 replays" in report_text(report(graphs=ok) | {"checks": []})
+    failed = ok | {"failed": 1, "reasons": {"((4, 8), 'float32')": "RuntimeError: a sync"}}
+    [found] = checks(report(graphs=failed))
+    assert "1 CUDA graph capture(s) failed" in found and "a sync" in found
+    assert checks(report(graphs=None)) == []  # numpy and cpu: no graphs, nothing to say

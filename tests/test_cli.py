@@ -231,15 +231,17 @@ def test_bench_json_reports_every_field(tiny_model, capsys):
         assert s["identical"] and set(s) >= {"tok_s", "speedup", "acceptance_rate", "mean_accepted_length"}
     assert r["spec"]["synthetic"]["acceptance_setting"] == 0.8
     assert r["rollback"] == "snapshot"  # the oracle's ring
+    assert "graphs" in r and r["graphs"] is None  # the oracle captures no CUDA graphs (cuda: tests/test_cuda_syncs.py)
 
 
 def test_bench_rollback_replay_on_the_oracle(tiny_model, capsys):
     """--rollback replay puts the cpu backend's ring under the oracle: the outputs stay identical."""
     args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
-            "--max-new", "12", "--drafters", "mtp,synthetic", "--rollback", "replay", "--json"]
+            "--max-new", "12", "--drafters", "mtp,synthetic", "--rollback", "replay", "--verify-sizes", "1..3", "--json"]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["rollback"] == "replay" and all(s["identical"] for s in r["spec"].values())
+    assert set(r["verify_cost_ratio"]) == {"1", "2", "3"}  # --verify-sizes 1..3: T = 1, 2, 3
 
 
 def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
@@ -266,6 +268,7 @@ def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
     (["--synth-len", "5"], "--synth-len must be in 1..4"),
     (["--draft-vocab", "0"], "--draft-vocab must be >= 1"),
     (["--synth-acceptance", "1.5"], "must be in [0, 1]"),
+    (["--verify-sizes", "2,4"], "include 1"),
     (["--backend", "cuda"], "cuda backend needs cupy"),
 ])
 def test_bench_bad_input_exit_2(tiny_model, capsys, args, message):

@@ -138,7 +138,9 @@ def test_a_graph_replays_the_kernel_with_the_lengths_in_device_memory(cuda, rng)
     """Issue 35 item 5's prerequisite: attend_rows takes every length and block id from device arrays, so a graph
     captured once replays with new ones. Capture at one step's map, copy the next step's map into the same
     buffer (same R, B and number of ids: the sequences moved on by one position, a block changed), replay: the
-    oracle's result at the new lengths. The host-int form cannot be captured: its upload raises."""
+    oracle's result at the new lengths, and the fake's check_replay finds no host scalar (a length, an offset)
+    that the capture baked in and the call would now change. The host-int form cannot be captured: its upload
+    raises."""
     att = DeviceAttention(fake_cupy)
     k_pool, v_pool = pool(rng)
     q, out = dev(rng.standard_normal((4, H_KV, G, D)).astype(np.float32)), fake_cupy.empty((4, H_KV, G, D), np.float32)
@@ -147,11 +149,14 @@ def test_a_graph_replays_the_kernel_with_the_lengths_in_device_memory(cuda, rng)
     steps = [([np.array([2, 3]), np.array([9, 4])], [4, 2]), ([np.array([2, 3]), np.array([9, 5])], [5, 3])]
     host_map, R, B = row_map(steps[0][0], steps[0][1], bounds, BS, N_BLOCKS)
     buf = dev(host_map)
-    att.attend_rows(q, k_dev, v_dev, *split(buf, R, B), SCALE, out=out)  # eager once
+    def rerun():
+        return att.attend_rows(q, k_dev, v_dev, *split(buf, R, B), SCALE, out=out)
+
+    rerun()  # eager once
     stream = fake_cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        att.attend_rows(q, k_dev, v_dev, *split(buf, R, B), SCALE, out=out)
+        rerun()
         with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
             att.attend_paged_ragged(q, k_dev, v_dev, steps[0][0], steps[0][1], bounds, SCALE)
         graph = stream.end_capture()
@@ -159,6 +164,7 @@ def test_a_graph_replays_the_kernel_with_the_lengths_in_device_memory(cuda, rng)
         new_map = row_map(tables, n_pasts, bounds, BS, N_BLOCKS)[0]
         assert new_map.shape == host_map.shape
         buf[...] = new_map  # an upload, outside the capture
+        fake_cupy.check_replay(graph, rerun)  # the new lengths are data: no host scalar the graph baked in changed
         graph.launch(stream)
         want = attention.attend_paged_ragged(fake_cupy.asnumpy(q), k_pool, v_pool, tables, n_pasts, bounds, SCALE)
         assert np.array_equal(fake_cupy.asnumpy(out), want)

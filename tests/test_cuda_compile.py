@@ -72,6 +72,21 @@ def test_kernels_keep_their_working_set_in_registers(report):
                 assert r["registers"] <= 128 and r["spill_stores"] <= 32, (arch, name, r)
 
 
+def test_moe_kernels_compile_everywhere(report):
+    """The MoE device path (issue 35 item 7): route_k and group_k (fast/cuda_moe.py), and the grouped expert
+    matmul at every row capacity in each weight type's module. ptxas on sm_90 today: the grouped 16-row tile of
+    the plain types spills 24 bytes (the tile lookup's registers on top of the float kernel's 128), route_k ~100
+    (its pairwise sum's stack); both small, neither on the decode path's 1-row tile."""
+    for arch in (75, 90):
+        assert {"route_k", "group_k"} <= set(report[(arch, "moe_route")]["kernels"])
+        for t in ("F32", "BF16", "Q8_0", "Q4_K", "Q6_K"):
+            grouped = [k for k in report[(arch, f"quant_{t}")]["kernels"] if k.startswith("quant_linear_grouped_k")]
+            assert len(grouped) == 5, (arch, t, grouped)
+            for name in grouped:
+                r = report[(arch, f"quant_{t}")]["kernels"][name]
+                assert r["spill_stores"] <= (32 if ", 16, 4>" in name else 0), (arch, name, r)
+
+
 def test_the_check_fails_on_a_kernel_the_architecture_cannot_build():
     """The check's power: the tensor-core instances the runtime used to request on every GPU do not compile
     for sm_75, and the tool reports that as a failure, not a pass."""

@@ -120,6 +120,8 @@ def test_bench_runs_on_the_device(files, cuda):
     report = bench(model, [5, 6, 7, 8], decode_n=2, repeats=1, max_new=8, drafters=("mtp", "lookup", "synthetic"),
                    adaptive=True)
     assert report["backend"] == "cuda" and all(s["identical"] for s in report["spec"].values())
+    graphs = report["graphs"]  # the greedy rule's CUDA graphs over the run (issue 35, item 2): captured, none failed
+    assert graphs["captured"] >= 1 and graphs["failed"] == 0 and graphs["replays"] > 0, graphs
 
 
 @pytest.mark.parametrize("drafter", ["none", "mtp", "draft"])

@@ -7,10 +7,13 @@
 3. batch invariance: row t of a T-row call is bitwise equal to a one-row call, T = 1..16 and tiles of 16;
 4. the GDN scan against tinyspec.gdn (delta_rule_step, gdn_scan, its snapshot ring), and bitwise
    against itself: T tokens in one call = T one-token steps; the ring holds the state after each token;
-5. the fused row functions (fast/cuda_rows.py);
+5. MoE: the device routing (fast/cuda_moe.py) bitwise moe.route + group_by_expert, ties included; the grouped
+   matmul (cuda_ops.bind_experts) bitwise each expert's own float-kernel call, and batch-invariant.
+   (Written without a GPU, 2026-11-27: these MoE cases have not run yet.)
 6. attention (fast/cuda_attention.py) against tinyspec.attention: contiguous, paged (bitwise the contiguous
    call), ragged with mixed lengths in one launch; bitwise batch invariance (a row alone, in any T, in a ragged
-   call); a CUDA graph replaying it with new lengths read from device memory.
+   call); a CUDA graph replaying it with new lengths read from device memory. (Written without a GPU,
+   2026-11-27: these attention cases have not run yet.)
 """
 
 import numpy as np
@@ -379,6 +382,102 @@ def test_fused_row_functions_match_the_oracle_and_are_batch_invariant(rng):
         one = np.concatenate([cp.asnumpy(fused(xd[t:t + 1])) for t in range(x.shape[0])])
         assert_array_equal(y.view(np.uint32), one.view(np.uint32), err_msg=name)
     assert cuda_rows.rms_norm(xd, cp.asarray(w[:64]), 1e-6) is None  # a broadcast it declines
+
+
+# ---------------------------------------------------------------- 5. MoE: routing, grouping, the grouped matmul
+# (fast/cuda_moe.py and cuda_ops.bind_experts; the Python side also runs through tests/fake_cupy.py, the numbers
+# only here)
+
+
+def spread_groups(experts, E):
+    """moe.group_by_expert of host choices [T, k] with its offsets over all E experts (the device's form)."""
+    from tinyspec.moe import group_by_expert
+
+    order, distinct, starts = group_by_expert(experts)
+    counts = np.zeros(E, np.int64)
+    counts[distinct] = np.diff(starts)
+    return order, np.concatenate([[0], np.cumsum(counts)])
+
+
+@pytest.mark.parametrize("E,k", [(6, 2), (8, 8), (128, 8), (256, 8), (300, 3)])  # 300 > 128: the split pairwise sum
+@pytest.mark.parametrize("logits", ["normal", "ties"])
+def test_route_experts_is_moe_route_bit_for_bit(rng, E, k, logits):
+    """cuda_moe.route_experts against moe.route + group_by_expert on the same logits: the weights bit for bit,
+    the order and the offsets exactly. "ties": small integer logits (many equal probabilities in a row, and a
+    row all equal), where the stable rule (a tie to the lower index) decides which experts are chosen."""
+    from tinyspec.fast import cuda_moe
+    from tinyspec.moe import route
+
+    for T in (1, 5, 37):
+        z = (rng.standard_normal((T, E)) * 3 if logits == "normal" else rng.integers(-2, 3, (T, E))).astype(np.float32)
+        if logits == "ties":
+            z[0] = 1.0
+        want_experts, want_weights = route(z, k)
+        weights, order, experts, offsets = cuda_moe.route_experts(cp.asarray(z), k)
+        assert_bits_equal(weights, want_weights)
+        want_order, want_offsets = spread_groups(want_experts, E)
+        assert_array_equal(cp.asnumpy(order), want_order)
+        assert_array_equal(cp.asnumpy(offsets), want_offsets)
+        assert_array_equal(experts, np.arange(E))
+
+
+GROUPED_SHAPES = {"k": (40, 768), "q8": (40, 736), "plain": (40, 300)}  # (out, in) of one expert
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_grouped_experts_linear_is_each_experts_float_kernel(rng, qtype, monkeypatch):
+    """cuda_ops.bind_experts (one launch for every expert, device offsets) against each expert's own float-kernel
+    call (bind over its slice of the bytes, use_mma off): bitwise, group by group, for routings of T = 1..16 and 37
+    rows (empty experts among them); host groups give the same bits; within the sum bound of the oracle."""
+    monkeypatch.setattr(cuda_ops, "use_mma", False)  # the grouped kernel is the float kernel's tile
+    from tinyspec.fast import cuda_moe
+
+    E, k = 7, 3
+    n_out, n_in = GROUPED_SHAPES["k" if qtype in (Q4_K, Q5_K, Q6_K) else "q8" if qtype == Q8_0 else "plain"]
+    raw = quantized(rng, qtype, (E * n_out, n_in))
+    per = raw.size // E
+    dev = cp.asarray(raw.reshape(-1))
+    grouped = cuda_ops.bind_experts(dev, qtype, (E, n_out, n_in))
+    own = [cuda_ops.bind(dev[e * per:(e + 1) * per], qtype, (n_out, n_in)) for e in range(E)]
+    x = rng.standard_normal((37, n_in)).astype(np.float32)
+    for T in list(range(1, 17)) + [37]:
+        _, order, experts, offsets = cuda_moe.route_experts(cp.asarray(rng.standard_normal((T, E)).astype(np.float32)), k)
+        xs = cp.asarray(x[:T])[order // k]  # [T k, in] grouped by expert
+        y = grouped(xs, experts, offsets)
+        offs = cp.asnumpy(offsets)
+        for e in range(E):
+            a, b = offs[e], offs[e + 1]
+            if b > a:
+                assert_bits_equal(y[a:b], cp.asnumpy(own[e](xs[a:b])))
+                assert_within_sum_bound(y[a:b], raw.reshape(E, -1)[e], qtype, (n_out, n_in), cp.asnumpy(xs[a:b]))
+        distinct = np.flatnonzero(np.diff(offs))
+        starts = np.concatenate([[0], np.cumsum(np.diff(offs)[distinct])])
+        assert_bits_equal(grouped(xs, distinct, starts), cp.asnumpy(y))  # host groups, uploaded
+
+
+@pytest.mark.parametrize("qtype", [Q4_K, Q8_0, F16], ids=lambda t: t.name)
+def test_grouped_experts_linear_is_batch_invariant(rng, qtype):
+    """A pair's row of a T-row pass equals the same pair's row of that token's one-row pass, bit for bit (with
+    the tensor cores on: the grouped launch never takes them, so a row's bits never depend on T)."""
+    from tinyspec.fast import cuda_moe
+
+    E, k = 9, 4
+    n_out, n_in = GROUPED_SHAPES["k" if qtype == Q4_K else "q8" if qtype == Q8_0 else "plain"]
+    dev = cp.asarray(quantized(rng, qtype, (E * n_out, n_in)).reshape(-1))
+    grouped = cuda_ops.bind_experts(dev, qtype, (E, n_out, n_in))
+    x = rng.standard_normal((37, n_in)).astype(np.float32)
+    z = rng.standard_normal((37, E)).astype(np.float32)
+
+    def per_pair(xr, zr):  # [T, k, out]: row t's j-th choice's product, from a pass over these rows alone
+        T = xr.shape[0]
+        _, order, experts, offsets = cuda_moe.route_experts(cp.asarray(zr), k)
+        y = cp.empty((T * k, n_out), cp.float32)
+        y[order] = grouped(cp.asarray(xr)[order // k], experts, offsets)
+        return cp.asnumpy(y).reshape(T, k, n_out)
+
+    alone = np.concatenate([per_pair(x[t:t + 1], z[t:t + 1]) for t in range(37)])
+    for T in list(range(2, 17)) + [37]:
+        assert_array_equal(per_pair(x[:T], z[:T]).view(np.uint32), alone[:T].view(np.uint32))
 
 
 # ---------------------------------------------------------------- 6. attention (fast/cuda_attention.py)

@@ -46,12 +46,14 @@ import pytest
 
 import fake_cupy
 from test_backends import write_quantized
+from test_cuda_moe import write_moe
 from tinyspec import backends
 from tinyspec.backends import load_model
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
+from tinyspec.quants import GGMLType
 
 PROMPT = list(range(1, 300))  # every token seen once: the lookup drafter always finds a 1-gram, so it drafts k
 K = 3
@@ -65,6 +67,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("cuda_syncs")
     write_quantized(d / "target.gguf", seed=1)
     write_quantized(d / "draft.gguf", seed=2, n_trunk=2, interval=2, mtp=False)
+    write_moe(d / "moe.gguf", GGMLType.Q4_K)  # qwen35moe: 4 trunk layers and the MTP block routed over 6 experts
     return d
 
 
@@ -155,6 +158,40 @@ def test_syncs_per_verify_step_stay_in_budget(files, cuda, kind):
     most_syncs, most_bytes = BUDGET[kind]
     for s in full:
         assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
+def test_moe_routing_costs_no_sync(files, cuda, kind):
+    """Issue 35 item 7: on a qwen35moe target, a verify step stays in the dense budget. Before, every MoE layer
+    brought its router's choices to the host (moe_ffn's kern.to_host: 4 trunk layers, 5 syncs a verify step,
+    plus one per MTP draft) and launched one matmul per chosen expert; now routing and grouping run on the
+    device (Kernels.route_experts: fast/cuda_moe.py) and each projection is one grouped launch
+    (cuda_ops.bind_experts) reading the device offsets. The tokens are the NumPy oracle's, plain and
+    speculative."""
+    target = load_model(files / "moe.gguf", "cuda")
+    drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
+    steps, tokens = count_steps(target, drafter)
+    assert tokens == generate(load_model(files / "moe.gguf", "numpy"), PROMPT, 14).tokens
+    full = [s for s in steps if s.drafted == K] if drafter else steps
+    assert full, "no steady-state step drafted k tokens"
+    most_syncs, most_bytes = BUDGET[kind]
+    for s in full:
+        assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+        assert not any("moe.py" in cause for cause in s.causes), s.causes
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup"])
+def test_a_moe_batch_is_each_sequence_alone_on_cuda(files, cuda, kind):
+    """Many sequences at once on the MoE target (their rows routed together, grouped by expert in one launch per
+    projection): each sequence's greedy tokens are its plain greedy ones on the NumPy oracle."""
+    from tinyspec.batch import batch_generate
+
+    target = load_model(files / "moe.gguf", "cuda")
+    oracle = load_model(files / "moe.gguf", "numpy")
+    prompts = [PROMPT[:40], PROMPT[5:30], PROMPT[100:160]]
+    drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
+    out = batch_generate(target, prompts, 10, slots=2, drafter=drafter, draft_n=K if drafter else None)
+    assert [r.tokens for r in out.sequences] == [generate(oracle, p, 10).tokens for p in prompts]
 
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
@@ -294,16 +331,45 @@ def test_graphs_on_and_off_give_the_same_tokens_with_fewer_launches(files, cuda,
     loaded = load_model(files / "target.gguf", "cuda")
     runs = {}
     for graphs in (False, True):
-        target = loaded.with_kernels(backends.cuda_kernels(graphs=graphs))
+        # every replay checked: the greedy rule passes no host scalar that a replay would keep stale
+        target = loaded.with_kernels(backends.cuda_kernels(graphs=graphs, check_graphs=fake_cupy.check_replay))
         drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
         steps, tokens = count_steps(target, drafter)
-        runs[graphs] = steps, tokens, target.kernels.accept_greedy.graphs
-    (off, tokens_off, _), (on, tokens_on, graphed) = runs[False], runs[True]
+        runs[graphs] = steps, tokens, target.kernels.graph_counts()
+    (off, tokens_off, counts_off), (on, tokens_on, counts) = runs[False], runs[True]
     assert tokens_on == tokens_off
+    assert counts_off["captured"] == counts_off["replays"] == 0  # graphs off: nothing captured, nothing counted
     if kind != "plain":  # plain decoding picks its token with one argmax, not the rule
-        assert graphed.graphs and not graphed.failed
+        N = loaded.cfg.n_vocab  # the verify shape of k = 3 drafts: logits [4, N], drafts [3]
+        assert str((((K + 1, N), "float32"), ((K,), "int64"))) in counts["shapes"], counts
+        assert counts["captured"] >= 1 and counts["failed"] == 0 and not counts["reasons"] and counts["replays"] > 0
         assert sum(s.launches for s in on) < sum(s.launches for s in off)
     assert [s.syncs for s in on] == [s.syncs for s in off]
+
+
+def test_a_capture_that_fails_is_reported_not_silent(cuda):
+    """Issue 35, item 2: a function that syncs inside its capture still gives the right answer (plain launches),
+    but the fallback is said: one GraphCaptureWarning for the shape, with the reason, and stats() counts it."""
+    from tinyspec.fast.cuda_graphs import GraphCaptureWarning, GraphedCall
+
+    cp = fake_cupy
+
+    def syncs(x):  # int(): a device-to-host copy, which a capture refuses
+        return x * int(x[0])
+
+    call = GraphedCall(syncs, cp)
+    x = cp.asarray(np.arange(1, 4, dtype=np.float32))
+    assert cp.asnumpy(call(x)).tolist() == [1, 2, 3]  # first call of the shape: eager (warm-up)
+    with pytest.warns(GraphCaptureWarning, match="inside a CUDA graph capture"):
+        assert cp.asnumpy(call(x)).tolist() == [1, 2, 3]  # the capture fails: the fallback's answer
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per shape: later calls run plainly without a second warning
+        assert cp.asnumpy(call(x)).tolist() == [1, 2, 3]
+    counts = call.stats()
+    assert counts["captured"] == 0 and counts["failed"] == 1 and counts["replays"] == 0 and counts["plain"] == 3
+    assert "RuntimeError" in next(iter(counts["reasons"].values()))
 
 
 # --- the fake's graph capture: CuPy's API, a GPU's rules
@@ -353,6 +419,32 @@ def test_a_python_int_read_during_capture_is_baked_in(cuda):
     n = 5  # the host moved on; the graph did not
     graph.launch()
     assert float(out) == 0 + 1 + 2 and n == 5
+
+
+def test_a_host_scalar_that_changes_between_replays_raises(cuda):
+    """Issue 35, item 4: a length closed over by the captured function (here an eps handed to a row kernel and a
+    slice bound) is baked into the graph; when the host's value moves on, the fake's check_replay re-runs the
+    function before the replay and raises, where a GPU would replay the old value. Unchanged, replays pass."""
+    from tinyspec.fast.cuda_graphs import GraphedCall
+
+    cp = fake_cupy
+    setting = {"eps": 1e-6, "n": 3}
+
+    def normed(x, w):  # a kernel argument from a Python variable: what a graph cannot see change
+        return fake_cupy.rows.rms_norm(x, w, setting["eps"])
+
+    def head(x):  # a slice bound from a Python variable: an offset baked into the launch that reads it
+        return x[: setting["n"]].sum()
+
+    x, w = cp.asarray(np.ones((2, 4), np.float32)), cp.asarray(np.ones(4, np.float32))
+    for fn, args, key in ((normed, (x, w), "eps"), (head, (x[0],), "n")):
+        call = GraphedCall(fn, cp, check=fake_cupy.check_replay)
+        for _ in range(4):  # warm-up, then a capture and three launches: the host's value unchanged, checks pass
+            call(*args)
+        assert call.stats()["captured"] == 1 and call.stats()["replays"] == 3
+        setting[key] = setting[key] * 2  # the host moves on
+        with pytest.raises(fake_cupy.BakedScalarChanged, match="captured with the host scalars"):
+            call(*args)
 
 
 def test_the_serving_engine_on_the_cuda_backend_keeps_every_sequence_solo(cuda, files):

@@ -145,3 +145,28 @@ def test_the_allow_list_is_well_formed():
         member = getattr(fake_cupy.cuda, name)
         member = member() if name == "Device" else member  # its id and compute_capability are per device
         assert all(hasattr(member, m) for m in members), name
+
+
+def test_module_functions_dispatch_to_numpy_and_refuse_host_data():
+    """cupy.argmax, cumprod, take, concatenate (what tools/gpu_check.py's raw capture calls): NumPy's function on
+    device arrays, device arrays back; with only host data CuPy would refuse, and so does the fake."""
+    x = dev(3, 9, 9, 1)
+    assert fake_cupy.asnumpy(fake_cupy.argmax(x)).item() == 1  # the first of the tied maxima
+    both = fake_cupy.concatenate([x, fake_cupy.cumprod(x)])
+    assert isinstance(both, fake_cupy.ndarray) and fake_cupy.asnumpy(both).tolist() == [3, 9, 9, 1, 3, 27, 243, 243]
+    assert fake_cupy.asnumpy(fake_cupy.take(x, dev(2, dtype=np.int64))).tolist() == [9]
+    with pytest.raises(TypeError, match="host data"):
+        fake_cupy.argmax(np.arange(3))
+
+
+def test_a_capture_traces_the_host_scalars_it_bakes_in():
+    """Every call made while capturing is traced with the host numbers among its arguments (check_replay's
+    record): a slice bound, an axis, a fill value; arrays are not scalars."""
+    x = dev(1, 2, 3, 4)
+    stream = fake_cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        y = x[1:3].sum(axis=0)
+        y[...] = 7
+        graph = stream.end_capture()
+    assert graph.trace == [("ndarray[]", (1, 3)), ("ndarray.sum", (0,)), ("ndarray[]=", (7,))]

@@ -1,6 +1,8 @@
 """tools/gpu_check.py, dry-run on the CPU through the fake CuPy (tests/fake_cupy.py), as a session does before it
-asks for a GPU: the parity step decodes the shipped models on the cuda path, graphs on and off, and writes its
-report; with no GPU at all the tool says so and exits 2."""
+asks for a GPU: the version report, the raw capture and the argmax tie, the greedy rule against the oracle for k = 0..8 with tied maxima, and greedy parity of every
+drafter on the shipped models, one sequence and a batch of 4, graphs on and off (few tokens: the dry run checks
+the tool's paths, tests/test_cuda_syncs.py the engine's); its JSON and log are written; with no GPU at all the
+tool says so and exits 2."""
 
 from __future__ import annotations
 
@@ -13,14 +15,56 @@ from tinyspec.demo import DRAFT, TARGET
 
 
 @pytest.mark.skipif(not TARGET.is_file() or not DRAFT.is_file(), reason="the shipped models are not built yet")
-def test_parity_step_runs_through_the_fake(monkeypatch, tmp_path, load_tool):
+def test_rule_and_parity_steps_run_through_the_fake(monkeypatch, tmp_path, load_tool):
     fake_cupy.install(monkeypatch)
-    assert load_tool("gpu_check").main([str(tmp_path), "--quick", "--steps", "parity"]) == 0
+    tool = load_tool("gpu_check")
+    steps = ("versions", "capture", "ties", "rule", "parity")  # the in-process ones; tests and bench are commands
+    assert tool.main([str(tmp_path), "--quick", "--steps", ",".join(steps), "--max-new", "6"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    parity = report["parity"]
-    assert parity["ok"] and parity["runs"] == 8 and not parity["mismatches"], parity
+    assert report["status"] == {name: "ok" for name in steps}, report
+    assert report["versions"]["cupy"] == "fake" and report["ties"]["argmax"] == 7
+    assert report["capture"]["captured"] == 1 and report["capture"]["replays_wrong"] == 0
+    rule = report["rule"]  # 9 k x 2 cases x 2 draft kinds, and a batch of 4, graphs on and off
+    assert rule["ok"] and not rule["wrong"] and rule["cases"] == 2 * (9 * 2 * 2 + 1)
+    assert rule["graphs"]["captured"] == 9 and rule["graphs"]["failed"] == 0  # one graph per k = 0..8
+    parity = report["parity"]  # 4 drafters, one sequence graphs on and off, a batch of 4 graphs on (--quick)
+    assert parity["ok"] and parity["runs"] == 8 and parity["batch_runs"] == 4 and not parity["mismatches"], parity
     assert parity["graphs"]["graphs_on"]["captured"] and not parity["graphs"]["graphs_on"]["failed"]
-    assert not parity["graphs"]["graphs_off"]["captured"]  # graphs off: plain launches only
+    assert parity["graphs"]["graphs_off"]["captured"] == 0  # graphs off: plain launches only
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "rule (ok" in log and "parity (ok" in log
+
+
+def test_a_tied_case_rejects_a_later_copy_of_the_maximum(load_tool):
+    """The rule step's cases: the drafts the oracle keeps are each row's FIRST maximum; the next draft is a later
+    copy of the same maximum, which the first-index rule rejects (a last-index argmax would keep it)."""
+    import numpy as np
+
+    from tinyspec.kernels import accept_greedy
+
+    tool, rng = load_tool("gpu_check"), np.random.default_rng(3)
+    for k in range(9):
+        logits, drafts = tool.tied_case(rng, k, 50)
+        [(n, token, _)] = accept_greedy(logits, np.array([0, k + 1]), [drafts])
+        top = logits.max(axis=1)
+        assert all(logits[i, drafts[i]] == top[i] for i in range(min(n + 1, k)))  # kept ones and the tied reject
+        assert token == int(np.argmax(logits[n]))
+
+
+def test_out_of_budget_steps_are_skipped_and_an_overrun_is_cut(monkeypatch, tmp_path, load_tool):
+    """Each step's limit is cut to what is left of --budget: with none left every step is recorded as skipped
+    (not a failure: exit 0), and an in-process step that overruns its limit is stopped (StepTimeout)."""
+    import time
+
+    fake_cupy.install(monkeypatch)
+    tool = load_tool("gpu_check")
+    assert tool.main([str(tmp_path), "--budget", "1", "--steps", "versions,rule,tests"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["status"] == {"versions": "skipped", "rule": "skipped", "tests": "skipped"}
+    assert "budget left" in report["rule"]["skipped"]
+    with pytest.raises(tool.StepTimeout):
+        with tool.time_limit(0.05):
+            time.sleep(2)
 
 
 def test_says_so_without_a_gpu(monkeypatch, tmp_path, capsys, load_tool):

@@ -581,6 +581,7 @@ def cmd_bench(args) -> int:
     args.drafters = "mtp,lookup,synthetic" if args.drafters is None else args.drafters
     check_draft_length(args.draft_n, "--draft-n", low=1)
     slot_counts = parse_slot_counts(args.slots) if args.slots is not None else ()
+    sizes = parse_verify_sizes(args.verify_sizes) if args.verify_sizes is not None else None
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
     check_prompt_args(args, required=False)  # no prompt: random ids
@@ -620,7 +621,7 @@ def cmd_bench(args) -> int:
         from .fast.batch_draft_length import BatchDraftLength
 
         slots_policy = lambda B: BatchDraftLength(args.draft_n)  # noqa: E731
-    report = bench(model, tokens, decode_n=args.decode_n, repeats=args.repeats, max_new=args.max_new,
+    report = bench(model, tokens, decode_n=args.decode_n, sizes=sizes, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
                    spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
@@ -679,6 +680,21 @@ def parse_slot_counts(text: str) -> tuple[int, ...]:
     if not counts or min(counts) < 1:
         raise ValueError(f"--slots: slot counts must be >= 1, got {text!r}")
     return tuple(dict.fromkeys(counts))
+
+
+def parse_verify_sizes(text: str) -> tuple[int, ...]:
+    """bench --verify-sizes 1..9 or 1,2,4,8 -> (1, ..., 9) or (1, 2, 4, 8): distinct sizes >= 1, sorted, starting at
+    1 (every verify_cost_ratio is a pass's time over the one-token pass's)."""
+    lo, dots, hi = text.replace(" ", "").partition("..")
+    try:
+        sizes = list(range(int(lo), int(hi) + 1)) if dots else [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ValueError(f"--verify-sizes must be 1..9 or comma-separated sizes such as 1,2,4,8, got {text!r}") from None
+    sizes = sorted(set(sizes))
+    if not sizes or sizes[0] != 1:
+        raise ValueError(f"--verify-sizes: sizes must be >= 1 and include 1 (the pass the others are a ratio of), "
+                         f"got {text!r}")
+    return tuple(sizes)
 
 
 def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -915,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_arg(p)
     p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")
     p.add_argument("--repeats", type=int, default=5, help="timings per verify size; the median is reported (5)")
+    p.add_argument("--verify-sizes", default=None, metavar="T,T,..",
+                   help="verify pass sizes to time, T = k + 1: comma-separated or a range such as 1..9, including 1 "
+                        "(default 1,2,4,8; 1..9 on a MoE model)")
     p.add_argument("--max-new", type=int, default=None,
                    help="tokens per speculative run (128: about 45 verify steps at 2.95 tokens a step, so a synthetic "
                         "run's tokens per step land within a few percent of the set rate's); with --serving, tokens "

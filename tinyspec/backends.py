@@ -23,7 +23,11 @@
             device-to-device copy. The row functions (norms, gates) take one launch each
             (fast/cuda_rows.py), attention one launch per layer, every sequence of a pool together, its
             lengths and block tables read from device memory (fast/cuda_attention.py), and every weight is
-            bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time.
+            bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time. A MoE
+            layer routes and groups its rows on the device (fast/cuda_moe.py, Kernels.route_experts: no
+            sync per layer) and multiplies every chosen expert of a projection in one grouped launch reading
+            the device offsets (cuda_ops.bind_experts); an expert tensor of a type the kernels do not read
+            is a PackedExperts over its float32 bytes.
 
 A backend is two things, both built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):
@@ -144,7 +148,8 @@ class PackedWeight:
 class PackedExperts:
     """A qwen35moe expert tensor [E, out, in] kept as its GGUF bytes (each expert's rows are whole blocks, stored
     one expert after the other). experts_linear(x, experts, offsets) multiplies rows grouped by expert, each
-    expert's weights read once (moe.experts_linear is its oracle); experts[e] is expert e's [out, in] weight as a
+    expert's weights read once (moe.experts_linear is its oracle; offsets are host ints, or on the cuda backend
+    a device [E + 1] from Kernels.route_experts, never read on the host); experts[e] is expert e's [out, in] weight as a
     PackedWeight over its slice of the bytes, bound when first used."""
 
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int, int], kernels):
@@ -168,8 +173,9 @@ class PackedExperts:
 
 def bind_each_expert(bind: Callable, raw, ggml_type, shape: tuple[int, int, int], q8: bool, xp) -> Callable:
     """experts_linear (PackedExperts' contract) from weight kernels that bind one [out, in] weight at a time:
-    each expert bound when first chosen, over its slice of the bytes, and run on its own rows (the cuda
-    backend's; the cpu backend's numba_ops.bind_experts runs every chosen expert in one kernel call)."""
+    each expert bound when first chosen, over its slice of the bytes, and run on its own rows (host groups;
+    the oracles of tests/test_backends.py; the cpu backend's numba_ops.bind_experts runs every chosen expert in
+    one kernel call, the cuda backend's cuda_ops.bind_experts in one launch)."""
     per, bound = raw.size // shape[0], {}
 
     def experts_linear(x, experts, offsets):  # x [P, in] where the kernels compute; experts, offsets host ints
@@ -236,7 +242,8 @@ class CudaWeightKernels:
         return linear
 
     def bind_experts(self, raw, ggml_type, shape, q8: bool = False):
-        return bind_each_expert(self.bind, raw, ggml_type, shape, q8, self.cp)
+        """cuda_ops.bind_experts: every expert's rows in one grouped launch, offsets read on the device."""
+        return self.ops.bind_experts(raw, ggml_type, shape)
 
     def get_rows(self, raw, ggml_type, shape, ids):
         if isinstance(ids, self.cp.ndarray):
@@ -245,9 +252,10 @@ class CudaWeightKernels:
 
 
 def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels), a matmul
-    weight of a type the kernels do not read as an F32 packed weight (so ops.linear still finds .linear),
-    every other tensor as a float32 device array."""
+    """Every tensor on the GPU: packed weights in their GGUF bytes (multiplied by the CuPy kernels); a matmul
+    weight of a type the kernels do not read (Q4_0, Q5_0, Q2_K, Q3_K, the I-quants, MXFP4) dequantized and
+    packed as F32 (a PackedWeight, or for a 3-D expert tensor a PackedExperts: so ops.linear and
+    moe.experts_linear still find the method they call); every other tensor as a float32 device array."""
     kernels = CudaWeightKernels()
     cp = kernels.cp
     out = packed_tensors(g, kernels, cp.asarray, progress)
@@ -255,9 +263,11 @@ def cuda_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None
         if isinstance(t, (PackedWeight, PackedExperts)):
             continue
         packable = (name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES)) and t.ndim == 2
-        if packable:
+        experts = name.endswith(EXPERT_SUFFIXES) and t.ndim == 3
+        if packable or experts:
             f32 = np.ascontiguousarray(t, dtype=np.float32)
-            out[name] = PackedWeight(cp.asarray(f32.view(np.uint8).reshape(-1)), GGMLType.F32, f32.shape, kernels)
+            packed = PackedExperts if experts else PackedWeight
+            out[name] = packed(cp.asarray(f32.view(np.uint8).reshape(-1)), GGMLType.F32, f32.shape, kernels)
         else:
             out[name] = cp.asarray(t)
     return out
@@ -310,19 +320,23 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
     return row
 
 
-def cuda_kernels(graphs: bool = True) -> Kernels:
+def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
-    one launch per norm or gate instead of four to six), attention as one kernel launch per layer (fast/
-    cuda_attention.py: contiguous, paged, and every sequence of a pool at once), the greedy rule on the device
-    (replayed from a CUDA graph per verify length with graphs=True: fast/cuda_graphs.py) and the snapshot ring."""
+    one launch per norm or gate instead of four to six), attention as one kernel launch per layer
+    (fast/cuda_attention.py: contiguous, paged, and every sequence of a pool at once), the greedy rule on the
+    device (replayed from a CUDA graph per verify length with graphs=True: fast/cuda_graphs.py; graph_counts
+    says what it captured), a MoE layer's routing and grouping on the device (fast/cuda_moe.py: no sync per
+    layer) and the snapshot ring.
+    check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
     import cupy
 
-    from .fast import cuda_accept, cuda_attention, cuda_rows
+    from .fast import cuda_accept, cuda_attention, cuda_moe, cuda_rows
 
     dev, attn = cupy.ndarray, cuda_attention.DeviceAttention(cupy)
+    rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
-        accept_greedy=cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs),  # two ints back per step
+        accept_greedy=rule, graph_counts=rule.graph_counts,
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
@@ -331,6 +345,7 @@ def cuda_kernels(graphs: bool = True) -> Kernels:
         attend=device_rows(attn.attend, attention.attend, dev),  # q first: a host q goes to the oracle
         attend_paged=device_rows(attn.attend_paged, attention.attend_paged, dev),
         attend_paged_ragged=device_rows(attn.attend_paged_ragged, attention.attend_paged_ragged, dev),
+        route_experts=cuda_moe.route_experts,  # the same bits as moe.route_experts, all E groups, device offsets
     )
 
 

@@ -31,6 +31,11 @@ by following an argument, not by searching for who patched what.
     attend_paged_ragged  attention.attend_paged_ragged (q [R, H_kv, G, d], k_pool, v_pool, tables, n_pasts,
                                                   bounds, scale) -> o: B sequences' caches in one pool
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
+    route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
+                                         ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
+                                         expert (moe.py); weights, order and offsets where the model computes. The
+                                         cuda backend's (fast/cuda_moe.py) runs on the device with no sync: the
+                                         same bits, U = E (empty groups too) and device offsets
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
@@ -42,6 +47,9 @@ by following an argument, not by searching for who patched what.
                                          token); the cuda backend's runs on the device and brings back every
                                          sequence's run, and its drafts when they were there, in one transfer
     rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
+    graph_counts  no_graphs              () -> None, or what the backend's CUDA graphs did so far: {captured, failed,
+                                         replays, plain, shapes, reasons} (the cuda backend's greedy rule,
+                                         fast/cuda_graphs.py); `bench --json` reports it as "graphs"
 
 What every replacement must keep:
   * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
@@ -72,6 +80,7 @@ import numpy as np
 from . import ops
 from .attention import attend, attend_paged, attend_paged_ragged
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
+from .moe import route_experts
 from .spec_sampling import verify_greedy
 
 ROLLBACKS = ("snapshot", "replay")
@@ -87,6 +96,11 @@ def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, i
         ds = [int(d) for d in ds]
         out.append((*verify_greedy(logits[lo:hi], ds), ds))
     return out
+
+
+def no_graphs() -> None:
+    """The oracle's Kernels.graph_counts: it captures no CUDA graphs, so there is nothing to count."""
+    return None
 
 
 def same(a):
@@ -113,11 +127,13 @@ class Kernels:
     sigmoid: Callable = ops.sigmoid
     silu: Callable = ops.silu
     softplus: Callable = ops.softplus
+    route_experts: Callable = route_experts
     xp: ModuleType = np
     to_device: Callable = same
     to_host: Callable = same
     accept_greedy: Callable = accept_greedy
     rollback: str = "snapshot"
+    graph_counts: Callable[[], dict | None] = no_graphs
 
     def __post_init__(self):
         if self.rollback not in ROLLBACKS:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# What a session does with a lent GPU, in one command that ends inside a 10-minute device call (its device time
-# is short: start it once, run this, read the files). From the repository root on the GPU machine:
+# What a TRAINING session does with a lent GPU, in one command that ends inside a 10-minute device call (its device
+# time is short: start it once, run this, read the files). A session that only checks the cuda backend runs
+# `python tools/gpu_check.py "$OUT"` instead: versions, graph capture, ties, the greedy rule for k = 0..8, parity
+# (one sequence and a batch of 4), the cuda tests and bench on the 0.8B shape, in under 7 minutes, one JSON and one
+# log (its docstring). From the repository root on the GPU machine:
 #
 #     bash tools/gpu_session.sh                                   # results in $OUT (the device tool's folder)
 #     STEPS="check bench" bash tools/gpu_session.sh               # a part of it
@@ -10,8 +13,9 @@
 #                    --minutes $TRAIN_MIN from $TRAIN_DIR (the tokenizer and encoded corpus made on the CPU by
 #                    `train_tiny.py corpus --preset gpu`; the GPU machine has no network and other sources)
 #                    -> tiny-target.gguf, tiny-draft.gguf, train.log
-#            check   tools/gpu_check.py: versions, raw graph capture, argmax ties, greedy parity of every
-#                    drafter with graphs on and off (correct while training runs; no timings) -> gpu_check.json
+#            check   tools/gpu_check.py's in-process steps: versions, raw graph capture, argmax ties, the greedy
+#                    rule for k = 0..8, greedy parity of every drafter, one sequence and a batch of 4, graphs on
+#                    and off (correct while training runs; no timings) -> gpu_check.json, gpu_check.log
 #            tests   the CUDA tests against the oracles (tests/test_cuda_ops.py, the cuda cases of
 #                    tests/test_backends.py)                                                  -> tests.txt
 #            synth   the 0.8B-shape Q4_K_M random-weight file, on the CPU, for the bench step
@@ -61,7 +65,7 @@ if has train; then
         train_pids+=($!)
     done
 fi
-has check && step check 120 $PY tools/gpu_check.py "$OUT" --quick --steps versions,capture,ties,parity
+has check && step check 150 $PY tools/gpu_check.py "$OUT" --quick --steps versions,capture,ties,rule,parity
 has tests && step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider -x tests/test_cuda_ops.py \
     tests/test_backends.py -k 'cuda' 2>&1 | tail -40 > '$OUT/tests.txt'; exit \${PIPESTATUS[0]}"
 has synth && step synth 90 $PY -m tinyspec synth --shape 0.8b --quant q4_k_m -o "$SYNTH"
@@ -69,7 +73,8 @@ for pid in "${train_pids[@]}"; do wait "$pid" || failed+=("train")
 done
 has speed && step speed 90 $PY tools/gpu_check.py "$OUT" --steps speed --json-name gpu_speed.json
 has bench && step bench 150 bash -c "$PY -m tinyspec bench --model '$SYNTH' --backend cuda --drafters '' \
-    --synth-len 2.95 --decode-n 16 --repeats 3 --spec-repeats 2 --max-new 64 --slots 1,4,8 --json > '$OUT/bench-0.8b.json'"
+    --verify-sizes 1..9 --synth-len 2.95 --decode-n 16 --repeats 3 --spec-repeats 2 --max-new 64 --slots 1,4,8 --json \
+    > '$OUT/bench-0.8b.json'"
 if ((${#failed[@]})); then
     echo "gpu_session: failed: ${failed[*]} (see the output above; results so far in $OUT)" >&2
     exit 1

@@ -17,6 +17,9 @@
                        is the mean number of distinct experts such a pass reads per MoE layer (expert_union.py),
                        uniform_union[T] what independent uniform routing gives (random synth routers come close;
                        a trained router shares experts between neighbours and reads fewer)
+    graphs             (cuda) what the greedy rule's CUDA graphs did over the whole run (Kernels.graph_counts:
+                       captured shapes, failed ones with their reasons, replays, plain calls); null on numpy and
+                       cpu, which capture none. A failed capture is also a CHECK line (it runs, slower)
     slots[B]           (bench --slots 1,2,4,8) many sequences at once (batch.py), B of them in B slots:
                        plain_tok_s, spec_tok_s (aggregate tokens/s over all slots after the prefills),
                        rows_per_pass / spec_rows_per_pass (verify rows per target pass: B for plain), speedup,
@@ -98,6 +101,10 @@ def checks(report: dict) -> list[str]:
     if plain and not 0.5 < plain / decode < 1.5:
         out.append(f"plain generation ran at {plain:.2f} tok/s beside one-token passes at {decode:.2f} tok/s: "
                    "the two should agree within overheads, so one was disturbed")
+    graphs = report.get("graphs")
+    if graphs and graphs["failed"]:
+        out.append(f"{graphs['failed']} CUDA graph capture(s) failed, those shapes ran as plain launches: "
+                   f"{graphs['reasons']}")
     noisy = [name for name, (lo, hi) in noise_ranges(report) if lo > 0 and hi / lo > WIDE]
     if noisy:
         out.append(f"noisy (timings spanning more than {WIDE}x): {', '.join(noisy)}; rerun with more repeats or on "
@@ -310,7 +317,7 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
     return out
 
 
-def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4, 8), repeats: int = 5,
+def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, repeats: int = 5,
           max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
           spec_repeats: int = 1, slot_counts: tuple[int, ...] = (), slots_policy: Callable[[int], object] | None = None,
@@ -321,7 +328,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
     per-position rate p solving (1 - p^(k+1)) / (1 - p) = L (llama.cpp's --spec-synth-len); draft_vocab:
     also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step);
     slot_counts: also "slots" and "slots_setup", many sequences at once (bench_slots; slots_policy is its
-    policy_factory)."""
+    policy_factory); sizes: the verify passes timed, T = k + 1 starting at 1 (default 1, 2, 4, 8; 1..9 on a MoE
+    model)."""
     makers: dict[str, Callable] = {}
     for name in drafters:  # a drafter of the registry (drafters.py), or the wing's synthetic one
         if name in DRAFTERS and (name != "mtp" or model.cfg.n_nextn):
@@ -346,8 +354,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
         makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
         if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
             makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
-    if model.cfg.n_expert:  # a MoE verify pass costs what its expert union reads: k = 0..8
-        sizes = tuple(range(1, 10))
+    if sizes is None:  # a MoE verify pass costs what its expert union reads: k = 0..8
+        sizes = tuple(range(1, 10)) if model.cfg.n_expert else (1, 2, 4, 8)
     say("warm-up (untimed: every pass shape and drafter once; compiles kernels on a cold cache)")
     warm_up(model, prompt, sizes, draft_n, makers)
     say("memory copy bandwidth")
@@ -400,7 +408,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=(1, 2, 4
               "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
               "spec": {k: v for k, v in spec.items() if k != "plain"},
               "plain_tok_s": spec["plain"]["tok_s"] if spec else None,
-              "plain_tok_s_range": spec["plain"]["tok_s_range"] if spec else None}
+              "plain_tok_s_range": spec["plain"]["tok_s_range"] if spec else None,
+              "graphs": model.kernels.graph_counts()}
     report["checks"] = checks(report)
     if experts:
         report["experts"] = experts
@@ -457,6 +466,10 @@ def report_text(report: dict) -> str:
                 chosen = (s["policy"] or {}).get("chosen_k", {})
                 out.append(f"          batch-aware k {s['policy_tok_s']:8.2f} tok/s   speedup {s['policy_speedup']:.2f}x   "
                            f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
+    if report.get("graphs"):
+        g = report["graphs"]
+        out.append(f"cuda graphs     {g['captured']} shapes captured, {g['failed']} failed, {g['replays']} replays, "
+                   f"{g['plain']} plain calls (the greedy rule)")
     for check in report.get("checks", []):
         out.append(f"CHECK           {check}")
     if not report.get("checks"):

@@ -56,14 +56,19 @@ class DeviceGreedyRule:
     (greedy_run on its rows), with its drafts when they came as device ids (host drafts are known: returned as
     given, not fetched), concatenated on the device and brought back together.
     graphs=True: a one-sequence step's greedy_run replayed from a CUDA graph per (k+1, N, k)
-    (cuda_graphs.GraphedCall: its ~10 launches become one, plus two input copies); self.graphs says what was
-    captured and why a shape fell back to plain launches. Several sequences' runs launch plainly."""
+    (cuda_graphs.GraphedCall: its ~10 launches become one, plus two input copies); graph_counts() says how many
+    shapes were captured, failed (each also warned) and replayed. Several sequences' runs launch plainly.
+    check_graphs: GraphedCall's check (tests: fake_cupy.check_replay; None on a GPU)."""
 
-    def __init__(self, xp, to_host: Callable, graphs: bool = False):
+    def __init__(self, xp, to_host: Callable, graphs: bool = False, check_graphs: Callable | None = None):
         from .cuda_graphs import GraphedCall
 
         self.xp, self.to_host = xp, to_host
-        self.graphs = GraphedCall(greedy_run, xp, enabled=graphs)
+        self.graphs = GraphedCall(greedy_run, xp, enabled=graphs, check=check_graphs)
+
+    def graph_counts(self) -> dict:
+        """The greedy rule's CUDA graphs: {captured, failed, replays, plain, shapes, reasons} (GraphedCall.stats)."""
+        return self.graphs.stats()
 
     def __call__(self, logits, bounds, drafts: list) -> list[tuple[int, int, list[int]]]:
         on_device = [isinstance(d, self.xp.ndarray) for d in drafts]

@@ -3,6 +3,8 @@
 Same names, arguments and results as the NumPy oracles (tinyspec/ops.py, tinyspec/gdn.py), on cupy arrays:
 
     quant_linear(x, raw, ggml_type, shape)   y[t, r] = sum_j W[r, j] * x[t, j]        [T, in] -> [T, out]
+    bind_experts(raw, ggml_type, shape)      moe.experts_linear: rows grouped by expert   [P, in] -> [P, out]
+                                             times W_e, every expert in one launch (device offsets [E + 1])
     get_rows(raw, ggml_type, shape, ids)     W[ids], bit-exact                          [n] -> [n, in]
     delta_rule_step(state, q, k, v, log_decay, beta)          one token, every value head
     gdn_scan(q, k, v, log_decay, beta, state, states_out)     T tokens; states_out = the snapshot ring
@@ -38,6 +40,10 @@ Two kernels compute quant_linear; which one depends on the weight's type and sha
 
     tensor cores (mma_linear_k)  Q4_K, Q5_K, Q6_K, Q8_0 with in % 256 == 0, on sm_80+ (the real files' case)
     float FMAs (quant_linear_k)  F32, F16, BF16, and the others elsewhere (or with use_mma = False)
+
+A MoE expert tensor [E, out, in] takes quant_linear_grouped_k, the float kernel's tile (quant_linear_tile) run per
+(expert, tile of up to NT of its rows): bitwise the float kernel on that expert alone, never the tensor cores
+(bind_experts' docstring says what that guarantees; a grouped tensor-core kernel is not written).
 
 Tensor-core kernel. Every quantized weight is W = dl * code - ml over a group of 16 or 32 values (dl, ml
 the oracle's (d * sc) and (dmin * m); ml = 0 but for Q4_K/Q5_K) with a small integer code, exact in bf16.
@@ -319,7 +325,7 @@ __device__ __forceinline__ int quad_len(int p, int n_in) {  // values of the qua
 // ------------------------------------------------------------------ quant_linear
 
 template <int TYPE, int NT, int RPW>
-__global__ void __launch_bounds__(256) quant_linear_k(
+__device__ __forceinline__ void quant_linear_tile(  // the block's rows of y = x W^T for one tile of x
     const float* __restrict__ x, long long ldx, int T,      // x [T, ldx] float32, T <= NT
     const u8* __restrict__ raw, long long row_bytes,        // weight [n_out, row_bytes]
     int n_out, int n_in, int vec, int S,                    // S split warps per row (1, 2, 4, 8)
@@ -408,6 +414,67 @@ __global__ void __launch_bounds__(256) quant_linear_k(
             y[(long long)t * n_out + row] = v;
         }
     }
+}
+
+template <int TYPE, int NT, int RPW>
+__global__ void __launch_bounds__(256) quant_linear_k(
+    const float* __restrict__ x, long long ldx, int T, const u8* __restrict__ raw, long long row_bytes,
+    int n_out, int n_in, int vec, int S, float* __restrict__ y)  // quant_linear_tile's arguments
+{
+    quant_linear_tile<TYPE, NT, RPW>(x, ldx, T, raw, row_bytes, n_out, n_in, vec, S, y);
+}
+
+// ------------------------------------------------------------------ quant_linear grouped by expert (MoE)
+// x rows grouped by expert: expert e's rows are offsets[e] .. offsets[e+1]-1 of x and y (device offsets, no
+// count on the host), its weight the e-th [n_out, row_bytes] slice of raw. Expert e's rows are cut in tiles of
+// NT, tiles listed in expert order; blockIdx.y = one tile (the grid's y is a host bound on the count), which the
+// block's first warp finds by a scan of the tile counts ceil(count_e / NT) in chunks of 32 experts. Then the
+// tile is exactly a quant_linear_k call on those rows and that expert's bytes: a row's bits depend only on its
+// x row and its expert's weights (batch invariance), and are those of the float kernel on that expert alone.
+
+template <int TYPE, int NT, int RPW>
+__global__ void __launch_bounds__(256) quant_linear_grouped_k(
+    const float* __restrict__ x, long long ldx,             // x [P, ldx], rows grouped by expert
+    const int* __restrict__ offsets, int E,                 // [E + 1]
+    const u8* __restrict__ raw, long long expert_bytes, long long row_bytes,  // [E, n_out, row_bytes]
+    int n_out, int n_in, int vec, int S, float* __restrict__ y)               // y [P, n_out]
+{
+    __shared__ int tile[3];  // expert, first row, rows
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, g = blockIdx.y;
+        int before = 0, found = -1, first = 0;  // tiles of the experts before this chunk
+        for (int e0 = 0; e0 < E && found < 0; e0 += 32) {  // found, before: the same in every lane
+            const int e = e0 + lane;
+            const int n = e < E ? (offsets[e + 1] - offsets[e] + NT - 1) / NT : 0;
+            int incl = n;  // inclusive scan of the tile counts over the lanes
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += v;
+            }
+            const int excl = before + incl - n;
+            const unsigned mine = __ballot_sync(0xffffffffu, g >= excl && g < excl + n);
+            if (mine) {
+                const int src = __ffs(mine) - 1;
+                found = e0 + src;
+                first = __shfl_sync(0xffffffffu, excl, src);
+            }
+            before += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0) {
+            tile[0] = found;
+            if (found >= 0) {
+                tile[1] = offsets[found] + (g - first) * NT;
+                tile[2] = min(NT, offsets[found + 1] - tile[1]);
+            }
+        }
+    }
+    __syncthreads();
+    const int e = tile[0];
+    if (e < 0) return;  // past the last tile: the whole block leaves
+    const long long r0 = tile[1];
+    quant_linear_tile<TYPE, NT, RPW>(x + r0 * ldx, ldx, tile[2], raw + (long long)e * expert_bytes, row_bytes,
+                                     n_out, n_in, vec, S, y + r0 * n_out);
 }
 
 // ------------------------------------------------------------------ quant_linear on tensor cores (sm_80+)
@@ -814,6 +881,7 @@ def quant_kernel_names(qtype: GGMLType, cc: int) -> list[str]:
     tools/check_cuda_kernels.py compiles these for each architecture with NVRTC, no GPU needed."""
     t = int(qtype)
     names = [f"quant_linear_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW] + [f"get_rows_k<{t}>"]
+    names += [f"quant_linear_grouped_k<{t}, {nt}, {rpw}>" for nt, rpw in NT_RPW]
     if qtype in MMA_TYPES and cc >= 80:
         names += [f"mma_linear_k<{t}, {rt}>" for rt in MMA_RTS]  # (mma_prep_x is extern "C": always built)
     return names
@@ -986,6 +1054,68 @@ def bind(raw, ggml_type: GGMLType | int, shape: tuple[int, int]):
         return y
 
     return linear
+
+
+def bind_experts(raw, ggml_type: GGMLType | int, shape: tuple[int, int, int]):
+    """moe.experts_linear for one [E, out, in] expert tensor (its GGUF bytes, each expert's rows whole blocks, one
+    expert after the other), checked once: returns experts_linear(x, experts, offsets) [P, in] -> [P, out].
+
+    The rows of x are grouped by expert. offsets: a cupy int32 [E + 1] (cuda_moe.route_experts': experts must
+    then be 0..E-1), read only on the device: one launch of quant_linear_grouped_k per call, no sync, blocks of
+    empty experts and of tiles past the last leave at once. Host groups (experts [U] ascending, offsets [U + 1],
+    moe.group_by_expert's) are spread over all E on the host and uploaded.
+    Guaranteed: row p of y is bitwise what the float kernel (quant_linear_k) gives for x[p] alone and expert e's
+    bytes, for every P and grouping (batch invariance); that is bind(expert e)'s result where bind takes the
+    float kernel (F32, F16, BF16 always; the others before sm_80 or with use_mma = False). On sm_80+ bind puts
+    K-quants and Q8_0 on the tensor cores, which round differently: the grouped rows are within the float32
+    bound of those, not equal. (A grouped tensor-core kernel is not written.)
+    """
+    E, n_out, n_in = (int(v) for v in shape)
+    qtype, raw, _, _, row_bytes, vec = _weight(raw, ggml_type, (E * n_out, n_in))
+    expert_bytes = n_out * row_bytes
+    wide = {GGMLType.F32: 16, GGMLType.F16: 8, GGMLType.BF16: 8}.get(qtype, 0)
+    vec = int(vec and expert_bytes % wide == 0)  # every expert's first byte as aligned as the tensor's
+    ldx = -(-n_in // 4) * 4
+    S = _split(n_out, -(-n_in // CHUNK))  # from the expert's shape only, as bind's float kernel
+    G = WARPS // S
+
+    def experts_linear(x, experts, offsets, out=None):
+        x = cp.asarray(x, dtype=cp.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"cuda_ops: x must be [P, {n_in}] for expert shape {tuple(shape)}, got {x.shape}")
+        P = x.shape[0]
+        if isinstance(offsets, cp.ndarray):
+            if len(experts) != E or offsets.shape != (E + 1,):
+                raise ValueError(f"cuda_ops: device offsets must be [E + 1] = [{E + 1}] over every expert")
+            offs = cp.ascontiguousarray(offsets, dtype=cp.int32)
+        else:  # host groups: counts of every expert, then offsets over all E, uploaded
+            ex, host = np.asarray(experts, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+            if host.shape != (ex.size + 1,) or host[0] != 0 or host[-1] != P or np.any(np.diff(host) < 0):
+                raise ValueError(f"cuda_ops: offsets must rise from 0 to P = {P}, one more than the experts")
+            if ex.size and (ex.min() < 0 or ex.max() >= E or np.any(np.diff(ex) <= 0)):
+                raise IndexError(f"cuda_ops: expert ids must be ascending and in [0, {E})")
+            counts = np.zeros(E, np.int64)
+            counts[ex] = np.diff(host)
+            offs = cp.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        if ldx != n_in or not x.flags.c_contiguous or x.data.ptr % 16:
+            padded = cp.zeros((P, ldx), dtype=cp.float32)
+            padded[:, :n_in] = x
+            x = padded
+        y = cp.empty((P, n_out), dtype=cp.float32) if out is None else out
+        if P == 0 or n_out == 0:
+            return y
+        if n_in == 0:
+            y.fill(0)
+            return y
+        nt, rpw = next((nt, rpw) for nt, rpw in NT_RPW if nt >= min(P, NT_RPW[-1][0]))  # a group has <= P rows
+        tiles = (P + min(E, P) * (nt - 1)) // nt  # >= sum_e ceil(count_e / nt): at most nt - 1 spare per expert
+        fn = _quant_kernel(qtype, f"quant_linear_grouped_k<{int(qtype)}, {nt}, {rpw}>")
+        fn((-(-n_out // (G * rpw)), tiles), (32 * WARPS,),
+           (x, np.int64(ldx), offs, np.int32(E), raw, np.int64(expert_bytes), np.int64(row_bytes),
+            np.int32(n_out), np.int32(n_in), np.int32(vec), np.int32(S), y))
+        return y
+
+    return experts_linear
 
 
 def get_rows(raw, ggml_type: GGMLType | int, shape: tuple[int, int], ids, checked: bool = True):
