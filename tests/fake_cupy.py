@@ -25,6 +25,8 @@ run it: the fake must not hide an API the cuda backend would first miss on a GPU
 the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, bind_experts, gdn_scan: the
 NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do), `rows` for
 tinyspec.fast.cuda_rows and `moe_kernels` for tinyspec.fast.cuda_moe (moe.route_experts on the device).
+`RawKernel` runs a stand-in (the oracle) for a kernel it knows by name (RAW_KERNELS: cuda_attention's
+attend_rows), so that module's own Python side runs here.
 What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
 tools/check_cuda_kernels.py without one).
 
@@ -79,7 +81,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 import cupy_api
 
-from tinyspec import gdn, moe, ops
+from tinyspec import attention, gdn, moe, ops
 from tinyspec.quants import GGMLType
 
 
@@ -733,7 +735,8 @@ argmax, cumprod, take, concatenate = (_by_dispatch(n) for n in ("argmax", "cumpr
 
 _EXPORTS = ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
             "empty_like", "zeros_like", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-            "uint16", "uint32", "uint64", "bool_", "cuda", "argmax", "cumprod", "take", "concatenate")
+            "uint16", "uint32", "uint64", "bool_", "cuda", "argmax", "cumprod", "take", "concatenate",
+            "RawKernel")
 
 
 def _module_getattr(name):
@@ -880,6 +883,48 @@ rows.l2_norm = lambda x, eps: _row(ops.l2_norm)(x, eps)
 rows.sigmoid = _row(ops.sigmoid)
 rows.silu = _row(ops.silu)
 rows.softplus = _row(ops.softplus)
+
+
+# --- cupy.RawKernel: a kernel the fake knows by name runs its stand-in, the oracle; its CUDA source is never run.
+# So a module that launches its own RawKernel (fast/cuda_attention.py) runs its real Python side here: its checks,
+# its uploads and allocations (counted as any), its grid and its argument list, which the stand-in reads.
+
+class RawKernel:
+    """cupy.RawKernel(code, name, options=()): nothing is compiled. kernel(grid, block, args, shared_mem=0) runs
+    RAW_KERNELS[name](grid, block, *args) on the arguments' arrays (a host array is refused: a kernel's pointer
+    is device memory), as one launch, recorded and not run while a graph captures (a replay then reads the
+    device arrays as they are at the replay, as the kernel would)."""
+
+    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
+                 enable_cooperative_groups=False, jitify=False):
+        if name not in RAW_KERNELS:
+            raise NotImplementedError(f"fake cupy: no stand-in for the kernel {name!r} (add one to RAW_KERNELS)")
+        self.name, self.code, self.options = name, code, options
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
+               for i, a in enumerate(args)]
+        stand_in = RAW_KERNELS[self.name]
+        _run(lambda: stand_in(tuple(grid), tuple(block), *raw), makes=False, what=self.name,
+             scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
+
+
+def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables, o, H_kv, G, d, bs, scale):
+    """cuda_attention's attend_rows kernel: row r of sequence b = seq[r] attends over its n = n_past[b] +
+    (r - row0[b]) + 1 positions, found through tables[tab0[b]:], by the oracle (attention.attend_paged of that
+    row alone: the oracle computes each row by its own calls, so these are the oracle's ragged call's bits)."""
+    R = q.shape[0]
+    assert grid == (R * H_kv,) and q.shape == o.shape == (R, H_kv, G, d) and k_pool.shape[1:] == (bs, H_kv, d), \
+        (grid, q.shape, o.shape, k_pool.shape, (H_kv, G, d, bs))
+    assert all(a.dtype == np.int32 for a in (seq, row0, n_past, tab0, tables))
+    for r in range(R):
+        b = int(seq[r])
+        n = int(n_past[b]) + r - int(row0[b]) + 1
+        ids = tables[int(tab0[b]):int(tab0[b]) + -(-n // bs)]
+        o[r] = attention.attend_paged(q[r:r + 1], k_pool, v_pool, ids, n - 1, np.float32(scale))[0]
+
+
+RAW_KERNELS = {"attend_rows": _attend_rows}
 
 
 def install(monkeypatch) -> None:

@@ -1,7 +1,7 @@
 """The cuda backend's kernels compile for every GPU generation, checked with NVRTC on a machine without a GPU.
 
 tools/check_cuda_kernels.py compiles each module the runtime builds (cuda_ops.quant_kernel_names per weight
-type and architecture, the GDN scan, the row kernels) to a cubin and reads ptxas' register report. It runs
+type and architecture, the GDN scan, the row kernels, the attention kernel) to a cubin and reads ptxas' register report. It runs
 in a subprocess: without CuPy it stands a bare `cupy` module in for the import, which must not leak into
 this test process. Skips where NVRTC is not installed (`pip install nvidia-cuda-nvrtc-cu12`).
 """
@@ -43,7 +43,9 @@ def report():
 
 def test_every_module_compiles_on_turing_and_hopper(report):
     modules = {m for _, m in report}
-    assert {"quant_Q4_K", "quant_Q6_K", "quant_Q8_0", "quant_BF16", "gdn_K128", "rows_norm", "rows_silu"} <= modules
+    assert {"quant_Q4_K", "quant_Q6_K", "quant_Q8_0", "quant_BF16", "gdn_K128", "rows_norm", "rows_silu",
+            "attention"} <= modules
+    assert "attend_rows" in report[(75, "attention")]["kernels"] and "attend_rows" in report[(90, "attention")]["kernels"]
     for (arch, module), row in report.items():
         assert row["ok"] and not row["missing"] and row["cubin_bytes"] > 0, (arch, module, row["errors"])
         assert row["kernels"], (arch, module)  # ptxas reported every kernel it built
@@ -64,7 +66,7 @@ def test_kernels_keep_their_working_set_in_registers(report):
     (On sm_75 ptxas gives Q8_0's 4-row float kernel 64 registers and 28 bytes of spill: slower, still right.)"""
     for (arch, module), row in report.items():
         for name, r in row["kernels"].items():
-            if arch >= 80 and name.startswith(("quant_linear_k", "get_rows_k", "norm_rows", "mma_prep_x")):
+            if arch >= 80 and name.startswith(("quant_linear_k", "get_rows_k", "norm_rows", "mma_prep_x", "attend_rows")):
                 assert r["spill_stores"] == 0, (arch, name, r)
             if name.startswith("mma_linear_k"):
                 assert r["registers"] <= 128 and r["spill_stores"] <= 32, (arch, name, r)

@@ -10,6 +10,10 @@
 5. MoE: the device routing (fast/cuda_moe.py) bitwise moe.route + group_by_expert, ties included; the grouped
    matmul (cuda_ops.bind_experts) bitwise each expert's own float-kernel call, and batch-invariant.
    (Written without a GPU, 2026-11-27: these MoE cases have not run yet.)
+6. attention (fast/cuda_attention.py) against tinyspec.attention: contiguous, paged (bitwise the contiguous
+   call), ragged with mixed lengths in one launch; bitwise batch invariance (a row alone, in any T, in a ragged
+   call); a CUDA graph replaying it with new lengths read from device memory. (Written without a GPU,
+   2026-11-27: these attention cases have not run yet.)
 """
 
 import numpy as np
@@ -474,3 +478,155 @@ def test_grouped_experts_linear_is_batch_invariant(rng, qtype):
     alone = np.concatenate([per_pair(x[t:t + 1], z[t:t + 1]) for t in range(37)])
     for T in list(range(2, 17)) + [37]:
         assert_array_equal(per_pair(x[:T], z[:T]).view(np.uint32), alone[:T].view(np.uint32))
+
+
+# ---------------------------------------------------------------- 6. attention (fast/cuda_attention.py)
+
+ATTN_ATOL = 1e-5  # on unit-scale q, k, v with scale d^-1/2 (the module docstring: float32 rounding, not bitwise)
+# (n_past, H_kv, G, d): Qwen3.5's d = 256 (G = 4: 0.8B's 8 query heads over 2), the test model's 128, odd d
+# (partial lanes and columns), one query head per kv head, a past longer than many 32-key tiles
+ATTN_HEADS = [(37, 2, 4, 256), (0, 1, 2, 128), (5, 2, 3, 40), (300, 1, 1, 7), (64, 3, 2, 33)]
+ATTN_T = [*range(1, 10), 37]
+
+
+def attn_cache(rng, n, H_kv, d, spare=3):  # -> keys, values [n + spare, H_kv, d]; NaN where never to be read
+    keys, values = rng.standard_normal((2, n + spare, H_kv, d)).astype(np.float32)
+    keys[n:], values[n:] = np.nan, np.nan
+    return keys, values
+
+
+def scattered_pool(rng, keys, values, bs, n_blocks=None):
+    """The positions of a contiguous cache spread over a pool's blocks in a random order (the rest NaN):
+    -> k_pool, v_pool [n_blocks (default: twice the blocks needed), bs, H_kv, d], table."""
+    n = keys.shape[0]
+    n_blocks = n_blocks or 2 * -(-n // bs)
+    table = rng.permutation(n_blocks)[: -(-n // bs)]
+    k_pool = np.full((n_blocks, bs, *keys.shape[1:]), np.nan, np.float32)
+    v_pool = k_pool.copy()
+    for j in range(n):
+        k_pool[table[j // bs], j % bs], v_pool[table[j // bs], j % bs] = keys[j], values[j]
+    return k_pool, v_pool, table
+
+
+@pytest.fixture(scope="module")
+def device_attention():
+    from tinyspec.fast.cuda_attention import DeviceAttention
+
+    return DeviceAttention(cp)
+
+
+@pytest.mark.parametrize("n_past,H_kv,G,d", ATTN_HEADS)
+def test_attend_matches_the_oracle(rng, device_attention, n_past, H_kv, G, d):
+    """Every T of a verify pass (1..9) and a prefill chunk (37), against tinyspec.attention.attend."""
+    from tinyspec.attention import attend
+
+    scale = np.float32(d ** -0.5)
+    for T in ATTN_T:
+        q = rng.standard_normal((T, H_kv, G, d)).astype(np.float32)
+        keys, values = attn_cache(rng, n_past + T, H_kv, d)
+        got = cp.asnumpy(device_attention.attend(cp.asarray(q), cp.asarray(keys), cp.asarray(values), n_past, scale))
+        want = attend(q, keys, values, n_past, scale)
+        assert got.shape == want.shape and got.dtype == np.float32 and np.isfinite(got).all()
+        assert_allclose(got, want, rtol=0, atol=ATTN_ATOL, err_msg=f"T={T}")
+
+
+@pytest.mark.parametrize("bs", [16, 5])
+@pytest.mark.parametrize("n_past,H_kv,G,d", ATTN_HEADS)
+def test_attend_paged_matches_the_oracle_and_is_attend_bit_for_bit(rng, device_attention, bs, n_past, H_kv, G, d):
+    """A cache spread over random blocks of a pool: within the oracle's tolerance, and bitwise the contiguous
+    attend over the same positions (which pool row is read is integer arithmetic; the floats are the same)."""
+    from tinyspec.attention import attend_paged
+
+    scale = np.float32(d ** -0.5)
+    for T in (1, 4, 37):
+        q = rng.standard_normal((T, H_kv, G, d)).astype(np.float32)
+        keys, values = attn_cache(rng, n_past + T, H_kv, d, spare=0)
+        k_pool, v_pool, table = scattered_pool(rng, keys, values, bs)
+        qd = cp.asarray(q)
+        got = device_attention.attend_paged(qd, cp.asarray(k_pool), cp.asarray(v_pool), table, n_past, scale)
+        assert_allclose(cp.asnumpy(got), attend_paged(q, k_pool, v_pool, table, n_past, scale), rtol=0,
+                        atol=ATTN_ATOL, err_msg=f"T={T}")
+        flat = device_attention.attend(qd, cp.asarray(keys), cp.asarray(values), n_past, scale)
+        assert_bits_equal(got, cp.asnumpy(flat))
+
+
+def test_ragged_mixed_lengths_match_the_oracle_and_each_sequence_alone(rng, device_attention):
+    """Sequences of one pool with mixed lengths in ONE launch (a decode row, a verify pass, one with no rows this
+    call, a prefill chunk, a long past): within the oracle's tolerance, and each sequence bitwise its own call."""
+    from tinyspec.attention import attend_paged_ragged
+
+    H_kv, G, d, bs, n_blocks = 2, 4, 256, 16, 96
+    scale = np.float32(d ** -0.5)
+    Ts, n_pasts = [1, 4, 0, 37, 9], [100, 7, 12, 0, 300]
+    bounds = np.cumsum([0, *Ts])
+    k_pool, v_pool = rng.standard_normal((2, n_blocks, bs, H_kv, d)).astype(np.float32)
+    order = rng.permutation(n_blocks)
+    tables, used = [], 0
+    for T, n_past in zip(Ts, n_pasts):
+        need = -(-(n_past + T) // bs)
+        tables.append(order[used:used + need])
+        used += need
+    q = rng.standard_normal((int(bounds[-1]), H_kv, G, d)).astype(np.float32)
+    kd, vd = cp.asarray(k_pool), cp.asarray(v_pool)
+    got = device_attention.attend_paged_ragged(cp.asarray(q), kd, vd, tables, n_pasts, bounds, scale)
+    want = attend_paged_ragged(q, k_pool, v_pool, tables, n_pasts, bounds, scale)
+    assert_allclose(cp.asnumpy(got), want, rtol=0, atol=ATTN_ATOL)
+    for lo, hi, table, n_past in zip(bounds[:-1], bounds[1:], tables, n_pasts):
+        alone = device_attention.attend_paged(cp.asarray(q[lo:hi]), kd, vd, table, n_past, scale)
+        assert_bits_equal(got[lo:hi], cp.asnumpy(alone))
+
+
+@pytest.mark.parametrize("n_past,H_kv,G,d", ATTN_HEADS)
+def test_attend_is_batch_invariant(rng, device_attention, n_past, H_kv, G, d):
+    """A row's bits depend on its own position and keys only: alone (T = 1 at its position), in a T-row pass for
+    every T, and in a ragged call beside other sequences' rows, the same bits."""
+    scale, T_max = np.float32(d ** -0.5), 37
+    q = rng.standard_normal((T_max, H_kv, G, d)).astype(np.float32)
+    keys, values = attn_cache(rng, n_past + T_max, H_kv, d)
+    qd, kd, vd = cp.asarray(q), cp.asarray(keys), cp.asarray(values)
+    alone = np.stack([cp.asnumpy(device_attention.attend(qd[t:t + 1], kd, vd, n_past + t, scale))[0]
+                      for t in range(T_max)])
+    for T in ATTN_T:
+        assert_bits_equal(device_attention.attend(qd[:T], kd, vd, n_past, scale), alone[:T])
+    # the same rows as sequence 1 of a ragged call over a pool, between two others
+    bs = 8
+    k_pool, v_pool, table = scattered_pool(rng, keys[: n_past + T_max], values[: n_past + T_max], bs, n_blocks=128)
+    free = np.setdiff1d(np.arange(128), table)
+    other = rng.standard_normal((6, H_kv, G, d)).astype(np.float32)
+    rows = np.concatenate([other[:2], q, other[2:]])
+    tables, n_pasts = [free[:3], table, free[3:5]], [20, n_past, 5]
+    bounds = np.array([0, 2, 2 + T_max, 6 + T_max])
+    k_pool[free[:5]] = rng.standard_normal((5, bs, H_kv, d))  # the other sequences' keys
+    v_pool[free[:5]] = rng.standard_normal((5, bs, H_kv, d))
+    got = device_attention.attend_paged_ragged(cp.asarray(rows), cp.asarray(k_pool), cp.asarray(v_pool), tables,
+                                               n_pasts, bounds, scale)
+    assert_bits_equal(got[2:2 + T_max], alone)
+
+
+def test_a_captured_graph_reads_new_lengths_from_device_memory(rng, device_attention):
+    """attend_rows reads every length and block id from device memory: captured once in a CUDA graph, it replays
+    with the map copied into its buffer (the sequences one position further, a block changed), bitwise the
+    eager call on the new map (issue 35 item 5's prerequisite)."""
+    from tinyspec.fast.cuda_attention import row_map, split
+
+    H_kv, G, d, bs, n_blocks = 2, 4, 256, 16, 16
+    scale = np.float32(d ** -0.5)
+    k_pool, v_pool = (cp.asarray(a) for a in rng.standard_normal((2, n_blocks, bs, H_kv, d)).astype(np.float32))
+    q, out = cp.asarray(rng.standard_normal((4, H_kv, G, d)).astype(np.float32)), cp.empty((4, H_kv, G, d), cp.float32)
+    bounds = np.array([0, 1, 4])
+    steps = [([np.array([2, 3]), np.array([9, 4])], [20, 14]), ([np.array([2, 3]), np.array([9, 5])], [21, 15])]
+    host, R, B = row_map(*steps[0], bounds, bs, n_blocks)
+    buf = cp.asarray(host)
+    device_attention.attend_rows(q, k_pool, v_pool, *split(buf, R, B), scale, out=out)  # compiled before capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        device_attention.attend_rows(q, k_pool, v_pool, *split(buf, R, B), scale, out=out)
+        graph = stream.end_capture()
+    for tables, n_pasts in steps:
+        with stream:  # the copy into the graph's map, then the replay, in order on one stream
+            buf[...] = cp.asarray(row_map(tables, n_pasts, bounds, bs, n_blocks)[0])
+            graph.launch(stream)
+        stream.synchronize()
+        want = device_attention.attend_paged_ragged(q, k_pool, v_pool, tables, n_pasts, bounds, scale)
+        assert_bits_equal(out, cp.asnumpy(want))

@@ -21,11 +21,13 @@
             (fast/cuda_accept.py; tests/test_cuda_syncs.py counts the syncs per step). The
             delta-rule scan is cuda_ops.gdn_scan (writes the ring from registers); rollback is a
             device-to-device copy. The row functions (norms, gates) take one launch each
-            (fast/cuda_rows.py) and every weight is bound once (cuda_ops.bind): at decode sizes a launch
-            costs Python time, not GPU time. A MoE layer routes and groups its rows on the device
-            (fast/cuda_moe.py, Kernels.route_experts: no sync per layer) and multiplies every chosen expert
-            of a projection in one grouped launch reading the device offsets (cuda_ops.bind_experts); an
-            expert tensor of a type the kernels do not read is a PackedExperts over its float32 bytes.
+            (fast/cuda_rows.py), attention one launch per layer, every sequence of a pool together, its
+            lengths and block tables read from device memory (fast/cuda_attention.py), and every weight is
+            bound once (cuda_ops.bind): at decode sizes a launch costs Python time, not GPU time. A MoE
+            layer routes and groups its rows on the device (fast/cuda_moe.py, Kernels.route_experts: no
+            sync per layer) and multiplies every chosen expert of a projection in one grouped launch reading
+            the device offsets (cuda_ops.bind_experts); an expert tensor of a type the kernels do not read
+            is a PackedExperts over its float32 bytes.
 
 A backend is two things, both built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):
@@ -48,7 +50,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import ops
+from . import attention, ops
 from .config import ModelConfig
 from .gdn import gdn_scan_ragged
 from .gguf import GGUFFile, read_gguf
@@ -304,9 +306,10 @@ def cpu_kernels() -> Kernels:
 
 
 def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
-    """oracle's contract, computed by `fused` (a fast/cuda_rows.py function) on a device array. A fused function
-    may decline (return None: a broadcast its kernel does not do), and a host array never reaches it: the
-    oracle computes both (it is the same function; NumPy runs it where the array lives)."""
+    """oracle's contract, computed by `fused` (a fast/cuda_rows.py function, or fast/cuda_attention.py's with q
+    first) on a device array. A fused function may decline (return None: a broadcast its kernel does not do, a
+    head too wide for the attention kernel), and a host array never reaches it: the oracle computes both (it is
+    the same function; NumPy runs it where the array lives)."""
 
     def row(x, *args):
         if isinstance(x, device_array) and (y := fused(x, *args)) is not None:
@@ -319,15 +322,17 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
 
 def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> Kernels:
     """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
-    one launch per norm or gate instead of four to six), the greedy rule on the device (replayed from a CUDA
-    graph per verify length with graphs=True: fast/cuda_graphs.py; graph_counts says what it captured), a MoE
-    layer's routing and grouping on the device (fast/cuda_moe.py: no sync per layer) and the snapshot ring.
+    one launch per norm or gate instead of four to six), attention as one kernel launch per layer
+    (fast/cuda_attention.py: contiguous, paged, and every sequence of a pool at once), the greedy rule on the
+    device (replayed from a CUDA graph per verify length with graphs=True: fast/cuda_graphs.py; graph_counts
+    says what it captured), a MoE layer's routing and grouping on the device (fast/cuda_moe.py: no sync per
+    layer) and the snapshot ring.
     check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
     import cupy
 
-    from .fast import cuda_accept, cuda_moe, cuda_rows
+    from .fast import cuda_accept, cuda_attention, cuda_moe, cuda_rows
 
-    dev = cupy.ndarray
+    dev, attn = cupy.ndarray, cuda_attention.DeviceAttention(cupy)
     rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
@@ -337,6 +342,9 @@ def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> K
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
         silu=device_rows(cuda_rows.silu, ops.silu, dev),
         softplus=device_rows(cuda_rows.softplus, ops.softplus, dev),
+        attend=device_rows(attn.attend, attention.attend, dev),  # q first: a host q goes to the oracle
+        attend_paged=device_rows(attn.attend_paged, attention.attend_paged, dev),
+        attend_paged_ragged=device_rows(attn.attend_paged_ragged, attention.attend_paged_ragged, dev),
         route_experts=cuda_moe.route_experts,  # the same bits as moe.route_experts, all E groups, device offsets
     )
 

@@ -13,6 +13,7 @@ $TINYSPEC_NVRTC) and compiles to a cubin without a device. For each architecture
     cuda_rows          the row-norm kernel, and each elementwise expression inside a minimal kernel
     cuda_moe           a MoE layer's routing and grouping by expert (route_k, group_k); the grouped expert
                        matmul (quant_linear_grouped_k) is in each weight type's cuda_ops module
+    cuda_attention     the attention kernel (attend_rows: contiguous, paged and ragged alike)
 
 with cuda_ops' options and -ftz=true (which CuPy appends), and reads ptxas' report: registers, spill
 bytes and shared memory of every kernel. It fails (exit 1) if a module does not compile or an instance
@@ -43,7 +44,7 @@ try:
 except ImportError:  # cuda_ops and cuda_rows need CuPy to launch kernels, not to be imported
     sys.modules["cupy"] = types.ModuleType("cupy")
 
-from tinyspec.fast import cuda_moe, cuda_ops, cuda_rows
+from tinyspec.fast import cuda_attention, cuda_moe, cuda_ops, cuda_rows
 from tinyspec.quants import GGMLType
 
 ARCHS = (70, 75, 80, 86, 89, 90, 100, 120)  # Volta, Turing (T4), Ampere, Ada (L4), Hopper (H100), Blackwell
@@ -150,6 +151,7 @@ def modules(cc: int, gdn_ks=GDN_KS) -> list[tuple[str, str, list[str]]]:
     out.append(("rows_norm", cuda_rows.NORM_SOURCE, []))
     out.append(("moe_route", cuda_moe._SOURCE, []))  # extern "C": ptxas names route_k and group_k
     out += [(f"rows_{name}", ELEMENTWISE_WRAPPER % (name, expr), []) for name, expr in cuda_rows.ELEMENTWISE.items()]
+    out.append(("attention", cuda_attention.SOURCE, []))
     return out
 
 

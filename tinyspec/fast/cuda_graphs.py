@@ -38,8 +38,15 @@ a host scalar (a length, a position, an offset, an eps) other than the one the c
 Captured today: the greedy rule of a verify step or a decode step (cuda_accept.greedy_run: argmax per row,
 compare, kept prefix, gather; about 10 launches -> 1, plus the copies into its inputs), one graph per
 (T, N, k). Not captured yet, and what it needs (the trunk forward, where the launches are):
-    attention  attend reads the keys up to n_past (a Python int: baked) -> a kernel that reads the cache
-               length from device memory, the KV append at a device offset, rope positions from the device
+    attention  the kernel reads every length and block table from device memory (cuda_attention.attend_rows:
+               a captured launch replays with the new lengths copied into its row map, and no host scalar it
+               baked in changes: tests/test_cuda_attention.py, and on a GPU tests/test_cuda_ops.py). Still
+               missing for a whole-pass graph: the layer calls the host forms, which build and upload the row
+               map on every call (an upload cannot be captured) -> the pass keeps one device map per key (R, B,
+               number of block ids) and copies the step's map in before the launch, for all attention layers at
+               once (one table per sequence); the KV append writes at host offsets (state.KVCache slices by a
+               Python int, paged.PagedKVCache indexes with host arrays: uploads) -> an append kernel reading
+               positions and block rows from that map; rope positions come from the host -> from the same map
     GDN conv   causal_conv returns a new conv window that the layer rebinds -> written in place
     embedding  host ids are checked on the host and uploaded (a copy a graph cannot hold) -> ids in a static
                device buffer, checked on the host before they are copied in; device ids (a drafter's argmax,
