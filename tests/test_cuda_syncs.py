@@ -147,17 +147,24 @@ DRAFTERS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
-def test_syncs_per_verify_step_stay_in_budget(files, cuda, kind):
-    target = load_model(files / "target.gguf", "cuda")
+def steps_in_budget(files, name: str, kind: str) -> list:
+    """The steady-state steps of `kind` on files/name (cuda through the fake), each checked against BUDGET, the
+    tokens against the NumPy oracle's plain run."""
+    target = load_model(files / name, "cuda")
     drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
     steps, tokens = count_steps(target, drafter)
-    assert tokens == generate(load_model(files / "target.gguf", "numpy"), PROMPT, 14).tokens
+    assert tokens == generate(load_model(files / name, "numpy"), PROMPT, 14).tokens
     full = [s for s in steps if s.drafted == K] if drafter else steps
     assert full, "no steady-state step drafted k tokens"
     most_syncs, most_bytes = BUDGET[kind]
     for s in full:
         assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+    return full
+
+
+@pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
+def test_syncs_per_verify_step_stay_in_budget(files, cuda, kind):
+    steps_in_budget(files, "target.gguf", kind)
 
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
@@ -168,15 +175,7 @@ def test_moe_routing_costs_no_sync(files, cuda, kind):
     device (Kernels.route_experts: fast/cuda_moe.py) and each projection is one grouped launch
     (cuda_ops.bind_experts) reading the device offsets. The tokens are the NumPy oracle's, plain and
     speculative."""
-    target = load_model(files / "moe.gguf", "cuda")
-    drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
-    steps, tokens = count_steps(target, drafter)
-    assert tokens == generate(load_model(files / "moe.gguf", "numpy"), PROMPT, 14).tokens
-    full = [s for s in steps if s.drafted == K] if drafter else steps
-    assert full, "no steady-state step drafted k tokens"
-    most_syncs, most_bytes = BUDGET[kind]
-    for s in full:
-        assert s.syncs <= most_syncs and s.sync_bytes <= most_bytes, (kind, s)
+    for s in steps_in_budget(files, "moe.gguf", kind):
         assert not any("moe.py" in cause for cause in s.causes), s.causes
 
 
