@@ -1,6 +1,6 @@
 """The device check: what the fake CuPy (tests/fake_cupy.py) cannot tell, in one command for a GPU's first minutes.
 
-    python tools/gpu_check.py OUTDIR                 # all of it, under 7 minutes on an H100 (--budget 420)
+    python tools/gpu_check.py OUTDIR                 # all of it, held to 7 minutes (--budget 420; not yet timed on a GPU)
     python tools/gpu_check.py OUTDIR --steps rule,parity --quick --max-new 12    # a part (the CPU dry run's)
 
 Writes OUTDIR/gpu_check.json (every step's result, rewritten after each step) and OUTDIR/gpu_check.log (the
