@@ -290,15 +290,16 @@ def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
     return outs if isinstance(out, tuple) else outs[0]
 
 
-def _arrays(x):
-    if isinstance(x, np.ndarray):
+def _arrays(x, kind=np.ndarray):
+    """Every `kind` instance inside x, through tuples, lists and dict values, in order."""
+    if isinstance(x, kind):
         yield x
     elif isinstance(x, (tuple, list)):
         for v in x:
-            yield from _arrays(v)
+            yield from _arrays(v, kind)
     elif isinstance(x, dict):
         for v in x.values():
-            yield from _arrays(v)
+            yield from _arrays(v, kind)
 
 
 def _scalars(x) -> tuple:
@@ -713,22 +714,11 @@ def _by_dispatch(name: str):
 
     @_cupy(name)
     def call(*args, **kwargs):
-        if not any(True for _ in _devices((args, kwargs))):
+        if not any(True for _ in _arrays((args, kwargs), ndarray)):
             raise _leak(f"cupy.{name} of host data only")
         return func(*args, **kwargs)
     call.__name__ = name
     return call
-
-
-def _devices(x):
-    if isinstance(x, ndarray):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _devices(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _devices(v)
 
 
 argmax, cumprod, take, concatenate = (_by_dispatch(n) for n in ("argmax", "cumprod", "take", "concatenate"))
