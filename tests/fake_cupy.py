@@ -907,11 +907,7 @@ def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables
     assert grid == (R * H_kv,) and q.shape == o.shape == (R, H_kv, G, d) and k_pool.shape[1:] == (bs, H_kv, d), \
         (grid, q.shape, o.shape, k_pool.shape, (H_kv, G, d, bs))
     assert all(a.dtype == np.int32 for a in (seq, row0, n_past, tab0, tables))
-    for r in range(R):
-        b = int(seq[r])
-        n = int(n_past[b]) + r - int(row0[b]) + 1
-        ids = tables[int(tab0[b]):int(tab0[b]) + -(-n // bs)]
-        o[r] = attention.attend_paged(q[r:r + 1], k_pool, v_pool, ids, n - 1, np.float32(scale))[0]
+    attention.attend_rows(q, k_pool, v_pool, seq, row0, n_past, tab0, tables, np.float32(scale), out=o)
 
 
 RAW_KERNELS = {"attend_rows": _attend_rows}

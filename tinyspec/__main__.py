@@ -586,6 +586,11 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
     check_prompt_args(args, required=False)  # no prompt: random ids
     model, tokenizer = load_model(args.model, args.backend)
+    if args.graphs == "off":  # the same backend, every launch plain (to see what the CUDA graphs save)
+        if model.backend != "cuda":
+            raise ValueError("--graphs off: only the cuda backend captures CUDA graphs")
+        from .backends import cuda_kernels
+        model = model.with_kernels(cuda_kernels(graphs=False))
     if args.tokens is not None or args.prompt is not None:
         tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     else:  # random ids: the timings do not depend on what the tokens say
@@ -939,6 +944,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "run's tokens per step land within a few percent of the set rate's); with --serving, tokens "
                         "per request (16)")
     p.add_argument("--draft-n", type=int, default=3, help="draft tokens per verify pass (3)")
+    p.add_argument("--graphs", choices=("on", "off"), default="on",
+                   help="cuda: replay the greedy rule and the forward passes from CUDA graphs (on), or launch every "
+                        "kernel plainly (off), to measure what the graphs save")
     p.add_argument("--drafters", "--spec", default=None,
                    help="comma-separated drafters to time against plain: mtp, lookup, synthetic (default all three; "
                         "'' for none; --spec is the same option); with --serving, one drafter for every request "

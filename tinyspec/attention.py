@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import join_rows, rope_neox, softmax
+from .ops import join_rows, rope_neox, rope_rows, softmax
 from .paged import PagedKVCache
 from .state import KVCache
 
-if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
+if TYPE_CHECKING:  # the annotations only: kernels.py imports this module for its defaults
     from .kernels import Kernels
+    from .rowmap import RowViews
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
@@ -84,6 +85,24 @@ def attend_paged_ragged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, t
                       for lo, hi, table, n_past in zip(bounds[:-1], bounds[1:], tables, n_pasts)])
 
 
+def attend_rows(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, seq, row0, n_past, tab0, tables,
+                scale: np.float32, out: np.ndarray | None = None) -> np.ndarray:
+    # q [R, H_kv, G, d], pools [n_blocks, bs, H_kv, d], the map's int32 arrays (rowmap.py) -> o [R, H_kv, G, d]
+    """attend_paged_ragged with every length and block id read from a pass's row map (rowmap.py) instead of host
+    ints: row r of sequence b = seq[r] sees its n = n_past[b] + (r - row0[b]) + 1 positions through
+    tables[tab0[b]:]. The oracle of the device kernel (fast/cuda_attention.py), which reads the map where it was
+    uploaded; here each row is attend_paged of that row alone (the same bits: the oracle computes every row by
+    its own calls). out: where o goes (a kernel's in-place output), else a new array."""
+    R, bs = q.shape[0], k_pool.shape[1]
+    o = np.empty_like(q) if out is None else out
+    for r in range(R):
+        b = int(seq[r])
+        n = int(n_past[b]) + r - int(row0[b]) + 1
+        ids = tables[int(tab0[b]) : int(tab0[b]) + -(-n // bs)]
+        o[r] = attend_paged(q[r : r + 1], k_pool, v_pool, ids, n - 1, scale)[0]
+    return o
+
+
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
                     kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
     """Gated attention of one layer on one sequence's T new tokens: attention_layer_ragged with one sequence."""
@@ -91,7 +110,8 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
-                           cfg: ModelConfig, kern: Kernels) -> np.ndarray:  # [R, D] -> [R, D]
+                           cfg: ModelConfig, kern: Kernels, rows: RowViews | None = None) -> np.ndarray:
+    # [R, D] -> [R, D]
     """Gated attention of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
     bounds[b] .. bounds[b+1]-1, like cu_seqlens). Appends each sequence's new keys/values to caches[b]; its
     positions continue from caches[b].n. One sequence is the case bounds = [0, T].
@@ -101,11 +121,18 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     The projections, norms, rope (each row at its own sequence's position) and output run once over all R
     rows, so each weight is read once; each sequence's rows go into its own cache and attend over it (no row
     ever sees another sequence's keys), so each sequence's rows are bitwise those it computes alone.
+    rows: a device pass's row map (rowmap.py, Kernels.device_pass): the positions' rope angles, where each row's
+    key and value go and what each row attends to, read from it (the caches were claimed before the pass: nothing
+    here changes on the host), the same numbers as the host path computes.
     """
     q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
-    positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
-    q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
-    o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
+    if rows is None:
+        positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
+        q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
+        o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
+    else:
+        q, k = norm_rope_rows(q, k, rows, w, cfg, kern)
+        o = attend_rows_own(q, k, v, caches, rows, cfg, kern)
     return output(o, gate, w, kern)  # 4. gate and out projection
 
 
@@ -123,6 +150,28 @@ def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern: Kernels):
     q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     return q, k
+
+
+def norm_rope_rows(q, k, rows: RowViews, w, cfg: ModelConfig, kern: Kernels):
+    """norm_rope with the rope angles of a pass's row map (rows.cos, rows.sin [R, half]: ops.rope_angles of the
+    same positions, so the same numbers) where the rows are."""
+    q = rope_rows(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), rows.cos, rows.sin, cfg.n_rot)
+    k = rope_rows(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), rows.cos, rows.sin, cfg.n_rot)
+    return q, k
+
+
+def attend_rows_own(q, k, v, caches: list, rows: RowViews, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+    """attend_own through a pass's row map: every row's key and value written at its map row (rows.dest, in the
+    pool seen flat) of the one pool every sequence's cache shares (a cache of its own is a pool of one block:
+    KVCache.pools), then one kern.attend_rows for all rows -> [R, H*d]. The caches' n were advanced when the
+    pass claimed its rows (rowmap.claim)."""
+    R, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
+    k_pool, v_pool = caches[0].pools()  # [n_blocks, bs, H_kv, d] each
+    k_pool.reshape(-1, H_kv, d)[rows.dest] = k  # scattered by device row ids: no host offset in the write
+    v_pool.reshape(-1, H_kv, d)[rows.dest] = v
+    q = q.reshape(R, H_kv, cfg.n_head // H_kv, d)  # [R, H_kv, G, d]
+    o = kern.attend_rows(q, k_pool, v_pool, *rows.attention, np.float32(cfg.attn_scale))
+    return o.reshape(R, cfg.n_head * d)
 
 
 def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern: Kernels) -> np.ndarray:

@@ -330,13 +330,16 @@ def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> K
     check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
     import cupy
 
-    from .fast import cuda_accept, cuda_attention, cuda_moe, cuda_rows
+    from .fast import cuda_accept, cuda_attention, cuda_moe, cuda_pass, cuda_rows
+    from .fast.cuda_graphs import merged_counts
 
     dev, attn = cupy.ndarray, cuda_attention.DeviceAttention(cupy)
     rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
+    passes = cuda_pass.DevicePasses(cupy, graphs, check_graphs)  # one map upload a pass, a graph per key
     return Kernels(
         name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
-        accept_greedy=rule, graph_counts=rule.graph_counts,
+        accept_greedy=rule, graph_counts=lambda: merged_counts(rule=rule.graphs, forward=passes.graphs),
+        attend_rows=attn.attend_rows, device_pass=passes,
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),

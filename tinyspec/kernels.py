@@ -30,6 +30,15 @@ by following an argument, not by searching for who patched what.
                                                   -> (y [R, C], new conv_states)
     attend_paged_ragged  attention.attend_paged_ragged (q [R, H_kv, G, d], k_pool, v_pool, tables, n_pasts,
                                                   bounds, scale) -> o: B sequences' caches in one pool
+    attend_rows   attention.attend_rows  (q [R, H_kv, G, d], k_pool, v_pool, seq, row0, n_past, tab0, tables, scale)
+                                         -> o: attend_paged_ragged with every length and block id read from a
+                                         pass's row map (rowmap.py), where the model computes
+    device_pass   no_device_pass         (cfg, tokens, states, bounds, rings, logits) -> None (the layers run the host
+                                         path, as the oracle and cpu do), or a pass that reads its rows from one map
+                                         made and uploaded once, with the KV rows claimed on the host first
+                                         (rowmap.claim): its run(fn) returns fn(rows) (rowmap.RowViews), computed
+                                         or replayed (the cuda backend's: fast/cuda_pass.py, a CUDA graph per
+                                         shape and buffers); Model.forward_batch hands it its layer loop
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
     route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
                                          ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
@@ -78,7 +87,7 @@ from typing import Callable
 import numpy as np
 
 from . import ops
-from .attention import attend, attend_paged, attend_paged_ragged
+from .attention import attend, attend_paged, attend_paged_ragged, attend_rows
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
 from .moe import route_experts
 from .spec_sampling import verify_greedy
@@ -96,6 +105,11 @@ def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, i
         ds = [int(d) for d in ds]
         out.append((*verify_greedy(logits[lo:hi], ds), ds))
     return out
+
+
+def no_device_pass(cfg, tokens, states, bounds, rings, logits) -> None:
+    """The oracle's Kernels.device_pass: none. Its layers read positions and lengths from the caches on the host."""
+    return None
 
 
 def no_graphs() -> None:
@@ -128,6 +142,8 @@ class Kernels:
     silu: Callable = ops.silu
     softplus: Callable = ops.softplus
     route_experts: Callable = route_experts
+    attend_rows: Callable = attend_rows
+    device_pass: Callable = no_device_pass
     xp: ModuleType = np
     to_device: Callable = same
     to_host: Callable = same

@@ -30,6 +30,7 @@ from .config import ModelConfig
 from .gdn import gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
+from .ops import join_rows
 from .moe import moe_ffn
 from .quants import dequantize
 from .state import ModelState, ReplayRing, SnapshotRing
@@ -106,13 +107,18 @@ def embed_rows(weight, tokens, n_vocab: int, xp=np) -> np.ndarray:  # [T] ids ->
     the host, so their ids are host ids, checked)."""
     if xp is not np and isinstance(tokens, xp.ndarray):
         return weight[tokens.reshape(-1)]
+    return weight[check_ids(tokens, n_vocab)]
+
+
+def check_ids(tokens, n_vocab: int) -> np.ndarray:
+    """Host token ids as a [T] int64 array, T >= 1, each in 0 .. n_vocab-1; else a ValueError naming the first bad one."""
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tokens.shape}")
     bad = tokens[(tokens < 0) | (tokens >= n_vocab)]
     if bad.size:
         raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0 .. {n_vocab - 1})")
-    return weight[tokens]
+    return tokens
 
 
 class Model:
@@ -224,17 +230,40 @@ class Model:
         ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1]
         (host ints); to_host=False leaves logits and hidden where the model computes, as in forward.
         """
-        cfg, kern = self.cfg, self.kernels
+        cfg, kern, xp = self.cfg, self.kernels, self.xp
         if len(tokens) != len(states) or not tokens:
             raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
         rings = rings if rings is not None else [None] * len(states)
+        # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
+        tokens = [t if xp is not np and isinstance(t, xp.ndarray) else check_ids(t, cfg.n_vocab) for t in tokens]
         bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
-        parts = [kern.to_device(self.embed(t)) for t in tokens]  # [T_b, D] each, where the model computes
-        x = parts[0] if len(parts) == 1 else np.concatenate(parts)  # [R, D]
-        self.n_forward_tokens += x.shape[0]
         for ring, state, t in zip(rings, states, tokens):
             if ring is not None:
                 ring.mark_pass(state.pos, len(t))
+        self.n_forward_tokens += int(bounds[-1])
+        # a device pass (the cuda backend's): one row map for every layer, its KV rows claimed now, the layer
+        # loop computed or replayed from a CUDA graph (kernels.py); None: the host path
+        device = None if chunked else kern.device_pass(cfg, tokens, states, bounds, rings, logits)
+        if device is None:
+            x = join_rows([kern.to_device(self.embed(t)) for t in tokens])  # [R, D], where the model computes
+            out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked)
+        else:
+            out, hidden = device.run(lambda rows: self.layers_pass(self.token_embd[rows.ids], states, rings, bounds,
+                                                                   rows, logits))
+        for state, t in zip(states, tokens):
+            state.pos += len(t)
+        if to_host:
+            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
+        return out, hidden, bounds
+
+    def layers_pass(self, x, states: list[ModelState], rings: list, bounds: np.ndarray, rows=None,
+                    logits: bool = True, chunked: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
+        """forward_batch's device work: x [R, D] through every layer, the final norm and the output ->
+        (logits [R, N] or None, hidden [R, D]), where the model computes. rows: a device pass's row map
+        (rowmap.RowViews) for the attention layers, or None (they read the caches' lengths on the host). With a
+        row map it changes nothing on the host (the caches were claimed, the states' arrays are written in
+        place), so a CUDA graph of it replays right (fast/cuda_pass.py)."""
+        cfg, kern = self.cfg, self.kernels
         for i, (w, recurrent) in enumerate(zip(self.layers, cfg.recurrent)):
             u = kern.rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)
             layer_states = [s.layers[i] for s in states]
@@ -242,12 +271,8 @@ class Model:
                 x = x + gdn_layer_ragged(u, w, layer_states, bounds, cfg, kern,
                                          [r.layer(i) if r is not None else None for r in rings], chunked=chunked)
             else:
-                x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern)
+                x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern, rows)
             x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
-        for state, t in zip(states, tokens):
-            state.pos += len(t)
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]
         out = kern.linear(hidden, self.output) if logits else None  # [R, N]
-        if to_host:
-            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
-        return out, hidden, bounds
+        return out, hidden

@@ -12,6 +12,7 @@
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
     join_rows(parts)                    np.concatenate(parts), one part as it is
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
+                                        (rope_angles on the host, then rope_rows where x is)
 
 Batch invariance: linear() computes every row with its own matrix-vector product, so row t of a
 T-row call is bitwise identical to a 1-row call on x[t]. A float32 BLAS gemm (`X @ W.T`) splits the
@@ -132,12 +133,25 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
 
     x: [T, H, d], positions: [T] ints. Pair i (< n_rot/2) is (x[i], x[i + n_rot/2]) rotated by
     angle pos * base^(-2i / n_rot). For text tokens this equals qwen35's IMROPE (every section gets the
-    same position), see docs/qwen35.md section 3.2.
+    same position), see docs/qwen35.md section 3.2. rope_angles (on the host) then rope_rows (where x is).
     """
+    cos, sin = rope_angles(positions, n_rot, base)  # [T, half] each, host
+    return rope_rows(x, asarray_like(cos, x), asarray_like(sin, x), n_rot)
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every row's angles, [T] positions -> [T, n_rot/2] float32 each, on the host: what a pass
+    computes once for all its rows (rowmap.py packs them into the pass's one upload on a device backend)."""
     half = n_rot // 2
     inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]
-    angle = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]
-    cos, sin = asarray_like(np.cos(angle)[:, None, :], x), asarray_like(np.sin(angle)[:, None, :], x)  # [T, 1, half]
+    angle = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]
+    return np.cos(angle), np.sin(angle)
+
+
+def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int) -> np.ndarray:
+    """The rotation itself: x [T, H, d], cos and sin [T, n_rot/2] where x is -> [T, H, d]."""
+    half = n_rot // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, half]
     x1, x2 = x[..., :half], x[..., half:n_rot]
     out = x.copy()
     out[..., :half] = x1 * cos - x2 * sin

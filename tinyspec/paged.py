@@ -305,6 +305,17 @@ class PagedKVCache:
         self.v_pool[ids, rows] = v
         self.n += T
 
+    def claim(self, T: int) -> None:
+        """Positions n .. n+T-1 will be written by a device pass (rowmap.claim): blocks reserved and checked
+        writable as append does, n advanced, nothing written."""
+        self.table.reserve(self.n + T)
+        self.table.check_writable(self.n, self.n + T)
+        self.n += T
+
+    def pools(self) -> tuple[np.ndarray, np.ndarray]:
+        """This layer's pool arrays [n_blocks, block_size, H_kv, d], read through ids()."""
+        return self.k_pool, self.v_pool
+
     def truncate(self, n: int) -> None:
         """Forget every position >= n; the table gives back the blocks past them (every layer of the
         sequence truncates to the same n, so whichever layer does it first frees the same blocks)."""

@@ -75,12 +75,25 @@ class KVCache:
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:  # [T, H_kv, d] each
         T = k.shape[0]
-        if self.n + T > self.k.shape[0]:
-            capacity = max(2 * self.k.shape[0], self.n + T)
-            self.k, self.v = self._grown(self.k, capacity), self._grown(self.v, capacity)
+        self.reserve(self.n + T)
         self.k[self.n : self.n + T] = k
         self.v[self.n : self.n + T] = v
         self.n += T
+
+    def reserve(self, n_positions: int) -> None:
+        """Room for n_positions (the capacity doubles, or more: new arrays, the old positions copied over)."""
+        if n_positions > self.k.shape[0]:
+            capacity = max(2 * self.k.shape[0], n_positions)
+            self.k, self.v = self._grown(self.k, capacity), self._grown(self.v, capacity)
+
+    def claim(self, T: int) -> None:
+        """Positions n .. n+T-1 will be written by a device pass (rowmap.claim): room made, n advanced, no write."""
+        self.reserve(self.n + T)
+        self.n += T
+
+    def pools(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and values as a pool of one block as long as the capacity: [1, capacity, H_kv, d] views."""
+        return self.k[None], self.v[None]
 
     def _grown(self, a: np.ndarray, capacity: int) -> np.ndarray:  # [old capacity, H_kv, d] -> [capacity, H_kv, d]
         """A larger buffer holding a's first n positions (the rest zeros)."""

@@ -22,6 +22,8 @@ timed-out or skipped step is recorded and the next one still runs):
   tests      `pytest -k cuda` on tests/test_cuda_ops.py and tests/test_backends.py: the kernels against the oracles
   bench      `bench --backend cuda` on a random-weight 0.8B Q4_K_M file (synth, made on the CPU in the background
              from the start): decode, verify T = 1..9, MTP at --synth-len 2.95, --slots 1,4,8; its "graphs" counts
+  bench_off  the 0.8B file again with `--graphs off` (decode and verify T = 1..9, every launch plain): beside
+             bench's figures, what the CUDA graphs (the greedy rule's and the forward passes') save
   bench_9b   the same at the 9B shape, if its file was made and time remains (skipped otherwise)
   speed      (not in the default list) decode tokens/s of the shipped target, graphs on and off
 With no GPU it says so and exits 2; it exits 1 if a step failed, erred or ran out of time, else 0 (a step skipped
@@ -53,13 +55,15 @@ PROMPTS = ["def fib(n):", "import os\nimport sys\n\n\ndef main():\n", "class Sta
            "for i in range(10):\n    print("]
 DRAFTERS = ("none", "mtp", "lookup", "draft")
 WIDE_VOCAB = 248320  # Qwen3.5's vocabulary: the width of a real verify row
-STEPS = ("versions", "capture", "ties", "rule", "parity", "tests", "bench", "bench_9b", "speed")
+STEPS = ("versions", "capture", "ties", "rule", "parity", "tests", "bench", "bench_off", "bench_9b", "speed")
 DEFAULT_STEPS = STEPS[:-1]
 LIMIT_S = {"versions": 30, "capture": 60, "ties": 30, "rule": 60, "parity": 120, "tests": 120, "bench": 170,
-           "bench_9b": 300, "speed": 120}  # each step's own cap; the budget left cuts it further
-MIN_S = {"bench": 45, "bench_9b": 90}  # a bench step with less time than this left is skipped, not started
+           "bench_off": 60, "bench_9b": 300, "speed": 120}  # each step's own cap; the budget left cuts it further
+MIN_S = {"bench": 45, "bench_off": 30, "bench_9b": 90}  # a bench step with less time than this left is skipped, not started
 BENCH_FLAGS = ["--drafters", "", "--verify-sizes", "1..9", "--synth-len", "2.95", "--slots", "1,4,8",
                "--decode-n", "16", "--repeats", "3", "--spec-repeats", "2", "--max-new", "64", "--json"]
+BENCH_OFF_FLAGS = ["--graphs", "off", "--drafters", "", "--verify-sizes", "1..9", "--decode-n", "16", "--repeats",
+                   "3", "--max-new", "16", "--json"]  # the same file, every launch plain: what the graphs save
 BENCH_9B_FLAGS = ["--drafters", "", "--verify-sizes", "1..9", "--synth-len", "2.95", "--slots", "1,4",
                   "--decode-n", "8", "--repeats", "2", "--spec-repeats", "1", "--max-new", "32", "--json"]
 
@@ -333,8 +337,9 @@ def start_synth(shape: str, path: Path, outdir: Path, log: Log) -> subprocess.Po
 
 
 def bench_step(shape: str, synth: subprocess.Popen | None, path: Path, flags: list[str], outdir: Path,
-               limit: float, log: Log) -> dict:
-    """Wait for the synth file (within the limit), then `bench --backend cuda` on it -> OUTDIR/bench-SHAPE.json."""
+               limit: float, log: Log, name: str | None = None) -> dict:
+    """Wait for the synth file (within the limit), then `bench --backend cuda` on it -> OUTDIR/bench-NAME.json
+    (NAME: the shape unless given)."""
     t = time.perf_counter()
     if synth is not None and synth.poll() is None:
         log(f"bench {shape}: waiting for its synth file")
@@ -349,7 +354,7 @@ def bench_step(shape: str, synth: subprocess.Popen | None, path: Path, flags: li
     if not path.is_file():
         return {"error": f"no synth file {path}", "ok": False}
     left = limit - (time.perf_counter() - t)
-    json_path = outdir / f"bench-{shape}.json"
+    json_path = outdir / f"bench-{name or shape}.json"
     res = run_command([sys.executable, "-m", "tinyspec", "bench", "--model", str(path), "--backend", "cuda", *flags],
                       left, log, f"bench {shape}", stdout=json_path)
     out = res | {"json": json_path.name, "ok": res["returncode"] == 0}
@@ -401,14 +406,17 @@ def main(argv=None) -> int:
     log = Log(args.outdir / Path(args.json_name).with_suffix(".log").name)
     t0 = time.perf_counter()
     files = {shape: args.synth_dir / f"tinyspec-synth-{shape}-q4_k_m.gguf" for shape in ("0.8b", "9b")}
+    needs = {"0.8b": {"bench", "bench_off"}, "9b": {"bench_9b"}}  # the bench steps that read each shape's file
     synths = {shape: start_synth(shape, files[shape], args.outdir, log)  # on the CPU, while the GPU steps run
-              for shape, step in (("0.8b", "bench"), ("9b", "bench_9b")) if step in chosen}
+              for shape, steps_ in needs.items() if steps_ & set(chosen)}
     steps = {"versions": lambda limit: versions(cp), "capture": lambda limit: capture(cp),
              "ties": lambda limit: ties(cp), "rule": lambda limit: rule(cp, trials=2 if args.quick else 3),
              "parity": lambda limit: parity(args.quick, args.max_new), "speed": lambda limit: speed(),
              "tests": lambda limit: tests(limit, log),
              "bench": lambda limit: bench_step("0.8b", synths.get("0.8b"), files["0.8b"], BENCH_FLAGS, args.outdir,
                                                limit, log),
+             "bench_off": lambda limit: bench_step("0.8b", synths.get("0.8b"), files["0.8b"], BENCH_OFF_FLAGS,
+                                                   args.outdir, limit, log, name="0.8b-graphs-off"),
              "bench_9b": lambda limit: bench_step("9b", synths.get("9b"), files["9b"], BENCH_9B_FLAGS, args.outdir,
                                                   limit, log)}
     in_process = {"versions", "capture", "ties", "rule", "parity", "speed"}

@@ -17,9 +17,11 @@
                        is the mean number of distinct experts such a pass reads per MoE layer (expert_union.py),
                        uniform_union[T] what independent uniform routing gives (random synth routers come close;
                        a trained router shares experts between neighbours and reads fewer)
-    graphs             (cuda) what the greedy rule's CUDA graphs did over the whole run (Kernels.graph_counts:
-                       captured shapes, failed ones with their reasons, replays, plain calls); null on numpy and
-                       cpu, which capture none. A failed capture is also a CHECK line (it runs, slower)
+    graphs             (cuda) what the CUDA graphs did over the whole run (Kernels.graph_counts: captured keys,
+                       failed ones with their reasons, replays, plain calls, evicted graphs), summed, and by_use:
+                       "rule" (the greedy rule, fast/cuda_accept.py) and "forward" (the forward passes,
+                       fast/cuda_pass.py) each on its own; null on numpy and cpu, which capture none. A failed
+                       capture is also a CHECK line (it runs, slower)
     slots[B]           (bench --slots 1,2,4,8) many sequences at once (batch.py), B of them in B slots:
                        plain_tok_s, spec_tok_s (aggregate tokens/s over all slots after the prefills),
                        rows_per_pass / spec_rows_per_pass (verify rows per target pass: B for plain), speedup,
@@ -468,8 +470,9 @@ def report_text(report: dict) -> str:
                            f"steps per k {chosen}   {'identical' if s['policy_identical'] else 'DIFFERENT'} to plain")
     if report.get("graphs"):
         g = report["graphs"]
-        out.append(f"cuda graphs     {g['captured']} shapes captured, {g['failed']} failed, {g['replays']} replays, "
-                   f"{g['plain']} plain calls (the greedy rule)")
+        for use, c in g.get("by_use", {"rule": g}).items():
+            out.append(f"cuda graphs     {use:8s}{c['captured']} captured, {c['failed']} failed, {c['replays']} replays, "
+                       f"{c['plain']} plain calls")
     for check in report.get("checks", []):
         out.append(f"CHECK           {check}")
     if not report.get("checks"):

@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rowmap import row_map, split  # the host side of the map (tinyspec/rowmap.py): built, checked, viewed
+
 THREADS, TILE = 128, 32  # block shape and key tile: fixed, so a row's reduction order never depends on the call
 MAX_SHARED = 48 * 1024  # bytes of shared memory a block may take without opting in
 MAX_GD = 4096  # G * d a block holds (q and the running sums of its G heads): 16 heads of 256
@@ -136,46 +138,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attend_rows(
 def shared_bytes(G: int, d: int) -> int:
     """Dynamic shared memory of one block: q and acc [G, d], scores [G, TILE], m, l, alpha [G], rows [TILE]."""
     return 4 * (2 * G * d + G * TILE + 3 * G + TILE)
-
-
-def row_map(tables, n_pasts, bounds, block_size: int, n_blocks: int) -> tuple[np.ndarray, int, int]:
-    """The ragged call's row map, checked, as ONE host int32 array (one upload):
-    [seq (R) | row0 (B) | n_past (B) | tab0 (B) | tables (the used block ids of every sequence, concatenated)].
-    Sequence b's rows are bounds[b] .. bounds[b+1]-1; only its first ceil((n_past + T_b) / block_size) ids are
-    kept (the kernel reads no others). -> (map, R, B)."""
-    B = len(tables)
-    bounds = np.asarray(bounds, dtype=np.int64)
-    if len(n_pasts) != B or bounds.shape != (B + 1,) or bounds[0] != 0 or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"bounds {bounds.tolist()} and {len(n_pasts)} n_past do not cut rows into {B} sequences")
-    if n_blocks * block_size >= 2**31:
-        raise ValueError(f"a pool of {n_blocks} blocks of {block_size} rows is too large for int32 row ids")
-    R, used, ids = int(bounds[-1]), [], []
-    for b, (table, n_past) in enumerate(zip(tables, n_pasts)):
-        if int(n_past) != n_past or n_past < 0:
-            raise ValueError(f"n_past {n_past}: expected an integer >= 0")
-        n = int(n_past) + int(bounds[b + 1] - bounds[b])  # positions the sequence holds after its rows
-        table = np.asarray(table)
-        if table.ndim != 1 or not (table.dtype.kind in "iu" or table.size == 0):
-            raise ValueError(f"table {table.dtype} {table.shape}: expected a 1-D array of integer block ids")
-        need = -(-n // block_size)
-        if table.shape[0] < need:
-            raise ValueError(f"table too short: {table.shape[0]} block ids for {n} positions of block size "
-                             f"{block_size} (need {need})")
-        part = table[:need].astype(np.int64)
-        if need and (part.min() < 0 or part.max() >= n_blocks):
-            bad = part[(part < 0) | (part >= n_blocks)][0]
-            raise ValueError(f"table: block id {bad} out of range for a pool of {n_blocks} blocks")
-        used.append(need)
-        ids.append(part)
-    seq = np.repeat(np.arange(B), np.diff(bounds))  # [R] the sequence of each row
-    tab0 = np.concatenate([[0], np.cumsum(used)[:-1]]) if B else np.zeros(0, np.int64)
-    parts = [seq, bounds[:-1], np.asarray(n_pasts, np.int64).reshape(B), tab0, *ids]
-    return np.concatenate([np.asarray(a, np.int64) for a in parts]).astype(np.int32), R, B
-
-
-def split(rows, R: int, B: int) -> tuple:
-    """A row map (host or device) -> its views (seq, row0, n_past, tab0, tables): no copy."""
-    return rows[:R], rows[R:R + B], rows[R + B:R + 2 * B], rows[R + 2 * B:R + 3 * B], rows[R + 3 * B:]
 
 
 class DeviceAttention:

@@ -61,6 +61,7 @@ tools/gpu_check.py and tests/test_backends.py::test_cuda_greedy_rule_graphs_are_
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,6 +76,7 @@ class _Entry:
     inputs: tuple  # the graph's input buffers: each call's inputs are copied into these
     outputs: object  # the graph's output buffers (an array or a tuple of them), overwritten by each launch
     pool: object  # the memory pool its intermediates came from (kept alive with the graph)
+    keep: tuple = ()  # the arrays whose addresses the graph baked in (a pass's states): alive while it lives
 
 
 class GraphedCall:
@@ -84,46 +86,58 @@ class GraphedCall:
     to the host (module docstring). enabled=False: plain launches always (graphs off). The outputs returned
     are the graph's own buffers: read (or copy) them before the next call with the same key.
     check: None, or check(graph, rerun) called before each replay, rerun() running fn on the graph's inputs
-    again (tests pass fake_cupy.check_replay: a host scalar that changed since the capture raises)."""
+    again (tests pass fake_cupy.check_replay: a host scalar that changed since the capture raises).
+    run(key, fn, inputs, keep) is the general form: a caller's own key (what fn bakes in beyond the inputs'
+    shapes) and function (fast/cuda_pass.py: a forward pass over given states). max_graphs: how many graphs
+    are kept (the least recently launched one goes first; None: all)."""
 
-    def __init__(self, fn: Callable, cp, enabled: bool = True, check: Callable | None = None):
-        self.fn, self.cp, self.enabled, self.check = fn, cp, enabled, check
-        self.graphs: dict[tuple, _Entry] = {}
+    def __init__(self, fn: Callable | None, cp, enabled: bool = True, check: Callable | None = None,
+                 max_graphs: int | None = None):
+        self.fn, self.cp, self.enabled, self.check, self.max_graphs = fn, cp, enabled, check, max_graphs
+        self.graphs: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently launched first
         self.eager: set[tuple] = set()  # keys that failed to capture, or were seen once: plain launches
         self.failed: dict[tuple, str] = {}  # key -> why it could not be captured (the fallback's reason)
         self.replays = self.plain = 0  # calls answered by a graph launch (the capturing call's included) / by
         # plain launches (warm-ups, fallbacks)
+        self.evicted = 0  # graphs dropped to stay within max_graphs
 
     def stats(self) -> dict:
-        """{captured, failed, replays, plain: counts; shapes: the captured keys; reasons: {key: why it failed}}, keys
-        as text (((T, N), dtype), ((k,), dtype)): what a report carries."""
-        return {"captured": len(self.graphs), "failed": len(self.failed), "replays": self.replays,
-                "plain": self.plain, "shapes": [str(k) for k in self.graphs],
+        """{captured, failed, replays, plain, evicted: counts; shapes: the captured keys; reasons: {key: why it
+        failed}}, keys as text (((T, N), dtype), ((k,), dtype)): what a report carries."""
+        return {"captured": len(self.graphs) + self.evicted, "failed": len(self.failed), "replays": self.replays,
+                "plain": self.plain, "evicted": self.evicted, "shapes": [str(k) for k in self.graphs],
                 "reasons": {str(k): why for k, why in self.failed.items()}}
 
     def __call__(self, *inputs):
         if not self.enabled:
             return self.fn(*inputs)
-        key = tuple((a.shape, str(a.dtype)) for a in inputs)
+        return self.run(tuple((a.shape, str(a.dtype)) for a in inputs), self.fn, inputs)
+
+    def run(self, key: tuple, fn: Callable, inputs: tuple = (), keep: tuple = ()):
+        """fn(*inputs), from the graph of `key` once it is captured (the second call of a key captures it, the first
+        runs plainly: it compiles and warms the pool). keep: objects the graph's addresses belong to, held with it."""
+        if not self.enabled:
+            return fn(*inputs)
         entry = self.graphs.get(key)
         if entry is None:
-            if key in self.failed or key not in self.eager:  # first call of a shape: warm up eagerly
+            if key in self.failed or key not in self.eager:  # first call of a key: warm up eagerly
                 self.eager.add(key)
                 self.plain += 1
-                return self.fn(*inputs)
-            entry = self._capture(key, inputs)
+                return fn(*inputs)
+            entry = self._capture(key, fn, inputs, keep)
             if entry is None:
                 self.plain += 1
-                return self.fn(*inputs)
+                return fn(*inputs)
+        self.graphs.move_to_end(key)
         for static, a in zip(entry.inputs, inputs):  # device-to-device copies into the graph's inputs
             static[...] = a
         if self.check is not None:
-            self.check(entry.graph, lambda: self.fn(*entry.inputs))
+            self.check(entry.graph, lambda: fn(*entry.inputs))
         entry.graph.launch(self.cp.cuda.get_current_stream())
         self.replays += 1
         return entry.outputs
 
-    def _capture(self, key, inputs) -> _Entry | None:
+    def _capture(self, key, fn, inputs, keep) -> _Entry | None:
         cp = self.cp
         pool = cp.cuda.MemoryPool()
         with cp.cuda.using_allocator(pool.malloc):
@@ -135,13 +149,27 @@ class GraphedCall:
             with stream, cp.cuda.using_allocator(pool.malloc):
                 stream.begin_capture()
                 try:
-                    outputs = self.fn(*static)
+                    outputs = fn(*static)
                 finally:
                     graph = stream.end_capture()
         except Exception as exc:  # a sync or a host copy inside fn: plain launches for this key from now on
             why = self.failed[key] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"CUDA graph capture of {self.fn!r} failed for inputs {key}: {why}; that shape runs as plain "
+            warnings.warn(f"CUDA graph capture of {fn!r} failed for {key}: {why}; that key runs as plain "
                           "launches from now on", GraphCaptureWarning, stacklevel=3)
             return None
-        entry = self.graphs[key] = _Entry(graph, static, outputs, pool)
+        entry = self.graphs[key] = _Entry(graph, static, outputs, pool, tuple(keep))
+        if self.max_graphs is not None and len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)  # the least recently launched graph, its pool and what it kept
+            self.evicted += 1
         return entry
+
+
+def merged_counts(**calls: GraphedCall) -> dict:
+    """Several GraphedCalls' stats() as one report: the counts summed, the shapes and reasons joined, and each
+    call's own stats under "by_use", by the name it was given (e.g. rule=..., forward=...)."""
+    each = {name: call.stats() for name, call in calls.items()}
+    out = {k: sum(s[k] for s in each.values()) for k in ("captured", "failed", "replays", "plain", "evicted")}
+    out["shapes"] = [k for s in each.values() for k in s["shapes"]]
+    out["reasons"] = {k: v for s in each.values() for k, v in s["reasons"].items()}
+    out["by_use"] = each
+    return out

@@ -1,0 +1,132 @@
+"""The cuda backend's device pass (tinyspec/fast/cuda_pass.py): one map upload a pass, the layer loop replayed from
+a CUDA graph, run through the fake CuPy (tests/fake_cupy.py) with every replay checked for a baked host scalar.
+
+1. A pass uploads its row map once, and nothing else: host ids, positions, rope angles and attention's map all
+   ride in it (before: the embedding ids, then per attention layer its rope angles and its map).
+2. Graphs on and off, for every drafter, one sequence: the same tokens as the oracle; the verify shape's forward
+   graph captured, none failed, replays; fewer launches a step. A cache that grows is a new key.
+3. A batch in a pool: graphed, and every sequence gets its solo tokens.
+4. What is not graphed still runs the device pass (a replay ring), and what is not a device pass (a chunked
+   prefill, several sequences with caches of their own) runs the host path, both exact; a graph store of one
+   evicts and stays right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fake_cupy
+import tinyspec
+from test_cuda_syncs import DRAFTERS, K, PROMPT, count_steps
+from tinyspec import backends
+from tinyspec.backends import load_model
+from tinyspec.batch import batch_generate
+from tinyspec.fast import cuda_pass
+from tinyspec.generate import generate
+from tinyspec.mtp import MTPDrafter
+from tinyspec.paged import BlockPool
+
+ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    fake_cupy.install(monkeypatch)
+
+
+def cuda_model(graphs: bool = True, **kw):
+    """The shipped tiny target on the fake's cuda backend, every replay checked (fake_cupy.check_replay)."""
+    loaded = load_model(ASSETS / "tiny-target.gguf", "cuda")
+    return loaded.with_kernels(dataclasses.replace(
+        backends.cuda_kernels(graphs=graphs, check_graphs=fake_cupy.check_replay), **kw))
+
+
+def oracle_tokens(prompt, max_new, **kw) -> list[int]:
+    return generate(load_model(ASSETS / "tiny-target.gguf", "numpy"), prompt, max_new, **kw).tokens
+
+
+# ------------------------------------------------------------------------------------------ 1. one upload a pass
+@pytest.mark.parametrize("T", [1, 4])
+def test_a_pass_uploads_its_row_map_once(cuda, T):
+    model = cuda_model(graphs=False)
+    state, ring = model.new_state(), model.new_ring(4)
+    model.forward(np.arange(1, 30), state)
+    with fake_cupy.counting() as ledger:
+        model.forward(np.arange(40, 40 + T), state, ring=ring if T > 1 else None, to_host=False)
+    uploads = [t for t in ledger.transfers if t.kind == "upload"]
+    assert len(uploads) == 1 and "cuda_pass" in uploads[0].where, ledger.causes()
+    assert not [t for t in ledger.transfers if t.kind == "sync"]
+
+
+# ------------------------------------------------------------------------------------------ 2. graphs, one sequence
+@pytest.mark.parametrize("kind", ["plain", "lookup", "mtp"])
+def test_graphs_replay_the_forward_pass_with_the_same_tokens(cuda, kind, tmp_path):
+    runs = {}
+    for graphs in (False, True):
+        model = cuda_model(graphs)
+        drafter = None if kind == "plain" else DRAFTERS[kind](model, tmp_path)
+        steps, tokens = count_steps(model, drafter)
+        runs[graphs] = steps, tokens, model.kernels.graph_counts()["by_use"]["forward"]
+    (off, tokens_off, counts_off), (on, tokens_on, counts) = runs[False], runs[True]
+    assert tokens_on == tokens_off == oracle_tokens(PROMPT, 14)
+    assert counts_off["captured"] == counts_off["replays"] == 0
+    T = 1 if kind == "plain" else K + 1
+    assert any(s.startswith(f"(PassMap(R={T}, B=1,") for s in counts["shapes"]), counts["shapes"]
+    assert counts["failed"] == 0 and not counts["reasons"] and counts["replays"] > 0, counts
+    assert sum(s.launches for s in on) < sum(s.launches for s in off) / 2  # the pass's launches became one
+    assert [s.syncs for s in on] == [s.syncs for s in off]
+
+
+def test_a_cache_that_grows_is_captured_again(cuda):
+    """A contiguous cache doubles at 64 positions: new arrays, so a new key; the tokens stay the oracle's."""
+    model = cuda_model()
+    prompt = list(range(1, 50))
+    tokens = generate(model, prompt, 30).tokens
+    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    assert tokens == oracle_tokens(prompt, 30)
+    assert counts["captured"] >= 2 and counts["failed"] == 0, counts  # one per capacity, 64 and 128
+
+
+# ------------------------------------------------------------------------------------------ 3. a batch in a pool
+def test_a_batch_in_a_pool_is_graphed_and_exact(cuda):
+    model = cuda_model()
+    prompts = [list(range(1, 20)), list(range(30, 37)), list(range(50, 75))]
+    pool = BlockPool(model.cfg, 64, block_size=8, xp=model.xp)
+    results = batch_generate(model, prompts, 12, slots=3, drafter=MTPDrafter(model), draft_n=2, pool=pool)
+    assert [r.tokens for r in results] == [oracle_tokens(p, 12) for p in prompts]
+    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    assert counts["replays"] > 0 and counts["failed"] == 0, counts
+    assert any("B=3" in s for s in counts["shapes"]), counts["shapes"]
+
+
+# ------------------------------------------------------------------------------------------ 4. what is not graphed
+def test_a_replay_ring_runs_the_device_pass_without_a_graph(cuda, tmp_path):
+    model = cuda_model(rollback="replay")
+    tokens = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
+    assert tokens == oracle_tokens(PROMPT, 14)
+    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    assert counts["captured"] == 0 and counts["replays"] == 0 and counts["plain"] == 0  # graphable passes only
+
+
+def test_what_is_not_a_device_pass_runs_the_host_path(cuda):
+    model = cuda_model()
+    passes = model.kernels.device_pass
+    a, b = model.new_state(), model.new_state()
+    assert passes(model.cfg, [np.array([1]), np.array([2])], [a, b], np.array([0, 1, 2]), [None, None], True) is None
+    assert all(layer.n == 0 for s in (a, b) for layer in s.layers if hasattr(layer, "n"))  # nothing claimed
+    prompt = list(range(1, 40))
+    assert generate(model, prompt, 6, chunked_prefill=True).tokens == oracle_tokens(prompt, 6, chunked_prefill=True)
+
+
+def test_a_graph_store_of_one_evicts_and_stays_exact(cuda, tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_pass, "MAX_GRAPHS", 1)
+    model = cuda_model()
+    assert model.kernels.device_pass.graphs.max_graphs == 1
+    tokens = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
+    assert tokens == oracle_tokens(PROMPT, 14)
+    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    assert len(counts["shapes"]) <= 1 and counts["evicted"] >= 1 and counts["failed"] == 0, counts

@@ -1,0 +1,139 @@
+"""The whole forward pass on the GPU from one row map, replayed from a CUDA graph: the cuda backend's
+Kernels.device_pass (issue 35, item 5).
+
+A verify pass of the 0.8B shape is some 700 launches (24 layers of projections, norms, the conv, the scan,
+attention, the FFN) and until now each attention layer also uploaded its own positions, rope angles and row
+map. At decode sizes the host's Python and driver time per launch, not the GPU, sets the pace. So a pass is
+split in two, the host's part first:
+
+    host    check the host ids (model.check_ids); claim the KV rows the pass writes (rowmap.claim: room made,
+            blocks reserved, each cache's n advanced); build the pass's row map (rowmap.pack: ids, KV rows,
+            attention's map, rope's angles) and upload it in ONE copy into a buffer kept per map size; copy a
+            drafter's device ids in, device to device
+    device  Model.layers_pass(embedding rows of rows.ids, ..., rows): every layer reads the map, writes the
+            states in place (the scan's memory, the conv window, the KV rows at rows.dest, the ring's per-token
+            states) and changes nothing on the host
+
+The device part is then a function of device memory only, so it is captured once per key and replayed with one
+launch (cuda_graphs.GraphedCall.run). The key holds everything a graph bakes in:
+
+    the map's sizes         R rows, B sequences, the rope width, the table room (a power of two: rowmap.room_for)
+    the bounds              where each sequence's rows start (host slices inside the layers)
+    logits                  whether the output projection runs
+    the arrays' identities  every state array the pass reads or writes (GDN windows and memories, KV caches or
+                            pool arrays, the rings' snapshot buffers): a cache that grows gets new arrays, so a
+                            new key (the "cache-length bucket": a contiguous cache doubles); the graph holds
+                            them (keep), so no identity is reused while it lives
+
+Graphs are kept for the last MAX_GRAPHS keys (a server's sequences come and go; each new state is a new key).
+A pass whose rings replay (state.ReplayRing swaps its buffers each pass) runs the same device code without a
+graph. Outputs (logits, hidden) are copied out of the graph's buffers, so a caller may keep them past the next
+replay (the MTP drafter keeps hidden rows).
+
+What is not a device pass (Kernels.device_pass returns None, and the layers run the host path): a chunked
+prefill; several sequences each with a cache of its own; another model's layers in a pool (paged.ViewTable:
+ids per layer, the draft model in the batch engine; the MTP head's own forward); a head too wide for the
+attention kernel (cuda_attention.MAX_GD).
+
+UNTESTED ON A GPU: written on a machine without one. tests/test_cuda_pass.py runs it through the fake CuPy
+(tests/fake_cupy.py), whose capture emulation replays the recorded work and, with check_replay, refuses a host
+scalar that changed since the capture; on a GPU, tools/gpu_check.py and tests/test_backends.py say whether it
+captures and what it saves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import rowmap
+from ..state import GDNState, KVCache, SnapshotRing
+from .cuda_attention import MAX_GD, MAX_SHARED, shared_bytes
+from .cuda_graphs import GraphedCall
+
+MAX_GRAPHS = 64  # forward-pass graphs kept (the least recently replayed is dropped first)
+
+
+def state_arrays(states: list, rings: list) -> list:
+    """Every device array a pass over these states reads or writes in place (what its graph bakes in)."""
+    out = []
+    for s in states:
+        for layer in s.layers:
+            if isinstance(layer, GDNState):
+                out += [layer.conv, layer.ssm]
+            elif isinstance(layer, KVCache):
+                out += [layer.k, layer.v]
+            else:  # a PagedKVCache: its layer's pool arrays
+                out += list(layer.pools())
+    for ring in rings:
+        if ring is not None:
+            out += [a for a in ring.conv + ring.ssm if a is not None]
+    return out
+
+
+@dataclass
+class DevicePass:
+    """One pass's device side: its row map in device memory (rows), and the key of its graph (None: no graph)."""
+
+    passes: "DevicePasses"
+    rows: rowmap.RowViews
+    key: tuple | None
+    keep: tuple
+
+    def run(self, fn: Callable):
+        """fn(rows) -> (logits or None, hidden): computed, or replayed from the key's graph (outputs copied out)."""
+        if self.key is None:
+            return fn(self.rows)
+        out = self.passes.graphs.run(self.key, lambda: fn(self.rows), keep=self.keep)
+        return tuple(None if a is None else a.copy() for a in out)
+
+
+class DevicePasses:
+    """Kernels.device_pass for CuPy (module docstring): (cfg, tokens, states, bounds, rings, logits) -> a DevicePass,
+    or None for the host path. graphs=False: the same device passes, never captured. check: GraphedCall's
+    check (tests: fake_cupy.check_replay)."""
+
+    def __init__(self, cp, graphs: bool = True, check: Callable | None = None, max_graphs: int | None = None):
+        self.cp = cp
+        self.graphs = GraphedCall(None, cp, enabled=graphs, check=check,
+                                  max_graphs=MAX_GRAPHS if max_graphs is None else max_graphs)
+        self.buffers: OrderedDict[rowmap.PassMap, object] = OrderedDict()  # a map's size -> its device buffer
+
+    def __call__(self, cfg, tokens: list, states: list, bounds: np.ndarray, rings: list, logits: bool):
+        cp = self.cp
+        G, d = cfg.n_head // cfg.n_head_kv, cfg.head_dim
+        if shared_bytes(G, d) > MAX_SHARED or G * d > MAX_GD:
+            return None  # the attention kernel declines this head: the host path's oracle computes it
+        claimed = rowmap.claim(states, bounds)  # the KV rows, claimed on the host (None: claims nothing)
+        if claimed is None:
+            return None
+        tables, n_pasts, block_size, n_blocks = claimed
+        on_device = [isinstance(t, cp.ndarray) for t in tokens]
+        host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
+        layout, host = rowmap.pack(host_ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
+        buf = self._buffer(layout)
+        buf[...] = host  # the pass's one upload
+        rows = layout.views(buf)
+        for t, dev, lo, hi in zip(tokens, on_device, bounds[:-1], bounds[1:]):
+            if dev:  # a drafter's argmax ids, where they were made: a device-to-device copy
+                rows.ids[lo:hi] = t.reshape(-1)
+        if not (self.graphs.enabled and all(r is None or isinstance(r, SnapshotRing) for r in rings)):
+            return DevicePass(self, rows, None, ())
+        arrays = state_arrays(states, rings)
+        key = (layout, tuple(int(b) for b in bounds), bool(logits), tuple(id(a) for a in arrays))
+        return DevicePass(self, rows, key, tuple(arrays))
+
+    def _buffer(self, layout: rowmap.PassMap):
+        """The device buffer of maps of this size (one per size: the passes run in stream order, each copying its
+        map in before it runs, so every graph of that size reads the one buffer)."""
+        buf = self.buffers.get(layout)
+        if buf is None:
+            buf = self.buffers[layout] = self.cp.zeros(layout.size, np.int32)
+        return buf
+
+    def graph_counts(self) -> dict:
+        """The forward passes' CUDA graphs (GraphedCall.stats)."""
+        return self.graphs.stats()

@@ -1,0 +1,204 @@
+"""A pass's row map: where every row of one forward pass sits, packed in ONE int32 array.
+
+A backend that computes on a device needs each row's position (rope), the cache row its key and value go to (the
+KV append) and what each row may attend to (attention's lengths and block tables). Made on the host per layer,
+those are uploads in every attention layer; and a CUDA graph cannot hold an upload, and bakes in every host
+number a launch was given. So a device pass (Kernels.device_pass) builds them ONCE, on the host, here, and
+uploads them in one copy into a buffer the whole pass reads: every layer, and every replay of a graph of it
+(then only the buffer's contents change from pass to pass; fast/cuda_pass.py).
+
+For B sequences and R rows (sequence b: rows bounds[b] .. bounds[b+1]-1, row r at position
+p = n_past[b] + r - bounds[b]), the layout of the array, in this order:
+
+    ids     [R]          the token each row feeds: host ids, checked here (model.check_ids); a drafter's device
+                         ids are copied in by the backend, where they are
+    dest    [R]          where row r's key and value go in its layer's pool seen flat [n_blocks * bs, H_kv, d]:
+                         tables[tab0[b] + p // bs] * bs + p % bs (bs: the block size; a contiguous cache is one
+                         block as long as its capacity)
+    seq     [R]          the sequence of each row                       \\
+    row0    [B]          where each sequence's rows start (bounds[:-1])   | attention's map: the attention kernel
+    n_past  [B]          positions each sequence held before the pass     | (attention.attend_rows) reads each
+    tab0    [B]          where each sequence's block ids start in tables  | row's keys through it
+    tables  [room]       every sequence's used block ids, then zeros up to `room` (a power of two: the buffer
+                         keeps its size while the sequences grow, so a graph keyed by it is captured again only
+                         when the room doubles)                        /
+    cos     [R, half]    rope's cos and sin at each row's position (ops.rope_angles: the oracle's numbers), as
+    sin     [R, half]    float32 bits (half = n_rot / 2); a view of the buffer as float32 reads them back
+
+views(buf) cuts any such buffer (host or device) into these arrays without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .ops import rope_angles
+from .paged import BlockTable, PagedKVCache
+from .state import KVCache
+
+
+def row_map(tables, n_pasts, bounds, block_size: int, n_blocks: int) -> tuple[np.ndarray, int, int]:
+    """The ragged call's row map, checked, as ONE host int32 array (one upload):
+    [seq (R) | row0 (B) | n_past (B) | tab0 (B) | tables (the used block ids of every sequence, concatenated)].
+    Sequence b's rows are bounds[b] .. bounds[b+1]-1; only its first ceil((n_past + T_b) / block_size) ids are
+    kept (the kernel reads no others). -> (map, R, B)."""
+    B = len(tables)
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if len(n_pasts) != B or bounds.shape != (B + 1,) or bounds[0] != 0 or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"bounds {bounds.tolist()} and {len(n_pasts)} n_past do not cut rows into {B} sequences")
+    if n_blocks * block_size >= 2**31:
+        raise ValueError(f"a pool of {n_blocks} blocks of {block_size} rows is too large for int32 row ids")
+    R, used, ids = int(bounds[-1]), [], []
+    for b, (table, n_past) in enumerate(zip(tables, n_pasts)):
+        if int(n_past) != n_past or n_past < 0:
+            raise ValueError(f"n_past {n_past}: expected an integer >= 0")
+        n = int(n_past) + int(bounds[b + 1] - bounds[b])  # positions the sequence holds after its rows
+        table = np.asarray(table)
+        if table.ndim != 1 or not (table.dtype.kind in "iu" or table.size == 0):
+            raise ValueError(f"table {table.dtype} {table.shape}: expected a 1-D array of integer block ids")
+        need = -(-n // block_size)
+        if table.shape[0] < need:
+            raise ValueError(f"table too short: {table.shape[0]} block ids for {n} positions of block size "
+                             f"{block_size} (need {need})")
+        part = table[:need].astype(np.int64)
+        if need and (part.min() < 0 or part.max() >= n_blocks):
+            bad = part[(part < 0) | (part >= n_blocks)][0]
+            raise ValueError(f"table: block id {bad} out of range for a pool of {n_blocks} blocks")
+        used.append(need)
+        ids.append(part)
+    seq = np.repeat(np.arange(B), np.diff(bounds))  # [R] the sequence of each row
+    tab0 = np.concatenate([[0], np.cumsum(used)[:-1]]) if B else np.zeros(0, np.int64)
+    parts = [seq, bounds[:-1], np.asarray(n_pasts, np.int64).reshape(B), tab0, *ids]
+    return np.concatenate([np.asarray(a, np.int64) for a in parts]).astype(np.int32), R, B
+
+
+def split(rows, R: int, B: int) -> tuple:
+    """A row map (host or device) -> its views (seq, row0, n_past, tab0, tables): no copy."""
+    return rows[:R], rows[R:R + B], rows[R + B:R + 2 * B], rows[R + 2 * B:R + 3 * B], rows[R + 3 * B:]
+
+
+
+def room_for(n_ids: int) -> int:
+    """The table room a pass reserves for n_ids block ids: the next power of two, at least 8."""
+    return max(8, 1 << max(0, n_ids - 1).bit_length())
+
+
+class RowViews(NamedTuple):
+    """The arrays of a pass's map (module docstring), views of one buffer wherever it lives."""
+
+    ids: np.ndarray
+    dest: np.ndarray
+    seq: np.ndarray
+    row0: np.ndarray
+    n_past: np.ndarray
+    tab0: np.ndarray
+    tables: np.ndarray
+    cos: np.ndarray  # [R, half] float32
+    sin: np.ndarray
+
+    @property
+    def attention(self) -> tuple:
+        """(seq, row0, n_past, tab0, tables): the attention kernel's arguments."""
+        return self.seq, self.row0, self.n_past, self.tab0, self.tables
+
+
+@dataclass(frozen=True)
+class PassMap:
+    """The sizes of a pass's map: R rows, B sequences, `half` rope pairs, `room` block ids. Everything else in it
+    is contents (what a replay may change)."""
+
+    R: int
+    B: int
+    half: int
+    room: int
+
+    @property
+    def size(self) -> int:  # int32 entries
+        return 3 * self.R + 3 * self.B + self.room + 2 * self.R * self.half
+
+    def views(self, buf) -> RowViews:
+        """buf [size] int32 (host or device) -> its RowViews, no copy."""
+        R, B, h = self.R, self.B, self.half
+        cuts = np.cumsum([0, R, R, R, B, B, B, self.room, R * h, R * h])
+        ids, dest, seq, row0, n_past, tab0, tables, cos, sin = (buf[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:]))
+        return RowViews(ids, dest, seq, row0, n_past, tab0, tables, cos.view(np.float32).reshape(R, h),
+                        sin.view(np.float32).reshape(R, h))
+
+
+def pack(ids: np.ndarray, tables: list, n_pasts: list, bounds: np.ndarray, block_size: int, n_blocks: int,
+         n_rot: int, rope_base: float, room: int | None = None) -> tuple[PassMap, np.ndarray]:
+    """One pass's map as a host int32 array (module docstring), checked (row_map's checks: every position a row
+    may read lies in its table, every block id in the pool). ids [R]: the host ids (0 where the backend copies
+    device ids in). room: the table room (default room_for the ids used). -> (PassMap, [size] int32)."""
+    attn, R, B = row_map(tables, n_pasts, bounds, block_size, n_blocks)  # [seq | row0 | n_past | tab0 | used ids]
+    seq, row0, n_past, tab0, used = split(attn, R, B)
+    room = room_for(used.size) if room is None else room
+    if used.size > room:
+        raise ValueError(f"{used.size} block ids do not fit a table room of {room}")
+    r = np.arange(R)
+    pos = n_past[seq].astype(np.int64) + r - row0[seq]  # [R] each row's position in its sequence
+    dest = used[tab0[seq] + pos // block_size].astype(np.int64) * block_size + pos % block_size  # [R]
+    cos, sin = rope_angles(pos, n_rot, rope_base)  # [R, half] each, the oracle's
+    layout = PassMap(R, B, n_rot // 2, room)
+    buf = np.zeros(layout.size, np.int32)
+    v = layout.views(buf)
+    v.ids[:] = np.asarray(ids).reshape(R)
+    v.dest[:], v.seq[:], v.row0[:], v.n_past[:], v.tab0[:] = dest, seq, row0, n_past, tab0
+    v.tables[: used.size] = used
+    v.cos[:], v.sin[:] = cos, sin
+    return layout, buf
+
+
+def claim(states: list, bounds: np.ndarray) -> tuple | None:
+    """The KV rows a device pass of these sequences will write (sequence b: bounds[b+1] - bounds[b] rows), claimed
+    on the host before the pass runs (every attention cache: room made, blocks reserved and checked writable,
+    n advanced: KVCache.claim, PagedKVCache.claim), so the pass itself changes nothing on the host.
+    -> (tables, n_pasts, block_size, n_blocks) for pack, or None, claiming nothing, when one map cannot say where
+    every row goes: one sequence with a cache of its own (one block: its capacity), or sequences whose caches
+    share one pool's arrays through block tables of the pool's own model (paged.BlockTable); not several
+    sequences each with its own arrays, nor another model's views of a pool (paged.ViewTable: ids per layer)."""
+    layers = [i for i, layer in enumerate(states[0].layers) if isinstance(layer, (KVCache, PagedKVCache))]
+    if not layers:
+        return None
+    caches = [[s.layers[i] for s in states] for i in layers]  # [L_attn][B]
+    flat = [c for per_layer in caches for c in per_layer]
+    contiguous = all(type(c) is KVCache for c in flat) and len(states) == 1
+    paged = all(type(c) is PagedKVCache and type(c.table) is BlockTable for c in flat) \
+        and all(PagedKVCache.one_pool(per_layer) for per_layer in caches)
+    if not (contiguous or paged) or any(c.n != s.pos for per in caches for c, s in zip(per, states)):
+        return None
+    n_pasts = [s.pos for s in states]
+    for per_layer in caches:
+        for c, T in zip(per_layer, np.diff(bounds)):
+            c.claim(int(T))
+    first = caches[0]
+    if contiguous:
+        return [np.zeros(1, np.int64)], n_pasts, first[0].k.shape[0], 1
+    return [c.ids() for c in first], n_pasts, first[0].table.block_size, first[0].k_pool.shape[0]
+
+
+@dataclass(frozen=True)
+class MappedPass:
+    """A device pass whose map stays where it was built (host_pass): run(fn) is fn(rows)."""
+
+    rows: RowViews
+
+    def run(self, fn):
+        return fn(self.rows)
+
+
+def host_pass(cfg, tokens: list, states: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
+    """Kernels.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
+    (fast/cuda_pass.py) without the upload or the graph. Its use: the oracle's layers run the device path's code
+    (attention.attend_rows_own, the map's rope angles) and must give the host path's bits (tests/test_rowmap.py).
+    tokens: host ids only (the oracle's device is the host)."""
+    claimed = claim(states, bounds)
+    if claimed is None:
+        return None
+    tables, n_pasts, block_size, n_blocks = claimed
+    layout, buf = pack(np.concatenate(tokens), tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot,
+                       cfg.rope_base)
+    return MappedPass(layout.views(buf))
