@@ -273,7 +273,11 @@ def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
             _capturing[-1].work.append(fn)
             return None
         return fn()
-    out = fn()
+    if _capturing:  # computed now on what captured work has not written yet: any numbers, no warnings (a GPU
+        with np.errstate(all="ignore"):  # computes nothing during a capture)
+            out = fn()
+    else:
+        out = fn()
     outs = tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in (out if isinstance(out, tuple) else (out,)))
     flat = [x for x in _arrays(inputs)]
     fresh = [isinstance(a, np.ndarray) and not any(np.may_share_memory(a, x) for x in flat) for a in outs]

@@ -35,23 +35,18 @@ constructor argument, None on a GPU) is called with the graph and a function tha
 graph's inputs; the fake CuPy's check_replay (tests/fake_cupy.py) runs it and raises if any launch now gets
 a host scalar (a length, a position, an offset, an eps) other than the one the capture recorded.
 
-Captured today: the greedy rule of a verify step or a decode step (cuda_accept.greedy_run: argmax per row,
-compare, kept prefix, gather; about 10 launches -> 1, plus the copies into its inputs), one graph per
-(T, N, k). Not captured yet, and what it needs (the trunk forward, where the launches are):
-    attention  the kernel reads every length and block table from device memory (cuda_attention.attend_rows:
-               a captured launch replays with the new lengths copied into its row map, and no host scalar it
-               baked in changes: tests/test_cuda_attention.py, and on a GPU tests/test_cuda_ops.py). Still
-               missing for a whole-pass graph: the layer calls the host forms, which build and upload the row
-               map on every call (an upload cannot be captured) -> the pass keeps one device map per key (R, B,
-               number of block ids) and copies the step's map in before the launch, for all attention layers at
-               once (one table per sequence); the KV append writes at host offsets (state.KVCache slices by a
-               Python int, paged.PagedKVCache indexes with host arrays: uploads) -> an append kernel reading
-               positions and block rows from that map; rope positions come from the host -> from the same map
-    GDN conv   causal_conv returns a new conv window that the layer rebinds -> written in place
-    embedding  host ids are checked on the host and uploaded (a copy a graph cannot hold) -> ids in a static
-               device buffer, checked on the host before they are copied in; device ids (a drafter's argmax,
-               model.embed_rows) are gathered unchecked already, with no sync
-    MoE        the router's choices come to the host (a sync) -> a graph per expert grouping, or none
+Captured today (two users, each its own GraphedCall; Kernels.graph_counts reports both, by_use):
+    rule     the greedy rule of a verify step or a decode step (cuda_accept.greedy_run: argmax per row, compare,
+             kept prefix, gather; about 10 launches -> 1, plus the copies into its inputs), one graph per (T, N, k)
+    forward  the trunk's forward pass (fast/cuda_pass.py, issue 35 item 5): every layer reads positions, rope
+             angles, KV rows and attention's lengths and tables from the pass's row map (rowmap.py), uploaded
+             once into a buffer kept per map size; the KV rows are claimed on the host first, the conv window,
+             the scan's memory and the KV rows are written in place, so the layer loop changes nothing on the
+             host and replays right. One graph per (map size, bounds, logits, the states' arrays); through the
+             fake, a plain decode step went from 161 launches to 5 (tests/test_cuda_pass.py)
+Not captured (each runs as plain launches, correct): the MTP head's and a pool's draft-model passes (their
+caches are views of a pool, paged.ViewTable: block ids per layer) and the MTP head's own forward; a pass whose
+ring replays (state.ReplayRing swaps its buffers); a chunked prefill; the sampled rule (the laws go to the host).
 tests/test_cuda_syncs.py runs graphs on and off through the fake CuPy's capture emulation (tests/fake_cupy.py):
 the same tokens, the verify shape captured and none failed, no sync inside a capture, and every replay checked
 for a changed host scalar. What it cannot tell: the time saved, and whether a real card captures (on a GPU:
