@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
-                states_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                states_out: np.ndarray | None = None, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     # [T, C], [C, w-1], [C, w] -> [T, C], [C, w-1]
     """Depthwise causal convolution over time, no bias, no activation.
 
@@ -65,17 +65,22 @@ def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
     torch conv1d(groups=C, padding=w-1)[:T] when the state is zero. The new state is the last w-1
     raw inputs; states_out [>= T, C, w-1], if given, receives the state after each token (the
     snapshot ring of a verify pass): the w-1 raw inputs up to and including token t.
+    out [C, w-1], if given, receives the new state and is returned as it (it may be `conv_state` itself:
+    an update in place, safe because the window is a copy of conv_state made before anything is written).
     """
     T, C = x.shape
     w = weight.shape[1]
-    window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C]
+    window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C], a new array: conv_state is read here, once
     y = np.zeros_like(x, dtype=np.float32)  # [T, C], on x's device
     for tap in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
         y += weight[:, tap] * window[tap : tap + T]  # [C] * [T, C]
     if states_out is not None:
         for t in range(T):
             states_out[t] = window[t + 1 : t + w].T  # [C, w-1]
-    return y, np.copy(window[T:].T, order="C")  # [C, w-1]
+    if out is None:
+        return y, np.copy(window[T:].T, order="C")  # [C, w-1]
+    np.copyto(out, window[T:].T)  # [C, w-1]
+    return y, out
 
 
 def delta_rule_step(
@@ -114,15 +119,17 @@ def gdn_scan(
 
 
 def causal_conv_ragged(x: np.ndarray, bounds: np.ndarray, conv_states: list, weight: np.ndarray,
-                       states_outs: list | None = None, conv=causal_conv) -> tuple[np.ndarray, list]:
+                       states_outs: list | None = None, outs: list | None = None,
+                       conv=causal_conv) -> tuple[np.ndarray, list]:
     # [R, C], [B+1], B x [C, w-1], [C, w] -> [R, C], B x [C, w-1]
     """causal_conv of several sequences packed in one [R, C] (sequence b: rows bounds[b] .. bounds[b+1]-1), each
-    from its own window conv_states[b]; states_outs[b] (or None) as causal_conv's states_out. Returns the rows
-    [R, C] and each sequence's new window. The loop a fast backend fuses into one call (fast/numba_gdn.py);
-    conv: the one-sequence conv it loops over (a backend's own, with causal_conv's contract)."""
-    states_outs = states_outs or [None] * len(conv_states)
-    parts = [conv(x[lo:hi], cs, weight, so) for lo, hi, cs, so in zip(bounds[:-1], bounds[1:], conv_states,
-                                                                          states_outs)]
+    from its own window conv_states[b]; states_outs[b] and outs[b] (or None) as causal_conv's states_out and out.
+    Returns the rows [R, C] and each sequence's new window. The loop a fast backend fuses into one call
+    (fast/numba_gdn.py); conv: the one-sequence conv it loops over (a backend's own, with causal_conv's contract)."""
+    B = len(conv_states)
+    states_outs, outs = states_outs or [None] * B, outs or [None] * B
+    parts = [conv(x[lo:hi], cs, weight, states_out=so, out=out)
+             for lo, hi, cs, so, out in zip(bounds[:-1], bounds[1:], conv_states, states_outs, outs)]
     return join_rows([y for y, _ in parts]), [new for _, new in parts]
 
 
