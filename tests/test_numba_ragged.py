@@ -217,7 +217,8 @@ def attend_each(q, k_pool, v_pool, tables, n_pasts, bounds, scale):
 def test_cpu_model_ragged_pass_equals_per_sequence_loop(rollback):
     """A whole verify pass of B = 4 sequences (1..5 rows, KV in one pool, a ring each) on the cpu backend:
     the ragged kernels against the oracle's loops over the one-sequence Numba kernels give the same logits,
-    states and rings bit for bit, and a rollback of each sequence restores the same bits."""
+    states and rings bit for bit, and a rollback of each sequence restores the same bits. With a SnapshotRing
+    every GDN window is written in place (the same array after the pass); a ReplayRing's pass makes new ones."""
     from functools import partial
 
     from tinyspec.backends import load_model
@@ -240,7 +241,11 @@ def test_cpu_model_ragged_pass_equals_per_sequence_loop(rollback):
         states = [model.new_state(pool) for _ in prompts]
         model.forward_batch(prompts, states)
         rings = [model.new_ring(5) for _ in prompts]
+        windows = lambda s: [layer.conv for layer in s.layers if isinstance(layer, GDNState)]  # noqa: E731
+        before = [windows(s) for s in states]
         logits, hidden, _ = model.forward_batch(passes, states, rings)
+        same = [all(a is b for a, b in zip(w, windows(s))) for w, s in zip(before, states)]
+        assert all(same) if rollback == "snapshot" else not any(same)  # in place; a ReplayRing keeps the old one
         after = [numbers(s) for s in states]
         for b, (s, r) in enumerate(zip(states, rings)):
             if len(passes[b]) > 1:

@@ -289,10 +289,17 @@ def gdn_conv(mixed: np.ndarray, bounds: np.ndarray, w: Mapping[str, np.ndarray],
              kern: Kernels, rings: list) -> tuple[np.ndarray, list]:
     """Step 2: causal conv of each sequence's raw projections over its own window (one kern.causal_conv_ragged
     call for all), then SiLU -> c [R, C] and each sequence's window after them [C, w-1] (the state takes it in
-    gdn_memory: a ReplayRing records the old one)."""
+    gdn_memory). Without a ring the new window overwrites the old in place; with one, the ring says where it
+    goes (ring.conv_out: state.conv for a SnapshotRing; None, a fresh array, for a ReplayRing, which records
+    the old one)."""
     conv_states = [None if ring is None else ring.conv_states for ring in rings]  # [>= T_b, C, w-1] or None
+    # In place is safe where nothing reads the pre-pass window after the conv: with no ring or a SnapshotRing
+    # nothing does (SnapshotEntries.record keeps nothing; a rollback copies from the entries). A ReplayLog's
+    # record, in gdn_memory after the scan, keeps state.conv as the base a replay starts from: so its
+    # conv_out is None, and state.conv still holds the pre-pass window when record runs.
+    outs = [s.conv if ring is None else ring.conv_out(s) for s, ring in zip(states, rings)]  # [C, w-1] or None
     c, conv_after = kern.causal_conv_ragged(mixed, bounds, [s.conv for s in states], w["ssm_conv1d.weight"],
-                                            conv_states)  # [R, C], B x [C, w-1]
+                                            conv_states, outs)  # [R, C], B x [C, w-1]
     return kern.silu(c), conv_after
 
 
@@ -315,16 +322,16 @@ def gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after: list, w: Map
                states: list[GDNState], kern: Kernels, chunked: bool = False, rings: list | None = None) -> np.ndarray:
     """Step 4: the delta-rule memory of each sequence from its own state, one kern.gdn_scan_ragged call for all
     (gdn_chunked per sequence for a long prefill) -> o [R, HV, V]; then each state takes its new window
-    (conv_after[b]) and memory. Without a ring the new memory overwrites the old in place; with one, the ring
-    says where the per-token states and the new memory go, and records what a rollback needs (mixed: the
-    conv's input, for a replay)."""
+    (conv_after[b]: state.conv itself already, unless its ring is a ReplayRing's) and memory. Without a ring the
+    new memory overwrites the old in place; with one, the ring says where the per-token states and the new
+    memory go, and records what a rollback needs (mixed: the conv's input, for a replay)."""
     rings = rings or [None] * len(states)
     scan = partial(gdn_scan_ragged, scan=gdn_chunked) if chunked else kern.gdn_scan_ragged
     states_outs = [None if ring is None else ring.ssm_states for ring in rings]
     memory_outs = [state.ssm if ring is None else ring.memory_out(state) for state, ring in zip(states, rings)]
     o, ssm_after = scan(q, k, v, log_decay, beta, bounds, [s.ssm for s in states], states_outs, memory_outs)
     for lo, hi, state, ring, conv, ssm in zip(bounds[:-1], bounds[1:], states, rings, conv_after, ssm_after):
-        if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
+        if ring is not None:  # state holds the pre-pass window and memory, unless they were written in place
             ring.record(state, (mixed[lo:hi], w["ssm_conv1d.weight"]),
                         tuple(a[lo:hi] for a in (q, k, v, log_decay, beta)))
         state.conv, state.ssm = conv, ssm

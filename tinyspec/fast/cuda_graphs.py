@@ -47,7 +47,7 @@ compare, kept prefix, gather; about 10 launches -> 1, plus the copies into its i
                once (one table per sequence); the KV append writes at host offsets (state.KVCache slices by a
                Python int, paged.PagedKVCache indexes with host arrays: uploads) -> an append kernel reading
                positions and block rows from that map; rope positions come from the host -> from the same map
-    GDN conv   causal_conv returns a new conv window that the layer rebinds -> written in place
+    GDN conv   nothing left: the window is now written in place (gdn.causal_conv's out, the ring view's conv_out)
     embedding  host ids are checked on the host and uploaded (a copy a graph cannot hold) -> ids in a static
                device buffer, checked on the host before they are copied in; device ids (a drafter's argmax,
                model.embed_rows) are gathered unchecked already, with no sync
