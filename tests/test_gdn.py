@@ -106,6 +106,30 @@ def test_causal_conv_split_in_time_is_exact(rng):
     assert np.isnan(snaps[23]).all()  # slots past T untouched
 
 
+@pytest.mark.parametrize("T", [1, 2, 5])  # w = 4: T < w-1 (part of the old window survives), T > w-1 (none does)
+def test_causal_conv_out_and_in_place_are_bitwise_the_fresh_window(rng, T):
+    """out receives the new window and is returned as it; out = conv_state itself (the layer's update in
+    place, so the window keeps its address for a CUDA graph) must read the old window before writing it."""
+    C, w = 6, 4
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    weight = rng.standard_normal((C, w)).astype(np.float32)
+    state = rng.standard_normal((C, w - 1)).astype(np.float32)
+    before = state.copy()
+    snaps = [np.full((T, C, w - 1), np.nan, np.float32) for _ in range(3)]
+    y_ref, s_ref = causal_conv(x, state, weight, states_out=snaps[0])  # a new array, state untouched
+    other = np.full_like(state, np.nan)
+    y_out, s_out = causal_conv(x, state, weight, states_out=snaps[1], out=other)
+    assert_array_equal(state, before)  # only an out that is conv_state changes it
+    live = state.copy()
+    y_live, s_live = causal_conv(x, live, weight, states_out=snaps[2], out=live)
+    assert s_out is other and s_live is live and s_ref is not state
+    for y, s, so in ((y_out, s_out, snaps[1]), (y_live, s_live, snaps[2])):
+        assert_array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+        assert_array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+        assert_array_equal(so.view(np.uint32), snaps[0].view(np.uint32))
+    assert_array_equal(s_ref, np.concatenate([before, x.T], axis=1)[:, T:])  # the last w-1 raw inputs
+
+
 # ---------------------------------------------------------------- 2. delta rule, scan, chunked form
 
 

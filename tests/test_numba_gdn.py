@@ -108,3 +108,24 @@ def test_causal_conv_bitwise_equal_to_oracle(T, C, w):
         numba_gdn.causal_conv(x, state, weight, states_out=np.zeros((T, C + 1, w - 1), np.float32))
     with pytest.raises(ValueError, match="causal_conv shapes"):
         numba_gdn.causal_conv(x, state[:, :0] if w > 1 else np.zeros((C, 1), np.float32), weight)
+
+
+@pytest.mark.parametrize("T,C,w", [(1, 6144, 4), (2, 32, 4), (5, 32, 4), (5, 7, 3)])
+def test_causal_conv_out_in_place(T, C, w):
+    """out as the oracle's: the new window written into it and returned as it, bitwise the fresh one, also when
+    out is conv_state itself (the kernel reads the old window before the copy); a wrong out is refused."""
+    rng = np.random.default_rng(T + C + w)
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    state = rng.standard_normal((C, w - 1)).astype(np.float32)
+    weight = rng.standard_normal((C, w)).astype(np.float32)
+    y_ref, s_ref = causal_conv(x, state, weight)
+    for conv in (causal_conv, numba_gdn.causal_conv):
+        live = state.copy()
+        y, s = conv(x, live, weight, out=live)
+        assert s is live and np.array_equal(live.view(np.uint32), s_ref.view(np.uint32))
+        assert np.array_equal(y.view(np.uint32), y_ref.view(np.uint32))
+        other = np.empty_like(state)  # a separate out leaves the input alone
+        _, s = conv(x, state, weight, out=other)
+        assert s is other and np.array_equal(other.view(np.uint32), s_ref.view(np.uint32))
+    with pytest.raises(ValueError, match="causal_conv out must be"):
+        numba_gdn.causal_conv(x, state, weight, out=np.empty((C, w), np.float32))

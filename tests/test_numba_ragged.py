@@ -91,24 +91,32 @@ def test_scan_ragged_rows_are_each_sequence_alone(seed, B):
 @pytest.mark.parametrize("C,w", [(6144, 4), (7, 3), (32, 4), (3, 1)])
 @pytest.mark.parametrize("seed,B", CASES)
 def test_causal_conv_ragged_bitwise_equal_to_the_oracle_loop(seed, B, C, w):
+    """Rows, new windows and per-token windows bit for bit; a sequence keeps per-token windows or none, and
+    writes its new window in place (out = its conv_state, the layer's update), into another buffer or into a
+    fresh array."""
     rng = np.random.default_rng(seed * 31 + B + C)
     bounds = ragged_bounds(rng, B)
     x = rng.standard_normal((bounds[-1], C)).astype(np.float32)
     weight = rng.standard_normal((C, w)).astype(np.float32)
     states = [rng.standard_normal((C, w - 1)).astype(np.float32) for _ in range(B)]
     keep = rng.integers(0, 2, B).astype(bool)
+    outs = rng.integers(0, 3, B)  # 0: fresh array, 1: in place, 2: a separate buffer
 
     def run(conv):
         so = [np.zeros((hi - lo + 1, C, w - 1), np.float32) if kp else None
               for lo, hi, kp in zip(bounds[:-1], bounds[1:], keep)]
-        y, new = conv(x, bounds, [s.copy() for s in states], weight, so)
-        return y, new, so
+        live = [s.copy() for s in states]
+        out = [[None, live[b], np.zeros_like(live[b])][outs[b]] for b in range(B)]
+        y, new = conv(x, bounds, live, weight, so, out)
+        return y, new, so, live, out
 
-    y_ref, new_ref, so_ref = run(gdn.causal_conv_ragged)
-    y, new, so = run(numba_gdn.causal_conv_ragged)
+    y_ref, new_ref, so_ref, live_ref, _ = run(gdn.causal_conv_ragged)
+    y, new, so, live, out = run(numba_gdn.causal_conv_ragged)
     assert np.array_equal(bits(y), bits(y_ref))
     for b in range(B):
         assert np.array_equal(bits(new[b]), bits(new_ref[b])), b
+        assert np.array_equal(bits(live[b]), bits(live_ref[b])), b  # in place, or left alone
+        assert new[b] is out[b] if outs[b] else not any(new[b] is a for a in live), b
         if keep[b]:
             assert np.array_equal(bits(so[b]), bits(so_ref[b])), b
 
@@ -149,6 +157,10 @@ def test_ragged_kernels_reject_bad_bounds_and_shapes():
         numba_gdn.causal_conv_ragged(x, np.array([0, 6]), [np.zeros((8, 3), np.float32)], weight)
     with pytest.raises(ValueError, match="causal_conv shapes"):
         numba_gdn.causal_conv_ragged(x, np.array([0, 5]), [np.zeros((8, 2), np.float32)], weight)
+    windows = [np.zeros((8, 3), np.float32)] * 2
+    for bad in (np.zeros((8, 2), np.float32), np.zeros((8, 3)), np.zeros((3, 8), np.float32).T):  # shape, dtype, order
+        with pytest.raises(ValueError, match="causal_conv out must be"):
+            numba_gdn.causal_conv_ragged(x, np.array([0, 2, 5]), windows, weight, None, [None, bad])
 
 
 def paged_batch(rng, B, H_kv, G, d, bs):
@@ -205,7 +217,8 @@ def attend_each(q, k_pool, v_pool, tables, n_pasts, bounds, scale):
 def test_cpu_model_ragged_pass_equals_per_sequence_loop(rollback):
     """A whole verify pass of B = 4 sequences (1..5 rows, KV in one pool, a ring each) on the cpu backend:
     the ragged kernels against the oracle's loops over the one-sequence Numba kernels give the same logits,
-    states and rings bit for bit, and a rollback of each sequence restores the same bits."""
+    states and rings bit for bit, and a rollback of each sequence restores the same bits. With a SnapshotRing
+    every GDN window is written in place (the same array after the pass); a ReplayRing's pass makes new ones."""
     from functools import partial
 
     from tinyspec.backends import load_model
@@ -228,7 +241,11 @@ def test_cpu_model_ragged_pass_equals_per_sequence_loop(rollback):
         states = [model.new_state(pool) for _ in prompts]
         model.forward_batch(prompts, states)
         rings = [model.new_ring(5) for _ in prompts]
+        windows = lambda s: [layer.conv for layer in s.layers if isinstance(layer, GDNState)]  # noqa: E731
+        before = [windows(s) for s in states]
         logits, hidden, _ = model.forward_batch(passes, states, rings)
+        same = [all(a is b for a, b in zip(w, windows(s))) for w, s in zip(before, states)]
+        assert all(same) if rollback == "snapshot" else not any(same)  # in place; a ReplayRing keeps the old one
         after = [numbers(s) for s in states]
         for b, (s, r) in enumerate(zip(states, rings)):
             if len(passes[b]) > 1:

@@ -366,6 +366,33 @@ def test_replay_ring_restores_every_prefix_bitwise_and_checks_ranges(target):
         ring.restore(fresh_state(target, prompt), 1)
 
 
+def test_gdn_windows_keep_their_address_across_passes(target, rollback):
+    """A CUDA graph bakes in every array address, so the conv writes each GDN layer's window in place
+    (gdn.gdn_conv's outs): with no ring and with a SnapshotRing, state.conv stays the same object through
+    every pass and rollback. A ReplayRing keeps the pre-pass window as its replay base (ReplayLog.conv), so its
+    pass gives the state a fresh window, which its rollback then writes in place. The bits: the ring tests above."""
+    from tinyspec.state import GDNState
+
+    target = with_ring(target, rollback)
+    state = target.new_state()
+    gdn = [i for i, layer in enumerate(state.layers) if isinstance(layer, GDNState)]
+    windows = lambda: [state.layers[i].conv for i in gdn]  # noqa: E731
+    first = windows()
+    target.forward(np.array([1, 2, 3]), state)  # no ring: prefill
+    target.forward(np.array([4]), state)  # no ring: a decode step
+    assert all(a is b for a, b in zip(windows(), first))
+    ring = target.new_ring(4)
+    target.forward(np.array([5, 6, 7]), state, ring=ring)
+    if rollback == "snapshot":
+        assert all(a is b for a, b in zip(windows(), first))
+    else:  # the old window is the log's base; the state took a new one
+        assert all(ring.log[i].conv is b and state.layers[i].conv is not b for i, b in zip(gdn, first))
+    after = windows()
+    ring.restore(state, 1)
+    assert all(a is b for a, b in zip(windows(), after))
+    assert state.max_abs_diff(fresh_state(target, [1, 2, 3, 4, 5, 6])) == 0.0
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_self_speculation_accepts_everything(target, temperature):
     """A drafter identical to the target (the target as its own draft model) is accepted at rate 1.0:

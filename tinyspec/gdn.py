@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
-                states_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                states_out: np.ndarray | None = None, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     # [T, C], [C, w-1], [C, w] -> [T, C], [C, w-1]
     """Depthwise causal convolution over time, no bias, no activation.
 
@@ -65,17 +65,22 @@ def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
     torch conv1d(groups=C, padding=w-1)[:T] when the state is zero. The new state is the last w-1
     raw inputs; states_out [>= T, C, w-1], if given, receives the state after each token (the
     snapshot ring of a verify pass): the w-1 raw inputs up to and including token t.
+    out [C, w-1], if given, receives the new state and is returned as it (it may be `conv_state` itself:
+    an update in place, safe because the window is a copy of conv_state made before anything is written).
     """
     T, C = x.shape
     w = weight.shape[1]
-    window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C]
+    window = np.concatenate([conv_state.T, x], axis=0)  # [w-1+T, C], a new array: conv_state is read here, once
     y = np.zeros_like(x, dtype=np.float32)  # [T, C], on x's device
     for tap in range(w):  # one tap at a time: every output sums its w products in the same order, whatever T is
         y += weight[:, tap] * window[tap : tap + T]  # [C] * [T, C]
     if states_out is not None:
         for t in range(T):
             states_out[t] = window[t + 1 : t + w].T  # [C, w-1]
-    return y, np.copy(window[T:].T, order="C")  # [C, w-1]
+    if out is None:
+        return y, np.copy(window[T:].T, order="C")  # [C, w-1]
+    np.copyto(out, window[T:].T)  # [C, w-1]
+    return y, out
 
 
 def delta_rule_step(
@@ -114,15 +119,17 @@ def gdn_scan(
 
 
 def causal_conv_ragged(x: np.ndarray, bounds: np.ndarray, conv_states: list, weight: np.ndarray,
-                       states_outs: list | None = None, conv=causal_conv) -> tuple[np.ndarray, list]:
+                       states_outs: list | None = None, outs: list | None = None,
+                       conv=causal_conv) -> tuple[np.ndarray, list]:
     # [R, C], [B+1], B x [C, w-1], [C, w] -> [R, C], B x [C, w-1]
     """causal_conv of several sequences packed in one [R, C] (sequence b: rows bounds[b] .. bounds[b+1]-1), each
-    from its own window conv_states[b]; states_outs[b] (or None) as causal_conv's states_out. Returns the rows
-    [R, C] and each sequence's new window. The loop a fast backend fuses into one call (fast/numba_gdn.py);
-    conv: the one-sequence conv it loops over (a backend's own, with causal_conv's contract)."""
-    states_outs = states_outs or [None] * len(conv_states)
-    parts = [conv(x[lo:hi], cs, weight, so) for lo, hi, cs, so in zip(bounds[:-1], bounds[1:], conv_states,
-                                                                          states_outs)]
+    from its own window conv_states[b]; states_outs[b] and outs[b] (or None) as causal_conv's states_out and out.
+    Returns the rows [R, C] and each sequence's new window. The loop a fast backend fuses into one call
+    (fast/numba_gdn.py); conv: the one-sequence conv it loops over (a backend's own, with causal_conv's contract)."""
+    B = len(conv_states)
+    states_outs, outs = states_outs or [None] * B, outs or [None] * B
+    parts = [conv(x[lo:hi], cs, weight, states_out=so, out=out)
+             for lo, hi, cs, so, out in zip(bounds[:-1], bounds[1:], conv_states, states_outs, outs)]
     return join_rows([y for y, _ in parts]), [new for _, new in parts]
 
 
@@ -282,10 +289,17 @@ def gdn_conv(mixed: np.ndarray, bounds: np.ndarray, w: Mapping[str, np.ndarray],
              kern: Kernels, rings: list) -> tuple[np.ndarray, list]:
     """Step 2: causal conv of each sequence's raw projections over its own window (one kern.causal_conv_ragged
     call for all), then SiLU -> c [R, C] and each sequence's window after them [C, w-1] (the state takes it in
-    gdn_memory: a ReplayRing records the old one)."""
+    gdn_memory). Without a ring the new window overwrites the old in place; with one, the ring says where it
+    goes (ring.conv_out: state.conv for a SnapshotRing; None, a fresh array, for a ReplayRing, which records
+    the old one)."""
     conv_states = [None if ring is None else ring.conv_states for ring in rings]  # [>= T_b, C, w-1] or None
+    # In place is safe where nothing reads the pre-pass window after the conv: with no ring or a SnapshotRing
+    # nothing does (SnapshotEntries.record keeps nothing; a rollback copies from the entries). A ReplayLog's
+    # record, in gdn_memory after the scan, keeps state.conv as the base a replay starts from: so its
+    # conv_out is None, and state.conv still holds the pre-pass window when record runs.
+    outs = [s.conv if ring is None else ring.conv_out(s) for s, ring in zip(states, rings)]  # [C, w-1] or None
     c, conv_after = kern.causal_conv_ragged(mixed, bounds, [s.conv for s in states], w["ssm_conv1d.weight"],
-                                            conv_states)  # [R, C], B x [C, w-1]
+                                            conv_states, outs)  # [R, C], B x [C, w-1]
     return kern.silu(c), conv_after
 
 
@@ -308,16 +322,16 @@ def gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after: list, w: Map
                states: list[GDNState], kern: Kernels, chunked: bool = False, rings: list | None = None) -> np.ndarray:
     """Step 4: the delta-rule memory of each sequence from its own state, one kern.gdn_scan_ragged call for all
     (gdn_chunked per sequence for a long prefill) -> o [R, HV, V]; then each state takes its new window
-    (conv_after[b]) and memory. Without a ring the new memory overwrites the old in place; with one, the ring
-    says where the per-token states and the new memory go, and records what a rollback needs (mixed: the
-    conv's input, for a replay)."""
+    (conv_after[b]: state.conv itself already, unless its ring is a ReplayRing's) and memory. Without a ring the
+    new memory overwrites the old in place; with one, the ring says where the per-token states and the new
+    memory go, and records what a rollback needs (mixed: the conv's input, for a replay)."""
     rings = rings or [None] * len(states)
     scan = partial(gdn_scan_ragged, scan=gdn_chunked) if chunked else kern.gdn_scan_ragged
     states_outs = [None if ring is None else ring.ssm_states for ring in rings]
     memory_outs = [state.ssm if ring is None else ring.memory_out(state) for state, ring in zip(states, rings)]
     o, ssm_after = scan(q, k, v, log_decay, beta, bounds, [s.ssm for s in states], states_outs, memory_outs)
     for lo, hi, state, ring, conv, ssm in zip(bounds[:-1], bounds[1:], states, rings, conv_after, ssm_after):
-        if ring is not None:  # state still holds the pre-pass window (and memory, unless it was updated in place)
+        if ring is not None:  # state holds the pre-pass window and memory, unless they were written in place
             ring.record(state, (mixed[lo:hi], w["ssm_conv1d.weight"]),
                         tuple(a[lo:hi] for a in (q, k, v, log_decay, beta)))
         state.conv, state.ssm = conv, ssm

@@ -19,15 +19,16 @@ by following an argument, not by searching for who patched what.
     gdn_scan      gdn.gdn_scan           (q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o, state);
                                          states_out [>= T, HV, K, V] receives the state after each token, out
                                          [HV, K, V] the new state (it may be `state` itself: in place)
-    causal_conv   gdn.causal_conv        (x [T, C], conv_state [C, w-1], weight [C, w], states_out=None)
-                                         -> (y [T, C], new conv_state); states_out [>= T, C, w-1] as the scan's
+    causal_conv   gdn.causal_conv        (x [T, C], conv_state [C, w-1], weight [C, w], states_out=None, out=None)
+                                         -> (y [T, C], new conv_state); states_out [>= T, C, w-1] as the scan's,
+                                         out [C, w-1] the new window (it may be `conv_state` itself: in place)
     the ragged three: B sequences' rows packed in one array, sequence b's rows bounds[b] .. bounds[b+1]-1, each
     computed from its own state as the one-sequence function computes it (the oracle: that loop; a backend
     that swaps a one-sequence function swaps its ragged one too, with the same bits):
     gdn_scan_ragged      gdn.gdn_scan_ragged      (q, k, v, log_decay, beta [R, ...], bounds, states, states_outs,
                                                   outs) -> (o [R, HV, V], new states); lists of B (or None)
-    causal_conv_ragged   gdn.causal_conv_ragged   (x [R, C], bounds, conv_states, weight, states_outs)
-                                                  -> (y [R, C], new conv_states)
+    causal_conv_ragged   gdn.causal_conv_ragged   (x [R, C], bounds, conv_states, weight, states_outs, outs)
+                                                  -> (y [R, C], new conv_states); lists of B (or None)
     attend_paged_ragged  attention.attend_paged_ragged (q [R, H_kv, G, d], k_pool, v_pool, tables, n_pasts,
                                                   bounds, scale) -> o: B sequences' caches in one pool
     attend_rows   attention.attend_rows  (q [R, H_kv, G, d], k_pool, v_pool, seq, row0, n_past, tab0, tables, scale)

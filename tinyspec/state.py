@@ -200,11 +200,13 @@ class RollbackRing:
 
         conv_states  [>= T, C, w-1] or None    where the conv writes its window after each token
         ssm_states   [>= T, n_v, K, V] or None where the scan writes the memory after each token
+        conv_out(state) -> [C, w-1] or None    where the conv writes the new window (None: a fresh array)
         memory_out(state) -> [n_v, K, V]       where the scan writes the new memory
         record(state, conv_inputs, scan_inputs)   called after the scan, while `state` still holds the
-                                               pre-pass conv window (and, unless memory_out returned
-                                               state.ssm, the pre-pass memory); the inputs are
-                                               (mixed [T, C], conv weight) and (q, k, v, log_decay, beta)
+                                               pre-pass conv window (unless conv_out returned state.conv)
+                                               and memory (unless memory_out returned state.ssm); the
+                                               inputs are (mixed [T, C], conv weight) and
+                                               (q, k, v, log_decay, beta)
     """
 
     def __init__(self, entries: int):
@@ -245,6 +247,9 @@ class SnapshotEntries:
 
     def __init__(self, conv_states: np.ndarray, ssm_states: np.ndarray):
         self.conv_states, self.ssm_states = conv_states, ssm_states  # [entries, C, w-1], [entries, n_v, K, V]
+
+    def conv_out(self, state: GDNState) -> np.ndarray:
+        return state.conv  # the new window overwrites the old in place: the entries hold the per-token copies
 
     def memory_out(self, state: GDNState) -> np.ndarray:
         return state.ssm  # the new memory overwrites the old in place: the entries hold the copies
@@ -295,15 +300,18 @@ class ReplayLog:
 
     spare [n_v, K, V]: the memory buffer not in the state. A pass scans state.ssm -> spare and the two
     swap, so after it `spare` holds the memory from before the pass (the base a replay starts from) and
-    is overwritten by the next pass. conv: the conv window before the pass (the conv returns a new one,
-    so the old array is simply kept); conv_inputs: (mixed [T, C], the conv weight), what the conv
-    consumed; scan_inputs: the pass's q, k, v, log_decay, beta ([T, ...] each). All references:
+    is overwritten by the next pass. conv: the conv window before the pass (conv_out is None, so the conv
+    writes a new array and the old one is simply kept); conv_inputs: (mixed [T, C], the conv weight), what
+    the conv consumed; scan_inputs: the pass's q, k, v, log_decay, beta ([T, ...] each). All references:
     recording copies nothing."""
 
     def __init__(self, shape, xp=np):
         self.conv_states = self.ssm_states = None  # nothing is written per token
         self.spare = zeros_aligned(shape, xp)
         self.conv, self.conv_inputs, self.scan_inputs = None, (), ()
+
+    def conv_out(self, state: GDNState) -> None:
+        return None  # the new window goes to a fresh array; state.conv stays the pre-pass window, record() keeps it
 
     def memory_out(self, state: GDNState) -> np.ndarray:
         return self.spare  # the new memory goes to the spare buffer; state.ssm stays the pre-pass memory
@@ -340,6 +348,7 @@ class ReplayRing(RollbackRing):
         for layer, log in zip(state.layers, self.log):
             if log is not None:  # the kept tokens' rows of each input; the outputs are thrown away
                 mixed, weight = log.conv_inputs
-                _, layer.conv = self.causal_conv(mixed[:n], log.conv, weight)
+                # in place: layer.conv is the window the pass made (conv_out was None), never log.conv, the base
+                _, layer.conv = self.causal_conv(mixed[:n], log.conv, weight, out=layer.conv)
                 _, layer.ssm = self.gdn_scan(*(a[:n] for a in log.scan_inputs), log.spare, out=layer.ssm)
         state.truncate_kv(keep)

@@ -1,7 +1,7 @@
 """Numba delta-rule scan: tinyspec.gdn.gdn_scan's contract, bit for bit, without NumPy's temporaries.
 
     gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None) -> (o [T, HV, V], state [HV, K, V])
-    causal_conv(x, conv_state, weight, states_out=None) -> (y [T, C], conv_state [C, w-1])  (tinyspec.gdn.causal_conv)
+    causal_conv(x, conv_state, weight, states_out=None, out=None) -> (y [T, C], conv_state [C, w-1])  (gdn.causal_conv)
 
 The oracle (tinyspec/gdn.py delta_rule_step) builds four [HV, K, V] temporaries per token (decay,
 S * k, the rank-1 update, S * q), 1 MB each at the Qwen3.5-0.8B shape (18 GDN layers, HV = 16,
@@ -242,22 +242,24 @@ def _causal_conv_ragged(x, bounds, states_at, weight, y, new_states, outs_at, ou
 _NO_CONV_STATES = np.empty((0, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
 
 
-def causal_conv(x, conv_state, weight, states_out=None):
+def causal_conv(x, conv_state, weight, states_out=None, out=None):
     """tinyspec.gdn.causal_conv bit for bit (each output sums its w rounded products in tap order, from
     +0.0), without NumPy's per-tap temporaries. At the 0.8B shape (C = 6144, w = 4) those temporaries were
     most of a NumPy call, and scalar Numba spent its time on strided weight and state reads, so the channels
     go 16 at a time as vectors (simd.conv4_16; docs/performance-log.md old 24 times the three).
-    causal_conv_ragged with one sequence."""
+    out: the oracle's contract (it may be conv_state itself). causal_conv_ragged with one sequence."""
     y, (new_state,) = causal_conv_ragged(x, np.array([0, x.shape[0]]), [conv_state], weight,
-                                         None if states_out is None else [states_out])
+                                         None if states_out is None else [states_out], None if out is None else [out])
     return y, new_state
 
 
-def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None):
+def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None, outs=None):
     # [R, C], [B+1], B x [C, w-1], [C, w] -> [R, C], B x [C, w-1]
     """tinyspec.gdn.causal_conv_ragged bit for bit: the conv of each sequence b over its rows bounds[b] ..
-    bounds[b+1]-1 from its own window conv_states[b], in one call; states_outs[b] as causal_conv's states_out
-    (None, or a list with None for a sequence that keeps none)."""
+    bounds[b+1]-1 from its own window conv_states[b], in one call; states_outs[b] / outs[b] as causal_conv's
+    states_out / out (None, or a list with None for a sequence that keeps none / takes a fresh array).
+    The kernel writes every new window into one fresh [B, C, w-1] array and only then is sequence b's copied
+    into outs[b]: so outs[b] may be conv_states[b] itself (in place), read by the kernel before the copy."""
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     x, weight = f32(x), f32(weight)
     conv_states = tuple(f32(s) for s in conv_states)
@@ -276,13 +278,22 @@ def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None):
                                or so.dtype != np.float32 or not so.flags.c_contiguous):
             raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, {C}, {w - 1}], "
                              f"got {so.dtype} {so.shape}")
+    outs = outs or [None] * B
+    for out in outs:
+        if out is not None and (out.shape != (C, w - 1) or out.dtype != np.float32 or not out.flags.c_contiguous
+                                or not out.flags.writeable):
+            raise ValueError(f"numba_gdn: causal_conv out must be a writeable C-contiguous float32 {(C, w - 1)}, "
+                             f"got {out.dtype} {out.shape}")
     keep = np.array([so is not None for so in states_outs], np.bool_)
     snaps = [_NO_CONV_STATES if so is None else so for so in states_outs]
     y = np.empty((R, C), np.float32)
     new_states = np.empty((B, C, w - 1), np.float32)  # sequence b's new window is new_states[b]
     _causal_conv_ragged(x, bounds, _addresses(conv_states), weight, y, new_states, _addresses(snaps),
                         np.array([so.shape[0] for so in snaps], np.int64), keep)
-    return y, list(new_states)
+    for new, out in zip(new_states, outs):  # after the kernel: an out that is its conv_state was read already
+        if out is not None:
+            np.copyto(out, new)
+    return y, [new if out is None else out for new, out in zip(new_states, outs)]
 
 
 kernel_cache.sync(_scan_ragged)  # cached kernels compiled from older sources (simd.py) are dropped
