@@ -115,7 +115,8 @@ def test_what_is_not_a_device_pass_runs_the_host_path(cuda):
     model = cuda_model()
     passes = model.kernels.device_pass
     a, b = model.new_state(), model.new_state()
-    assert passes(model.cfg, [np.array([1]), np.array([2])], [a, b], np.array([0, 1, 2]), [None, None], True) is None
+    assert passes(model.cfg, [np.array([1]), np.array([2])], [a.layers, b.layers], np.array([0, 1, 2]), [None, None],
+                  True) is None
     assert all(layer.n == 0 for s in (a, b) for layer in s.layers if hasattr(layer, "n"))  # nothing claimed
     prompt = list(range(1, 40))
     assert generate(model, prompt, 6, chunked_prefill=True).tokens == oracle_tokens(prompt, 6, chunked_prefill=True)

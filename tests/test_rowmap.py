@@ -68,7 +68,7 @@ def test_claim_of_one_sequence_with_its_own_cache(models):
     host, _ = models
     state = host.new_state()
     host.forward(np.arange(1, 61), state)  # 60 positions in a cache of capacity 64
-    tables, n_pasts, block_size, n_blocks = rowmap.claim([state], np.array([0, 9]))
+    tables, n_pasts, block_size, n_blocks = rowmap.claim([state.layers], np.array([0, 9]))
     kv = [layer for layer in state.layers if hasattr(layer, "k")]
     assert n_pasts == [60] and n_blocks == 1 and [t.tolist() for t in tables] == [[0]]
     assert all(c.n == 69 and c.k.shape[0] == 128 for c in kv) and block_size == 128  # grown, then claimed
@@ -78,15 +78,15 @@ def test_claim_of_one_sequence_with_its_own_cache(models):
 def test_claim_refuses_what_one_map_cannot_say_and_claims_nothing(models):
     host, _ = models
     a, b = host.new_state(), host.new_state()
-    assert rowmap.claim([a, b], np.array([0, 1, 2])) is None  # two caches of their own: two sets of arrays
+    assert rowmap.claim([a.layers, b.layers], np.array([0, 1, 2])) is None  # two caches of their own: two sets of arrays
     assert all(layer.n == 0 for s in (a, b) for layer in s.layers if hasattr(layer, "n"))
     pool = BlockPool(host.cfg, 16, block_size=4)
     paged = [host.new_state(pool) for _ in range(2)]
-    tables, n_pasts, block_size, n_blocks = rowmap.claim(paged, np.array([0, 3, 8]))
+    tables, n_pasts, block_size, n_blocks = rowmap.claim([s.layers for s in paged], np.array([0, 3, 8]))
     assert (n_pasts, block_size, n_blocks) == ([0, 0], 4, 16) and [len(t) for t in tables] == [1, 2]
     assert len(set(tables[0].tolist() + tables[1].tolist())) == 3  # each sequence its own blocks
     other = BlockPool(host.cfg, 16, block_size=4)
-    assert rowmap.claim([paged[0], host.new_state(other)], np.array([0, 1, 2])) is None  # two pools
+    assert rowmap.claim([paged[0].layers, host.new_state(other).layers], np.array([0, 1, 2])) is None  # two pools
 
 
 # ------------------------------------------------------------------------------------------ 3. the device path's bits

@@ -34,12 +34,14 @@ by following an argument, not by searching for who patched what.
     attend_rows   attention.attend_rows  (q [R, H_kv, G, d], k_pool, v_pool, seq, row0, n_past, tab0, tables, scale)
                                          -> o: attend_paged_ragged with every length and block id read from a
                                          pass's row map (rowmap.py), where the model computes
-    device_pass   no_device_pass         (cfg, tokens, states, bounds, rings, logits) -> None (the layers run the host
+    device_pass   no_device_pass         (cfg, tokens, layers, bounds, rings, logits) -> None (the layers run the host
                                          path, as the oracle and cpu do), or a pass that reads its rows from one map
                                          made and uploaded once, with the KV rows claimed on the host first
-                                         (rowmap.claim): its run(fn) returns fn(rows) (rowmap.RowViews), computed
-                                         or replayed (the cuda backend's: fast/cuda_pass.py, a CUDA graph per
-                                         shape and buffers); Model.forward_batch hands it its layer loop
+                                         (rowmap.claim; layers[b]: sequence b's layer states): its run(fn, *inputs)
+                                         returns fn(rows, *inputs) (rows: rowmap.RowViews; inputs: device arrays
+                                         the pass reads), computed or replayed (the cuda backend's:
+                                         fast/cuda_pass.py, a CUDA graph per shape and buffers). Model.forward_batch
+                                         and MTPHead.forward_batch hand it their layers
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
     route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
                                          ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
@@ -108,7 +110,7 @@ def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, i
     return out
 
 
-def no_device_pass(cfg, tokens, states, bounds, rings, logits) -> None:
+def no_device_pass(cfg, tokens, layers, bounds, rings, logits) -> None:
     """The oracle's Kernels.device_pass: none. Its layers read positions and lengths from the caches on the host."""
     return None
 

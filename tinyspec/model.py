@@ -243,7 +243,7 @@ class Model:
         self.n_forward_tokens += int(bounds[-1])
         # a device pass (the cuda backend's): one row map for every layer, its KV rows claimed now, the layer
         # loop computed or replayed from a CUDA graph (kernels.py); None: the host path
-        device = None if chunked else kern.device_pass(cfg, tokens, states, bounds, rings, logits)
+        device = None if chunked else kern.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
         if device is None:
             x = join_rows([kern.to_device(self.embed(t)) for t in tokens])  # [R, D], where the model computes
             out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import attention_layer_ragged
-from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, embed_rows, ffn
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, check_ids, embed_rows, ffn
+from .ops import join_rows
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
 from .paged import BlockPool, PagedKVCache, ViewTable
@@ -74,25 +75,43 @@ class MTPHead:
         tokens[b] are host ids or device ids (a greedy draft's argmax: model.embed_rows); hidden_prev rows may be
         host or device arrays (the target's, where it left them); to_host=False leaves logits and h_mtp where
         the head computes, as Model.forward does."""
-        cfg, w, kern = self.cfg, self.w, self.model.kernels
+        cfg, kern = self.cfg, self.model.kernels
         sizes = [len(t) for t in tokens]
         for n, h in zip(sizes, hidden_prev):
             if h.shape != (n, cfg.n_embd):
                 raise ValueError(f"hidden_prev has shape {h.shape}, expected {(n, cfg.n_embd)}")
+        xp = kern.xp
+        # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
+        tokens = [t if xp is not np and isinstance(t, xp.ndarray) else check_ids(t, cfg.n_vocab) for t in tokens]
         bounds = np.cumsum([0] + sizes)
-        hidden_prev = np.concatenate([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
-        rows = [kern.to_device(embed_rows(self.embed_tokens, t, cfg.n_vocab, kern.xp)) for t in tokens]  # [T_b, D]
-        e = kern.rms_norm(np.concatenate(rows), w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
-        h = kern.rms_norm(hidden_prev, w["nextn.hnorm.weight"], cfg.rms_eps)
-        y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
-        y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
-                                       kern)
-        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
-        h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
-        out = kern.linear(h_mtp, self.head) if logits else None  # [R, N]
+        hidden_prev = join_rows([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
+        # a device pass (the cuda backend's): the block reads its rows from one map, replayed from a CUDA graph
+        # (kernels.py, Kernels.device_pass); None: the host path
+        device = kern.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits)
+        if device is None:
+            e = join_rows([kern.to_device(embed_rows(self.embed_tokens, t, cfg.n_vocab, xp)) for t in tokens])
+            out, h_mtp = self.block(e, hidden_prev, caches, bounds, None, logits)
+        else:
+            out, h_mtp = device.run(lambda rows, h_prev: self.block(self.embed_tokens[rows.ids], h_prev, caches,
+                                                                    bounds, rows, logits), hidden_prev)
         if to_host:
             out, h_mtp = (kern.to_host(out) if out is not None else None), kern.to_host(h_mtp)
         return out, h_mtp, bounds
+
+    def block(self, e, hidden_prev, caches: list, bounds: np.ndarray, rows=None,
+              logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+        """forward_batch's device work: the token rows e [R, D] and hidden_prev [R, D] through the block ->
+        (logits [R, N] or None, h_mtp [R, D]) where the head computes. rows: a device pass's row map
+        (rowmap.RowViews) for the attention, or None (it reads the caches' lengths on the host)."""
+        cfg, w, kern = self.cfg, self.w, self.model.kernels
+        e = kern.rms_norm(e, w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
+        h = kern.rms_norm(hidden_prev, w["nextn.hnorm.weight"], cfg.rms_eps)
+        y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
+        y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
+                                       kern, rows)
+        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
+        h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
+        return (kern.linear(h_mtp, self.head) if logits else None), h_mtp  # [R, N]
 
     def draft_pass(self, asks: list["HeadPass"]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The head passes several drafting sequences asked for (MTPDrafter.drafting), made as one: each ask's

@@ -152,50 +152,52 @@ def pack(ids: np.ndarray, tables: list, n_pasts: list, bounds: np.ndarray, block
     return layout, buf
 
 
-def claim(states: list, bounds: np.ndarray) -> tuple | None:
-    """The KV rows a device pass of these sequences will write (sequence b: bounds[b+1] - bounds[b] rows), claimed
-    on the host before the pass runs (every attention cache: room made, blocks reserved and checked writable,
-    n advanced: KVCache.claim, PagedKVCache.claim), so the pass itself changes nothing on the host.
+def claim(layers: list, bounds: np.ndarray) -> tuple | None:
+    """The KV rows a device pass will write, claimed on the host before it runs. layers[b]: sequence b's layer
+    states (ModelState.layers: GDNState, KVCache or PagedKVCache; the MTP head's: its one cache), its rows
+    bounds[b] .. bounds[b+1]-1. Every attention cache gets room (KVCache.claim, PagedKVCache.claim: blocks
+    reserved and checked writable) and its n advanced, so the pass itself changes nothing on the host.
     -> (tables, n_pasts, block_size, n_blocks) for pack, or None, claiming nothing, when one map cannot say where
-    every row goes: one sequence with a cache of its own (one block: its capacity), or sequences whose caches
-    share one pool's arrays through block tables of the pool's own model (paged.BlockTable); not several
-    sequences each with its own arrays, nor another model's views of a pool (paged.ViewTable: ids per layer)."""
-    layers = [i for i, layer in enumerate(states[0].layers) if isinstance(layer, (KVCache, PagedKVCache))]
-    if not layers:
+    every row goes. It can for one sequence whose caches are its own (one block: the capacity), and for sequences
+    whose caches share one pool's arrays layer by layer through one table each: the pool's own model's
+    (paged.BlockTable: the same ids for every layer) or another model's one attention layer (a paged.ViewTable
+    of one layer: the MTP head's). Not for several sequences each with arrays of its own, nor a view of several
+    layers (paged.ViewTable: ids per layer, a draft model's in a pool), nor caches whose lengths disagree."""
+    caches = [[c for c in seq if isinstance(c, (KVCache, PagedKVCache))] for seq in layers]  # [B][L_attn]
+    if not caches[0] or any(len(seq) != len(caches[0]) for seq in caches):
         return None
-    caches = [[s.layers[i] for s in states] for i in layers]  # [L_attn][B]
-    flat = [c for per_layer in caches for c in per_layer]
-    contiguous = all(type(c) is KVCache for c in flat) and len(states) == 1
-    paged = all(type(c) is PagedKVCache and type(c.table) is BlockTable for c in flat) \
-        and all(PagedKVCache.one_pool(per_layer) for per_layer in caches)
-    if not (contiguous or paged) or any(c.n != s.pos for per in caches for c, s in zip(per, states)):
+    flat = [c for seq in caches for c in seq]
+    contiguous = all(type(c) is KVCache for c in flat) and len(layers) == 1
+    paged = all(type(c) is PagedKVCache and (type(c.table) is BlockTable or len(c.table.ordinal) == 1)
+                for c in flat) and all(PagedKVCache.one_pool(list(per_layer)) for per_layer in zip(*caches))
+    n_pasts = [seq[0].n for seq in caches]
+    if not (contiguous or paged) or any(c.n != n for seq, n in zip(caches, n_pasts) for c in seq):
         return None
-    n_pasts = [s.pos for s in states]
-    for per_layer in caches:
-        for c, T in zip(per_layer, np.diff(bounds)):
+    for seq, T in zip(caches, np.diff(bounds)):
+        for c in seq:
             c.claim(int(T))
-    first = caches[0]
+    first = caches[0][0]
     if contiguous:
-        return [np.zeros(1, np.int64)], n_pasts, first[0].k.shape[0], 1
-    return [c.ids() for c in first], n_pasts, first[0].table.block_size, first[0].k_pool.shape[0]
+        return [np.zeros(1, np.int64)], n_pasts, first.k.shape[0], 1
+    return [seq[0].ids() for seq in caches], n_pasts, first.table.block_size, first.k_pool.shape[0]
 
 
 @dataclass(frozen=True)
 class MappedPass:
-    """A device pass whose map stays where it was built (host_pass): run(fn) is fn(rows)."""
+    """A device pass whose map stays where it was built (host_pass): run(fn, *inputs) is fn(rows, *inputs)."""
 
     rows: RowViews
 
-    def run(self, fn):
-        return fn(self.rows)
+    def run(self, fn, *inputs):
+        return fn(self.rows, *inputs)
 
 
-def host_pass(cfg, tokens: list, states: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
+def host_pass(cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
     """Kernels.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
     (fast/cuda_pass.py) without the upload or the graph. Its use: the oracle's layers run the device path's code
     (attention.attend_rows_own, the map's rope angles) and must give the host path's bits (tests/test_rowmap.py).
     tokens: host ids only (the oracle's device is the host)."""
-    claimed = claim(states, bounds)
+    claimed = claim(layers, bounds)
     if claimed is None:
         return None
     tables, n_pasts, block_size, n_blocks = claimed

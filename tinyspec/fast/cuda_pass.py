@@ -57,11 +57,12 @@ from .cuda_graphs import GraphedCall
 MAX_GRAPHS = 64  # forward-pass graphs kept (the least recently replayed is dropped first)
 
 
-def state_arrays(states: list, rings: list) -> list:
-    """Every device array a pass over these states reads or writes in place (what its graph bakes in)."""
+def state_arrays(layers: list, rings: list) -> list:
+    """Every device array a pass over these sequences' layer states reads or writes in place (what its graph bakes
+    in): GDN windows and memories, KV caches or pool arrays, the rings' per-token buffers."""
     out = []
-    for s in states:
-        for layer in s.layers:
+    for seq in layers:
+        for layer in seq:
             if isinstance(layer, GDNState):
                 out += [layer.conv, layer.ssm]
             elif isinstance(layer, KVCache):
@@ -83,16 +84,18 @@ class DevicePass:
     key: tuple | None
     keep: tuple
 
-    def run(self, fn: Callable):
-        """fn(rows) -> (logits or None, hidden): computed, or replayed from the key's graph (outputs copied out)."""
+    def run(self, fn: Callable, *inputs):
+        """fn(rows, *inputs) -> (logits or None, hidden): computed, or replayed from the graph of the key and the
+        inputs' shapes (inputs: device arrays, copied into the graph's own buffers; outputs copied out)."""
         if self.key is None:
-            return fn(self.rows)
-        out = self.passes.graphs.run(self.key, lambda: fn(self.rows), keep=self.keep)
+            return fn(self.rows, *inputs)
+        key = self.key + tuple((a.shape, str(a.dtype)) for a in inputs)
+        out = self.passes.graphs.run(key, lambda *static: fn(self.rows, *static), inputs, keep=self.keep)
         return tuple(None if a is None else a.copy() for a in out)
 
 
 class DevicePasses:
-    """Kernels.device_pass for CuPy (module docstring): (cfg, tokens, states, bounds, rings, logits) -> a DevicePass,
+    """Kernels.device_pass for CuPy (module docstring): (cfg, tokens, layers, bounds, rings, logits) -> a DevicePass,
     or None for the host path. graphs=False: the same device passes, never captured. check: GraphedCall's
     check (tests: fake_cupy.check_replay)."""
 
@@ -102,12 +105,12 @@ class DevicePasses:
                                   max_graphs=MAX_GRAPHS if max_graphs is None else max_graphs)
         self.buffers: OrderedDict[rowmap.PassMap, object] = OrderedDict()  # a map's size -> its device buffer
 
-    def __call__(self, cfg, tokens: list, states: list, bounds: np.ndarray, rings: list, logits: bool):
+    def __call__(self, cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool):
         cp = self.cp
         G, d = cfg.n_head // cfg.n_head_kv, cfg.head_dim
         if shared_bytes(G, d) > MAX_SHARED or G * d > MAX_GD:
             return None  # the attention kernel declines this head: the host path's oracle computes it
-        claimed = rowmap.claim(states, bounds)  # the KV rows, claimed on the host (None: claims nothing)
+        claimed = rowmap.claim(layers, bounds)  # the KV rows, claimed on the host (None: claims nothing)
         if claimed is None:
             return None
         tables, n_pasts, block_size, n_blocks = claimed
@@ -122,7 +125,7 @@ class DevicePasses:
                 rows.ids[lo:hi] = t.reshape(-1)
         if not (self.graphs.enabled and all(r is None or isinstance(r, SnapshotRing) for r in rings)):
             return DevicePass(self, rows, None, ())
-        arrays = state_arrays(states, rings)
+        arrays = state_arrays(layers, rings)
         key = (layout, tuple(int(b) for b in bounds), bool(logits), tuple(id(a) for a in arrays))
         return DevicePass(self, rows, key, tuple(arrays))
 
