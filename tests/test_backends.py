@@ -283,6 +283,8 @@ def test_cuda_greedy_rule_graphs_are_captured(files):
     counts = target.kernels.graph_counts()
     assert str((((4, target.cfg.n_vocab), "float32"), ((3,), "int64"))) in counts["shapes"], counts
     assert counts["failed"] == 0 and counts["replays"] > 0, counts
+    forward = counts["by_use"]["forward"]  # issue 35, item 5: the forward passes, the verify shape among them
+    assert any(s.startswith("(PassMap(R=4, B=1,") for s in forward["shapes"]) and forward["replays"] > 0, forward
 
 
 @needs_cuda

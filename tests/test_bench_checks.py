@@ -44,7 +44,10 @@ def test_a_failed_graph_capture_is_named():
     the report's "graphs" counts say so and checks() makes it a CHECK line with the reason."""
     ok = {"captured": 2, "failed": 0, "replays": 40, "plain": 2, "shapes": ["a", "b"], "reasons": {}}
     assert checks(report(graphs=ok)) == []
-    assert "2 shapes captured, 0 failed, 40 replays" in report_text(report(graphs=ok) | {"checks": []})
+    assert "2 captured, 0 failed, 40 replays" in report_text(report(graphs=ok) | {"checks": []})
+    by_use = ok | {"by_use": {"rule": ok, "forward": ok | {"captured": 5}}}  # each use on its own line
+    text = report_text(report(graphs=by_use) | {"checks": []})
+    assert "rule    2 captured" in text and "forward 5 captured" in text
     failed = ok | {"failed": 1, "reasons": {"((4, 8), 'float32')": "RuntimeError: a sync"}}
     [found] = checks(report(graphs=failed))
     assert "1 CUDA graph capture(s) failed" in found and "a sync" in found

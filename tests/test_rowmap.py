@@ -78,7 +78,7 @@ def test_claim_of_one_sequence_with_its_own_cache(models):
 def test_claim_refuses_what_one_map_cannot_say_and_claims_nothing(models):
     host, _ = models
     a, b = host.new_state(), host.new_state()
-    assert rowmap.claim([a.layers, b.layers], np.array([0, 1, 2])) is None  # two caches of their own: two sets of arrays
+    assert rowmap.claim([a.layers, b.layers], np.array([0, 1, 2])) is None  # two caches, two sets of arrays
     assert all(layer.n == 0 for s in (a, b) for layer in s.layers if hasattr(layer, "n"))
     pool = BlockPool(host.cfg, 16, block_size=4)
     paged = [host.new_state(pool) for _ in range(2)]

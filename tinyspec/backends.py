@@ -27,7 +27,9 @@
             layer routes and groups its rows on the device (fast/cuda_moe.py, Kernels.route_experts: no
             sync per layer) and multiplies every chosen expert of a projection in one grouped launch reading
             the device offsets (cuda_ops.bind_experts); an expert tensor of a type the kernels do not read
-            is a PackedExperts over its float32 bytes.
+            is a PackedExperts over its float32 bytes. A forward pass (the trunk's, the MTP head's) is a
+            device pass (fast/cuda_pass.py, Kernels.device_pass): one row map uploaded, the KV rows claimed on
+            the host, the layer loop replayed from a CUDA graph per shape and state.
 
 A backend is two things, both built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):

@@ -111,7 +111,8 @@ def embed_rows(weight, tokens, n_vocab: int, xp=np) -> np.ndarray:  # [T] ids ->
 
 
 def check_ids(tokens, n_vocab: int) -> np.ndarray:
-    """Host token ids as a [T] int64 array, T >= 1, each in 0 .. n_vocab-1; else a ValueError naming the first bad one."""
+    """Host token ids as a [T] int64 array, T >= 1, each in 0 .. n_vocab-1; else a ValueError naming the first
+    bad one."""
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {tokens.shape}")

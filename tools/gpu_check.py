@@ -278,7 +278,8 @@ def parity(quick: bool, max_new: int) -> dict:
                                               "want": want[i], "got": seq.tokens, "error": seq.error})
         out["graphs"][f"graphs_{'on' if graphs else 'off'}"] = m.kernels.graph_counts()
     on = out["graphs"]["graphs_on"]
-    out["ok"] = not out["mismatches"] and on["captured"] > 0 and not on["failed"]
+    forward = on.get("by_use", {}).get("forward", {})  # the forward passes' graphs (fast/cuda_pass.py)
+    out["ok"] = not out["mismatches"] and on["captured"] > 0 and not on["failed"] and forward.get("captured", 0) > 0
     return out
 
 

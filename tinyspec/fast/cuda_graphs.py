@@ -42,11 +42,12 @@ Captured today (two users, each its own GraphedCall; Kernels.graph_counts report
              angles, KV rows and attention's lengths and tables from the pass's row map (rowmap.py), uploaded
              once into a buffer kept per map size; the KV rows are claimed on the host first, the conv window,
              the scan's memory and the KV rows are written in place, so the layer loop changes nothing on the
-             host and replays right. One graph per (map size, bounds, logits, the states' arrays); through the
-             fake, a plain decode step went from 161 launches to 5 (tests/test_cuda_pass.py)
-Not captured (each runs as plain launches, correct): the MTP head's and a pool's draft-model passes (their
-caches are views of a pool, paged.ViewTable: block ids per layer) and the MTP head's own forward; a pass whose
-ring replays (state.ReplayRing swaps its buffers); a chunked prefill; the sampled rule (the laws go to the host).
+             host and replays right. One graph per (map size, bounds, logits, the states' arrays), the MTP
+             head's passes too; through the fake, a plain decode step went from 161 launches to 5, a greedy MTP
+             step of k = 3 from 315 to 97 (tests/test_cuda_pass.py)
+Not captured (each runs as plain launches, correct): a draft model's passes in a pool (its caches are a view of
+the pool with block ids per layer, paged.ViewTable; alone, its passes are captured); a pass whose ring replays
+(state.ReplayRing swaps its buffers); a chunked prefill; the sampled rule (the laws go to the host).
 tests/test_cuda_syncs.py runs graphs on and off through the fake CuPy's capture emulation (tests/fake_cupy.py):
 the same tokens, the verify shape captured and none failed, no sync inside a capture, and every replay checked
 for a changed host scalar. What it cannot tell: the time saved, and whether a real card captures (on a GPU:

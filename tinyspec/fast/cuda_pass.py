@@ -30,10 +30,11 @@ A pass whose rings replay (state.ReplayRing swaps its buffers each pass) runs th
 graph. Outputs (logits, hidden) are copied out of the graph's buffers, so a caller may keep them past the next
 replay (the MTP drafter keeps hidden rows).
 
-What is not a device pass (Kernels.device_pass returns None, and the layers run the host path): a chunked
-prefill; several sequences each with a cache of its own; another model's layers in a pool (paged.ViewTable:
-ids per layer, the draft model in the batch engine; the MTP head's own forward); a head too wide for the
-attention kernel (cuda_attention.MAX_GD).
+The MTP head's passes are device passes too (MTPHead.forward_batch hands its block and its one cache; the
+hidden rows it reads are an input, copied into the graph's own buffer). What is not a device pass
+(Kernels.device_pass returns None, and the layers run the host path): a chunked prefill; several sequences each
+with a cache of its own; another model's several layers in a pool (paged.ViewTable: ids per layer, a draft model
+in the batch engine); a head too wide for the attention kernel (cuda_attention.MAX_GD).
 
 UNTESTED ON A GPU: written on a machine without one. tests/test_cuda_pass.py runs it through the fake CuPy
 (tests/fake_cupy.py), whose capture emulation replays the recorded work and, with check_replay, refuses a host

@@ -1,0 +1,77 @@
+"""Count what a steady-state step of the cuda backend asks of the host, on the CPU: syncs, uploads and launches per
+step, graphs off and on, for plain decoding and each drafter, through the fake CuPy (tests/fake_cupy.py).
+
+    python tools/count_cuda_steps.py            # a table
+    python tools/count_cuda_steps.py --json     # the same figures as JSON
+
+The model is the tests' random tiny qwen35 (tests/test_backends.py write_quantized: 4 trunk layers, one of them
+attention; a 2-layer draft model), the prompt and k = 3 are tests/test_cuda_syncs.py's, and a step is the span
+between two emits after the first two (test_cuda_syncs.count_steps). These are counts, not times: what a launch
+costs on a card is what tools/gpu_check.py measures there. LESSONS 26 quotes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+KINDS = ("plain", "lookup", "mtp", "draft")
+
+
+def count(kinds=KINDS) -> dict:
+    import pytest
+
+    import fake_cupy
+    from test_backends import write_quantized
+    from test_cuda_syncs import DRAFTERS, count_steps
+    from tinyspec import backends
+    from tinyspec.backends import load_model
+
+    patch = pytest.MonkeyPatch()
+    fake_cupy.install(patch)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="tinyspec-counts-"))
+        write_quantized(folder / "target.gguf", seed=1)
+        write_quantized(folder / "draft.gguf", seed=2, n_trunk=2, interval=2, mtp=False)
+        loaded = load_model(folder / "target.gguf", "cuda")
+        out = {}
+        for kind in kinds:
+            for graphs in (False, True):
+                model = loaded.with_kernels(backends.cuda_kernels(graphs=graphs))
+                drafter = None if kind == "plain" else DRAFTERS[kind](model, folder)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    steps, _ = count_steps(model, drafter)
+                n = len(steps)
+                out[f"{kind}, graphs {'on' if graphs else 'off'}"] = {
+                    "steps": n, "syncs": sum(s.syncs for s in steps) / n,
+                    "uploads": sum(s.uploads for s in steps) / n, "launches": sum(s.launches for s in steps) / n}
+        return out
+    finally:
+        patch.undo()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    out = count()
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"{'per steady-state step':24s} {'syncs':>6s} {'uploads':>8s} {'launches':>9s}")
+        for name, c in out.items():
+            print(f"{name:24s} {c['syncs']:6.1f} {c['uploads']:8.1f} {c['launches']:9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
