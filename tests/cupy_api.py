@@ -185,6 +185,7 @@ NDARRAY_METHODS = {
     "tolist": "",
     "tobytes": "order='C'",
     "get": "stream=None, order='C', out=None, blocking=True",
+    "set": "arr, stream=None",
 }
 # dev.<attribute>: core.pxd (readonly size, dtype) and core.pyx's properties
 NDARRAY_ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "size", "nbytes", "strides", "itemsize", "flags", "T",

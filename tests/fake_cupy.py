@@ -10,7 +10,11 @@ refuses them the same way, so a leak fails here, in CI, and not first on somebod
                                                                  NumPy array is not allowed")
     dev + host, np.add(dev, host), np.concatenate([dev, host])  TypeError (CuPy: "Unsupported type")
     float(dev0d), int(...), bool(...), dev.item(), dev.tolist() allowed (CuPy syncs and copies)
-    dev[...] = host                                              allowed (CuPy uploads the value)
+    dev[idx] = host array                                        allowed under an index array (CuPy converts
+                                                                 the value: an upload); under a basic index
+                                                                 ValueError, as CuPy's fill ("non-scalar
+                                                                 numpy.ndarray cannot be used for fill")
+    dev.set(host)                                                allowed (the explicit upload)
     cupy.asarray(host), cupy.asnumpy(dev), dev.get()             the explicit copies
     x[:dev0d], range(dev0d), operator.index(dev0d)              TypeError (CuPy's ndarray has no __index__;
                                                                  int(dev0d) first: a sync, and visibly one)
@@ -414,8 +418,13 @@ class ndarray(NDArrayOperatorsMixin):
         return _wrap(_run(lambda: self._a[raw], makes=True, inputs=(self._a,), what="ndarray[]", scalars=_scalars(raw)))
 
     def __setitem__(self, key, value):
+        parts = key if isinstance(key, tuple) else (key,)
+        advanced = any(isinstance(p, (np.ndarray, ndarray, list)) for p in parts)
+        if isinstance(value, np.ndarray) and value.ndim and not advanced:  # CuPy's _scatter_op: y.fill(value)
+            raise ValueError("fake cupy: non-scalar numpy.ndarray cannot be used for fill (CuPy refuses dev[...] = "
+                             "host array under a basic index: use dev.set(host) or cupy.asarray(host))")
         raw_key = _index(key)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray):  # under an index array CuPy converts the value (core.array): an upload
             _transfer("upload", value.nbytes, "dev[...] = host array")
         raw_value = _unwrap(value, strict=False)
         _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False, what="ndarray[]=",
@@ -460,6 +469,20 @@ class ndarray(NDArrayOperatorsMixin):
 
     def get(self):
         return self._fetch(".get()").copy()
+
+    def set(self, arr, stream=None):
+        """CuPy's ndarray.set: a host array of the same dtype and shape copied in (an upload)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError("Shape mismatch")
+        if not self._a.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")
+        _transfer("upload", arr.nbytes, "dev.set(host array)")
+        a = np.array(arr)
+        _run(lambda: np.copyto(self._a, a), makes=False, what="ndarray.set")
 
     def __repr__(self):
         return f"fake_cupy.ndarray({self._a!r})"

@@ -163,7 +163,7 @@ def test_a_graph_replays_the_kernel_with_the_lengths_in_device_memory(cuda, rng)
     for tables, n_pasts in steps:
         new_map = row_map(tables, n_pasts, bounds, BS, N_BLOCKS)[0]
         assert new_map.shape == host_map.shape
-        buf[...] = new_map  # an upload, outside the capture
+        buf.set(new_map)  # an upload, outside the capture
         fake_cupy.check_replay(graph, rerun)  # the new lengths are data: no host scalar the graph baked in changed
         graph.launch(stream)
         want = attention.attend_paged_ragged(fake_cupy.asnumpy(q), k_pool, v_pool, tables, n_pasts, bounds, SCALE)

@@ -55,6 +55,14 @@ def test_the_stand_in_refuses_what_cupy_refuses():
         with pytest.raises(TypeError, match="host/device leak"):
             leak()
     assert on_device(dev * np.float32(2)) and float(np.sum(dev)) == 3.0 and fake_cupy.asnumpy(dev).sum() == 3
+    with pytest.raises(ValueError, match="non-scalar numpy.ndarray cannot be used for fill"):
+        dev[...] = host  # CuPy fills a basic index: only a scalar may come from the host
+    dev[...] = np.float32(2)  # a scalar is a fill
+    dev[np.array([0, 2])] = np.array([5, 6], np.float32)  # under an index array CuPy uploads the value
+    dev.set(np.arange(3, dtype=np.float32))  # the explicit upload
+    assert fake_cupy.asnumpy(dev).tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="cannot be set"):
+        dev.set(np.zeros(3))  # float64: CuPy's set refuses another dtype
 
 
 def test_model_lives_on_the_device_and_matches_the_oracle(files, cuda):

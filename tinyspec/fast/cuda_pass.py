@@ -119,7 +119,7 @@ class DevicePasses:
         host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
         layout, host = rowmap.pack(host_ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
         buf = self._buffer(layout)
-        buf[...] = host  # the pass's one upload
+        buf.set(host)  # the pass's one upload (CuPy refuses buf[...] = host: a non-scalar fill)
         rows = layout.views(buf)
         for t, dev, lo, hi in zip(tokens, on_device, bounds[:-1], bounds[1:]):
             if dev:  # a drafter's argmax ids, where they were made: a device-to-device copy
