@@ -270,6 +270,7 @@ def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
     (["--synth-acceptance", "1.5"], "must be in [0, 1]"),
     (["--verify-sizes", "2,4"], "include 1"),
     (["--backend", "cuda"], "cuda backend needs cupy"),
+    (["--backend", "numpy", "--graphs", "off"], "only the cuda backend captures CUDA graphs"),
 ])
 def test_bench_bad_input_exit_2(tiny_model, capsys, args, message):
     from tinyspec.backends import cuda_available

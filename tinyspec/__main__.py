@@ -586,11 +586,7 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--prompt-len must be >= 1, got {args.prompt_len}")
     check_prompt_args(args, required=False)  # no prompt: random ids
     model, tokenizer = load_model(args.model, args.backend)
-    if args.graphs == "off":  # the same backend, every launch plain (to see what the CUDA graphs save)
-        if model.backend != "cuda":
-            raise ValueError("--graphs off: only the cuda backend captures CUDA graphs")
-        from .backends import cuda_kernels
-        model = model.with_kernels(cuda_kernels(graphs=False))
+    model = with_graphs(model, args.graphs)
     if args.tokens is not None or args.prompt is not None:
         tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     else:  # random ids: the timings do not depend on what the tokens say
@@ -668,12 +664,24 @@ def cmd_bench_serving(args) -> int:
                   block_size=defaults.block_size if args.block_size is None else args.block_size,
                   kv_blocks=args.kv_blocks, drafter=drafters[0] if drafters else None, draft_n=args.draft_n)
     sc.check(n_ctx=sys.maxsize)  # the flags, before a long load; the context after it
-    model, _ = load_model(args.model, args.backend)
+    model = with_graphs(load_model(args.model, args.backend)[0], args.graphs)
     if sc.drafter == "mtp" and not model.cfg.n_nextn:
         raise ValueError("--spec mtp: this model has no MTP head")
     report = serving(model, sc, args.spec_repeats, say=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else serving_text(report))
     return 0
+
+
+def with_graphs(model, graphs: str):
+    """bench --graphs: "on" keeps the model as loaded; "off" gives the cuda backend's kernels with every launch plain
+    (no CUDA graph captured), to measure what the graphs save. Only the cuda backend captures any."""
+    if graphs == "on":
+        return model
+    if model.backend != "cuda":
+        raise ValueError("--graphs off: only the cuda backend captures CUDA graphs")
+    from .backends import cuda_kernels
+
+    return model.with_kernels(cuda_kernels(graphs=False))
 
 
 def parse_slot_counts(text: str) -> tuple[int, ...]:
