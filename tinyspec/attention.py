@@ -131,8 +131,8 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
         q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
         o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
     else:
-        q, k = norm_rope_rows(q, k, rows, w, cfg, kern)
-        o = attend_rows_own(q, k, v, caches, rows, cfg, kern)
+        q, k = norm_rope_rows(q, k, rows, w, cfg, kern)  # 2. q/k norm, rope with the map's angles
+        o = attend_rows_own(q, k, v, caches, rows, cfg, kern)  # 3. into the pool at the map's rows, attention
     return output(o, gate, w, kern)  # 4. gate and out projection
 
 

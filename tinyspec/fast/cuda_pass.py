@@ -1,10 +1,11 @@
 """The whole forward pass on the GPU from one row map, replayed from a CUDA graph: the cuda backend's
 Kernels.device_pass (issue 35, item 5).
 
-A verify pass of the 0.8B shape is some 700 launches (24 layers of projections, norms, the conv, the scan,
-attention, the FFN) and until now each attention layer also uploaded its own positions, rope angles and row
-map. At decode sizes the host's Python and driver time per launch, not the GPU, sets the pace. So a pass is
-split in two, the host's part first:
+A forward pass is hundreds of launches (the tests' 4-layer model: 161 a decode step, counted through the fake by
+tools/count_cuda_steps.py; the 0.8B shape has 24 layers of projections, norms, the conv, the scan, attention and
+the FFN), and until now each attention layer also uploaded its own positions, rope angles and row map. At decode
+sizes the host's Python and driver time per launch, not the GPU, sets the pace. So a pass is split in two, the
+host's part first:
 
     host    check the host ids (model.check_ids); claim the KV rows the pass writes (rowmap.claim: room made,
             blocks reserved, each cache's n advanced); build the pass's row map (rowmap.pack: ids, KV rows,
