@@ -120,7 +120,10 @@ class DevicePasses:
         host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
         layout, host = rowmap.pack(host_ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
         buf = self._buffer(layout)
-        buf.set(host)  # the pass's one upload (CuPy refuses buf[...] = host: a non-scalar fill)
+        # the pass's one upload, on the current stream (CuPy refuses buf[...] = host: a non-scalar fill). Given a
+        # stream it is cudaMemcpyAsync, which stages pageable memory at once; the plain cudaMemcpy of older CuPy's
+        # set(stream=None) waits for the stream to drain first (CUDA's "API synchronization behavior")
+        buf.set(host, stream=cp.cuda.get_current_stream())
         rows = layout.views(buf)
         for t, dev, lo, hi in zip(tokens, on_device, bounds[:-1], bounds[1:]):
             if dev:  # a drafter's argmax ids, where they were made: a device-to-device copy
