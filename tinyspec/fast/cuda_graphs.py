@@ -91,7 +91,8 @@ class GraphedCall:
                  max_graphs: int | None = None):
         self.fn, self.cp, self.enabled, self.check, self.max_graphs = fn, cp, enabled, check, max_graphs
         self.graphs: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently launched first
-        self.eager: set[tuple] = set()  # keys that failed to capture, or were seen once: plain launches
+        self.eager: OrderedDict[tuple, None] = OrderedDict()  # keys seen once (or failed): plain launches; with
+        # max_graphs, the newest 4 * max_graphs only (a server's states come and go: each is a key seen once)
         self.failed: dict[tuple, str] = {}  # key -> why it could not be captured (the fallback's reason)
         self.replays = self.plain = 0  # calls answered by a graph launch (the capturing call's included) / by
         # plain launches (warm-ups, fallbacks)
@@ -117,7 +118,9 @@ class GraphedCall:
         entry = self.graphs.get(key)
         if entry is None:
             if key in self.failed or key not in self.eager:  # first call of a key: warm up eagerly
-                self.eager.add(key)
+                self.eager[key] = None
+                if self.max_graphs is not None and len(self.eager) > 4 * self.max_graphs:
+                    self.eager.popitem(last=False)
                 self.plain += 1
                 return fn(*inputs)
             entry = self._capture(key, fn, inputs, keep)
