@@ -146,3 +146,12 @@ def test_a_moe_pass_is_graphed_and_exact(cuda, tmp_path):
     assert tokens == generate(load_model(tmp_path / "moe.gguf", "numpy"), prompt, 10).tokens
     counts = model.kernels.graph_counts()["by_use"]["forward"]
     assert counts["replays"] > 0 and counts["failed"] == 0, counts
+
+
+def test_the_counting_tool_reports_the_graphs_saving(load_tool):
+    """tools/count_cuda_steps.py, the figures LESSONS 26 quotes: one sync a step, one upload a plain step, and the
+    graphed pass's launches a small fraction of the plain ones."""
+    counts = load_tool("count_cuda_steps").count(("plain",))
+    off, on = counts["plain, graphs off"], counts["plain, graphs on"]
+    assert off["syncs"] == on["syncs"] == 1 and off["uploads"] == on["uploads"] == 1
+    assert on["launches"] < off["launches"] / 10, counts
