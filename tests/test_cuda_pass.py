@@ -155,3 +155,30 @@ def test_the_counting_tool_reports_the_graphs_saving(load_tool):
     off, on = counts["plain, graphs off"], counts["plain, graphs on"]
     assert off["syncs"] == on["syncs"] == 1 and off["uploads"] == on["uploads"] == 1
     assert on["launches"] < off["launches"] / 10, counts
+
+
+def test_bench_times_verify_passes_replayed_from_their_graphs(cuda):
+    """bench's verify timings reuse one scratch state per size (fast/bench.py reset_to), so on cuda every timed
+    pass is a graph replay, not a first call of fresh arrays."""
+    from tinyspec.fast import bench
+
+    model = cuda_model()
+    times = bench.verify_times(model, PROMPT[:20], sizes=(1, 4), repeats=3)
+    assert {T: len(t) for T, t in times.items()} == {1: 3, 4: 3}
+    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    assert counts["replays"] >= 2 * 3 and counts["failed"] == 0, counts
+
+
+def test_a_reset_scratch_state_computes_what_a_fresh_copy_does():
+    from tinyspec.fast.bench import reset_to
+
+    model = load_model(ASSETS / "tiny-target.gguf", "numpy")
+    state = model.new_state()
+    model.forward(np.arange(1, 30), state)
+    scratch, ring = state.copy(), model.new_ring(4)
+    model.forward(np.array([7, 8, 9, 10]), scratch, ring=ring)
+    reset_to(scratch, state)
+    assert scratch.max_abs_diff(state) == 0.0
+    again, _ = model.forward(np.array([7, 8, 9, 10]), scratch, ring=ring)
+    fresh, _ = model.forward(np.array([7, 8, 9, 10]), state.copy())
+    assert again.tobytes() == fresh.tobytes()
