@@ -182,3 +182,18 @@ def test_a_reset_scratch_state_computes_what_a_fresh_copy_does():
     again, _ = model.forward(np.array([7, 8, 9, 10]), scratch, ring=ring)
     fresh, _ = model.forward(np.array([7, 8, 9, 10]), state.copy())
     assert again.tobytes() == fresh.tobytes()
+
+
+def test_a_new_sequence_replays_from_its_first_pass_and_a_prefill_is_never_captured(cuda, tmp_path):
+    """A shape run once warms every state's key (the kernels are compiled): a second sequence's passes are captured
+    at their first call, none runs plainly. A prefill of more than MAX_GRAPH_ROWS rows is never a graph."""
+    model = cuda_model()
+    drafter = DRAFTERS["lookup"](model, tmp_path)
+    first = generate(model, PROMPT, 14, drafter=drafter, draft_n=K).tokens
+    before = model.kernels.graph_counts()["by_use"]["forward"]
+    again = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
+    after = model.kernels.graph_counts()["by_use"]["forward"]
+    assert again == first == oracle_tokens(PROMPT, 14)
+    assert after["plain"] == before["plain"] and after["replays"] > before["replays"], (before, after)
+    assert len(PROMPT) > cuda_pass.MAX_GRAPH_ROWS
+    assert not any(s.startswith(f"(PassMap(R={len(PROMPT)},") for s in after["shapes"])

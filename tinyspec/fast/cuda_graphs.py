@@ -43,7 +43,7 @@ Captured today (two users, each its own GraphedCall; Kernels.graph_counts report
              once into a buffer kept per map size; the KV rows are claimed on the host first, the conv window,
              the scan's memory and the KV rows are written in place, so the layer loop changes nothing on the
              host and replays right. One graph per (map size, bounds, logits, the states' arrays), the MTP
-             head's passes too; through the fake, a plain decode step went from 161 launches to 5, a greedy MTP
+             head's passes too (a new state's pass of a shape already run is captured at its first call); through the fake, a plain decode step went from 161 launches to 5, a greedy MTP
              step of k = 3 from 315 to 97 (tests/test_cuda_pass.py)
 Not captured (each runs as plain launches, correct): a draft model's passes in a pool (its caches are a view of
 the pool with block ids per layer, paged.ViewTable; alone, its passes are captured); a pass whose ring replays
@@ -110,16 +110,20 @@ class GraphedCall:
             return self.fn(*inputs)
         return self.run(tuple((a.shape, str(a.dtype)) for a in inputs), self.fn, inputs)
 
-    def run(self, key: tuple, fn: Callable, inputs: tuple = (), keep: tuple = ()):
+    def run(self, key: tuple, fn: Callable, inputs: tuple = (), keep: tuple = (), warm: tuple | None = None):
         """fn(*inputs), from the graph of `key` once it is captured (the second call of a key captures it, the first
-        runs plainly: it compiles and warms the pool). keep: objects the graph's addresses belong to, held with it."""
+        runs plainly: it compiles and warms the pool). keep: objects the graph's addresses belong to, held with it.
+        warm: a coarser key whose first plain run warms every key under it (the same shapes, so the same kernels:
+        fast/cuda_pass.py passes its key without the states' arrays), so a new state's pass is captured at once."""
         if not self.enabled:
             return fn(*inputs)
         entry = self.graphs.get(key)
         if entry is None:
-            if key in self.failed or key not in self.eager:  # first call of a key: warm up eagerly
-                self.eager[key] = None
-                if self.max_graphs is not None and len(self.eager) > 4 * self.max_graphs:
+            seen = key in self.eager or (warm is not None and warm in self.eager)
+            if key in self.failed or not seen:  # first call of a key: warm up eagerly
+                for k in (key,) if warm is None else (key, warm):
+                    self.eager[k] = None
+                while self.max_graphs is not None and len(self.eager) > 4 * self.max_graphs:
                     self.eager.popitem(last=False)
                 self.plain += 1
                 return fn(*inputs)

@@ -26,7 +26,10 @@ launch (cuda_graphs.GraphedCall.run). The key holds everything a graph bakes in:
                             new key (the "cache-length bucket": a contiguous cache doubles); the graph holds
                             them (keep), so no identity is reused while it lives
 
-Graphs are kept for the last MAX_GRAPHS keys (a server's sequences come and go; each new state is a new key).
+A new state's pass of a shape already run is captured at its first call (the shape, the key without the arrays,
+warms every key under it: the kernels are compiled), a pass of more than MAX_GRAPH_ROWS rows (a prefill) is never
+captured, and graphs are kept for the last MAX_GRAPHS keys (a server's sequences come and go; each new state is
+a new key).
 A pass whose rings replay (state.ReplayRing swaps its buffers each pass) runs the same device code without a
 graph. Outputs (logits, hidden) are copied out of the graph's buffers, so a caller may keep them past the next
 replay (the MTP drafter keeps hidden rows).
@@ -57,6 +60,8 @@ from .cuda_attention import MAX_GD, MAX_SHARED, shared_bytes
 from .cuda_graphs import GraphedCall
 
 MAX_GRAPHS = 64  # forward-pass graphs kept (the least recently replayed is dropped first)
+MAX_GRAPH_ROWS = 64  # a pass of more rows (a prefill, a prefill chunk) runs plainly: its launches are a small part
+# of its time, and a graph would keep its [R, N] logits and every intermediate in a pool of its own
 
 
 def state_arrays(layers: list, rings: list) -> list:
@@ -85,14 +90,16 @@ class DevicePass:
     rows: rowmap.RowViews
     key: tuple | None
     keep: tuple
+    shape: tuple | None = None  # the key without the arrays: a shape run once warms it for every state
 
     def run(self, fn: Callable, *inputs):
         """fn(rows, *inputs) -> (logits or None, hidden): computed, or replayed from the graph of the key and the
         inputs' shapes (inputs: device arrays, copied into the graph's own buffers; outputs copied out)."""
         if self.key is None:
             return fn(self.rows, *inputs)
-        key = self.key + tuple((a.shape, str(a.dtype)) for a in inputs)
-        out = self.passes.graphs.run(key, lambda *static: fn(self.rows, *static), inputs, keep=self.keep)
+        sizes = tuple((a.shape, str(a.dtype)) for a in inputs)
+        out = self.passes.graphs.run(self.key + sizes, lambda *static: fn(self.rows, *static), inputs, keep=self.keep,
+                                     warm=self.shape + sizes)
         return tuple(None if a is None else a.copy() for a in out)
 
 
@@ -128,11 +135,12 @@ class DevicePasses:
         for t, dev, lo, hi in zip(tokens, on_device, bounds[:-1], bounds[1:]):
             if dev:  # a drafter's argmax ids, where they were made: a device-to-device copy
                 rows.ids[lo:hi] = t.reshape(-1)
-        if not (self.graphs.enabled and all(r is None or isinstance(r, SnapshotRing) for r in rings)):
+        if not (self.graphs.enabled and layout.R <= MAX_GRAPH_ROWS
+                and all(r is None or isinstance(r, SnapshotRing) for r in rings)):
             return DevicePass(self, rows, None, ())
         arrays = state_arrays(layers, rings)
-        key = (layout, tuple(int(b) for b in bounds), bool(logits), tuple(id(a) for a in arrays))
-        return DevicePass(self, rows, key, tuple(arrays))
+        shape = (layout, tuple(int(b) for b in bounds), bool(logits))  # what the kernels are compiled for
+        return DevicePass(self, rows, shape + (tuple(id(a) for a in arrays),), tuple(arrays), shape)
 
     def _buffer(self, layout: rowmap.PassMap):
         """The device buffer of maps of this size (one per size: the passes run in stream order, each copying its
