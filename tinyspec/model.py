@@ -105,9 +105,15 @@ def embed_rows(weight, tokens, n_vocab: int, xp=np) -> np.ndarray:  # [T] ids ->
     mtp.MTPDrafter, draft.DraftModelDrafter), gathered where they are and not checked: an argmax over the N
     scores is in range by construction, and a check there would be a sync (on the NumPy backends the device is
     the host, so their ids are host ids, checked)."""
+    return weight[checked_ids(tokens, n_vocab, xp)]
+
+
+def checked_ids(tokens, n_vocab: int, xp=np):
+    """[T] ids ready to gather (embed_rows' two cases): host ids checked (check_ids), or device ids (an array of xp
+    when xp is not NumPy) flattened where they are, unchecked."""
     if xp is not np and isinstance(tokens, xp.ndarray):
-        return weight[tokens.reshape(-1)]
-    return weight[check_ids(tokens, n_vocab)]
+        return tokens.reshape(-1)
+    return check_ids(tokens, n_vocab)
 
 
 def check_ids(tokens, n_vocab: int) -> np.ndarray:
@@ -236,7 +242,7 @@ class Model:
             raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
         rings = rings if rings is not None else [None] * len(states)
         # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
-        tokens = [t if xp is not np and isinstance(t, xp.ndarray) else check_ids(t, cfg.n_vocab) for t in tokens]
+        tokens = [checked_ids(t, cfg.n_vocab, xp) for t in tokens]
         bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
         for ring, state, t in zip(rings, states, tokens):
             if ring is not None:
@@ -246,7 +252,7 @@ class Model:
         # loop computed or replayed from a CUDA graph (kernels.py); None: the host path
         device = None if chunked else kern.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
         if device is None:
-            x = join_rows([kern.to_device(self.embed(t)) for t in tokens])  # [R, D], where the model computes
+            x = join_rows([kern.to_device(self.token_embd[t]) for t in tokens])  # [R, D] where the model computes
             out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked)
         else:
             out, hidden = device.run(lambda rows: self.layers_pass(self.token_embd[rows.ids], states, rings, bounds,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import attention_layer_ragged
-from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, check_ids, embed_rows, ffn
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, checked_ids, ffn
 from .ops import join_rows
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
@@ -82,14 +82,14 @@ class MTPHead:
                 raise ValueError(f"hidden_prev has shape {h.shape}, expected {(n, cfg.n_embd)}")
         xp = kern.xp
         # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
-        tokens = [t if xp is not np and isinstance(t, xp.ndarray) else check_ids(t, cfg.n_vocab) for t in tokens]
+        tokens = [checked_ids(t, cfg.n_vocab, xp) for t in tokens]
         bounds = np.cumsum([0] + sizes)
         hidden_prev = join_rows([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
         # a device pass (the cuda backend's): the block reads its rows from one map, replayed from a CUDA graph
         # (kernels.py, Kernels.device_pass); None: the host path
         device = kern.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits)
         if device is None:
-            e = join_rows([kern.to_device(embed_rows(self.embed_tokens, t, cfg.n_vocab, xp)) for t in tokens])
+            e = join_rows([kern.to_device(self.embed_tokens[t]) for t in tokens])  # [R, D]
             out, h_mtp = self.block(e, hidden_prev, caches, bounds, None, logits)
         else:
             out, h_mtp = device.run(lambda rows, h_prev: self.block(self.embed_tokens[rows.ids], h_prev, caches,

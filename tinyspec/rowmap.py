@@ -80,7 +80,6 @@ def split(rows, R: int, B: int) -> tuple:
     return rows[:R], rows[R:R + B], rows[R + B:R + 2 * B], rows[R + 2 * B:R + 3 * B], rows[R + 3 * B:]
 
 
-
 def room_for(n_ids: int) -> int:
     """The table room a pass reserves for n_ids block ids: the next power of two, at least 8."""
     return max(8, 1 << max(0, n_ids - 1).bit_length())
@@ -192,15 +191,21 @@ class MappedPass:
         return fn(self.rows, *inputs)
 
 
+def plan(cfg, ids: np.ndarray, layers: list, bounds: np.ndarray) -> tuple[PassMap, np.ndarray] | None:
+    """A device pass's host part: its KV rows claimed (claim) and its map packed (pack) for a model of `cfg` ->
+    (PassMap, the host int32 array), or None, claiming nothing, where one map cannot say where every row goes.
+    ids [R]: the host ids (0 where a backend copies device ids in)."""
+    claimed = claim(layers, bounds)
+    if claimed is None:
+        return None
+    tables, n_pasts, block_size, n_blocks = claimed
+    return pack(ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
+
+
 def host_pass(cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
     """Kernels.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
     (fast/cuda_pass.py) without the upload or the graph. Its use: the oracle's layers run the device path's code
     (attention.attend_rows_own, the map's rope angles) and must give the host path's bits (tests/test_rowmap.py).
     tokens: host ids only (the oracle's device is the host)."""
-    claimed = claim(layers, bounds)
-    if claimed is None:
-        return None
-    tables, n_pasts, block_size, n_blocks = claimed
-    layout, buf = pack(np.concatenate(tokens), tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot,
-                       cfg.rope_base)
-    return MappedPass(layout.views(buf))
+    planned = plan(cfg, np.concatenate(tokens), layers, bounds)
+    return None if planned is None else MappedPass(planned[0].views(planned[1]))

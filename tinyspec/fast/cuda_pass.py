@@ -119,13 +119,12 @@ class DevicePasses:
         G, d = cfg.n_head // cfg.n_head_kv, cfg.head_dim
         if shared_bytes(G, d) > MAX_SHARED or G * d > MAX_GD:
             return None  # the attention kernel declines this head: the host path's oracle computes it
-        claimed = rowmap.claim(layers, bounds)  # the KV rows, claimed on the host (None: claims nothing)
-        if claimed is None:
-            return None
-        tables, n_pasts, block_size, n_blocks = claimed
         on_device = [isinstance(t, cp.ndarray) for t in tokens]
         host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
-        layout, host = rowmap.pack(host_ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
+        planned = rowmap.plan(cfg, host_ids, layers, bounds)  # the KV rows claimed on the host, the map packed
+        if planned is None:
+            return None
+        layout, host = planned
         buf = self._buffer(layout)
         # the pass's one upload, on the current stream (CuPy refuses buf[...] = host: a non-scalar fill). Given a
         # stream it is cudaMemcpyAsync, which stages pageable memory at once; the plain cudaMemcpy of older CuPy's
