@@ -10,7 +10,7 @@ from test_speculate import N_VOCAB, RandomDrafter, draft_model, make_drafter, re
 
 from tinyspec.fast.adaptive import AdaptiveDraftLength
 from tinyspec.generate import generate
-from tinyspec.speculate import speculative_generate
+from tinyspec.generate import speculative_generate
 from tinyspec.fast.synthetic import expected_mean_accepted_length
 
 

@@ -34,8 +34,8 @@ from tiny_models import write_tiny_qwen35
 
 import tinyspec
 from tinyspec.backends import load_model, numba_available
-from tinyspec.batch import Batch, batch_generate
-from tinyspec.speculate import SeqResult
+from tinyspec.batch import batch_generate
+from tinyspec.sequence import SeqResult
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
@@ -43,7 +43,9 @@ from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.sampling import SamplingParams, probs_from_logits
 from tinyspec.drafting import FixedDraftLength, Plan
-from tinyspec.speculate import blocks_per_run, speculative_generate
+from tinyspec.scheduler import EngineOptions, blocks_per_run
+from tinyspec.speculate import Engine
+from tinyspec.generate import speculative_generate
 from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
@@ -300,7 +302,7 @@ class Watch:
     """Everything the invariants compare against, recorded at setup: the rings (ReplayRing: every buffer that
     may legitimately be a spare), the pool's arrays; new_ring / new_state calls counted from then on."""
 
-    def __init__(self, engine: Batch, model: Model):
+    def __init__(self, engine: Engine, model: Model):
         self.engine, self.model = engine, model
         self.pool_k, self.pool_v = list(engine.pool.k), list(engine.pool.v)
         self.rings = list(engine.rings)
@@ -356,7 +358,7 @@ class Watch:
         assert all(a is b for a, b in zip(pool.k, self.pool_k)) and all(a is b for a, b in zip(pool.v, self.pool_v))
         tables = [s.state.table.blocks for s in engine.active.values()]
         for b, drafter in enumerate(engine.drafters or []):
-            held = drafter.pool_blocks()
+            held = list(drafter.kv_table.blocks) if drafter.kv_table is not None else []
             s = engine.active.get(b)
             if s is None or s.prefilling:
                 assert not held, f"slot {b}'s drafter holds blocks while no sequence of its has started it"
@@ -447,9 +449,11 @@ def pool_size(model: Model, drafter, sch: dict, k_max: int) -> int:
 
 def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=SamplingParams(), on_finish=None):
     drafter = batch_drafter(kind, model, draft, sch["slots"], sch["max_queue"])
-    return Batch(model, sch["slots"], pool_size(model, drafter, sch, policy.k_max), sch["block_size"], drafter,
-                 policy, params, stop_ids=sch["stops"], on_finish=on_finish, chunk=sch["chunk"],
-                 prefix_cache=sch["prefix_cache"], max_states=sch["max_states"], state_every=sch["state_every"])
+    options = EngineOptions(slots=sch["slots"], paged=True, n_blocks=pool_size(model, drafter, sch, policy.k_max),
+                            block_size=sch["block_size"], chunk=sch["chunk"], prefix_cache=sch["prefix_cache"],
+                            max_states=sch["max_states"], state_every=sch["state_every"], params=params,
+                            stop_ids=sch["stops"])
+    return Engine(model, drafter, policy, options, on_finish=on_finish)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -517,11 +521,11 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
         def release(slot=slot, alone=drafter, real_release=drafter.release):  # (after the slot was emptied)
             s = occupant.pop(slot, None)
             if s is None:  # a sequence that never started its drafter (cancelled while prefilling): nothing held
-                assert not alone.pool_blocks()
+                assert not (alone.kv_table is not None and alone.kv_table.blocks)
                 return real_release()
             check_drafter(alone, s.seq.prompt_tokens + s.seq.tokens[:-1])
             released[s.seq.index] = record = real_release()
-            assert not alone.pool_blocks()
+            assert not (alone.kv_table is not None and alone.kv_table.blocks)
             return record
 
         drafter.start, drafter.release = start, release
@@ -663,7 +667,8 @@ def test_a_sampled_mtp_sequence_preempted_after_its_head_restarted_from_a_window
     bitwise (rebuilt from the whole history instead, its laws after the resume differ in both cases)."""
     target, _ = models(backend)
     policy = PlainThenDraft(8)
-    engine = Batch(target, 2, n_blocks, 4, MTPDrafter(target, max_queue=max_queue), policy, SAMPLED)
+    engine = Engine(target, MTPDrafter(target, max_queue=max_queue), policy,
+                    EngineOptions(slots=2, paged=True, n_blocks=n_blocks, block_size=4, params=SAMPLED))
     windows, laws = [], [[], []]  # what each resumed head was handed back; per sequence its drafts and laws
     for slot, drafter in enumerate(engine.drafters):
         def start(prompt, hidden, k_max, resume=None, real_start=drafter.start):
@@ -694,7 +699,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="slots"):
         batch_generate(target, [[1, 2]], 4, slots=0)
     with pytest.raises(ValueError, match="slots"):
-        Batch(target, 0, 8)
+        EngineOptions(slots=0)
     with pytest.raises(ValueError, match="no prompts"):
         batch_generate(target, [], 4)
     with pytest.raises(ValueError, match="max_new"):
@@ -730,7 +735,7 @@ def test_a_plan_past_the_room_is_refused_before_drafting():
             return super().drafting(*args, **kwargs)
 
     target, _ = models("numpy")
-    engine = Batch(target, 1, 16, 4, drafter=Counting(), policy=TooMany())
+    engine = Engine(target, Counting(), TooMany(), EngineOptions(paged=True, n_blocks=16, block_size=4))
     engine.add(SeqResult(0, [1, 2, 3]), 8, 0)
     engine.step()  # the prefill pass: nothing is planned yet
     with pytest.raises(ValueError, match="planned"):

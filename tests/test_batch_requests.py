@@ -23,13 +23,15 @@ import pytest
 from test_batch import one_numba_thread  # noqa: F401  (autouse: the cpu kernels on one thread, as there)
 import tinyspec
 from tinyspec.backends import load_model, numba_available
-from tinyspec.batch import Batch
+from tinyspec.scheduler import EngineOptions
+from tinyspec.speculate import Engine
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
-from tinyspec.speculate import SeqResult, speculative_generate
+from tinyspec.sequence import SeqResult
+from tinyspec.generate import speculative_generate
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]
@@ -61,12 +63,13 @@ def solo(kind: str, prompt, params, seed, stops, k: int, backend: str = "numpy")
                                 rng=np.random.default_rng(seed), stop_ids=stops).tokens
 
 
-def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", **kw) -> Batch:
+def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", on_finish=None) -> Engine:
     target, _ = models(backend)
     from tinyspec.drafting import FixedDraftLength
 
     policy = FixedDraftLength(0 if kind == "none" else k)
-    return Batch(target, slots, n_blocks=64, block_size=4, drafter=drafter_for(kind, backend), policy=policy, **kw)
+    return Engine(target, drafter_for(kind, backend), policy,
+                  EngineOptions(slots=slots, paged=True, n_blocks=64, block_size=4), on_finish=on_finish)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -90,7 +93,8 @@ def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(bac
 
 def test_the_engine_defaults_apply_when_a_sequence_brings_none():
     target, _ = models()
-    engine = Batch(target, 2, n_blocks=32, block_size=4, params=SamplingParams(0.9, 20), stop_ids=(15,))
+    engine = Engine(target, options=EngineOptions(slots=2, paged=True, n_blocks=32, block_size=4,
+                                                  params=SamplingParams(0.9, 20), stop_ids=(15,)))
     seq = SeqResult(0, PROMPTS[0])
     engine.add(seq, MAX_NEW, 5)
     assert seq.params == SamplingParams(0.9, 20) and seq.stop_ids == frozenset({15})
@@ -117,7 +121,7 @@ def test_cancel_frees_the_slot_and_its_blocks_and_leaves_the_others_exact(kind):
     assert engine.cancel(seqs[1]) and engine.cancel(seqs[3])
     assert 1 in finished and running[1] not in engine.active  # ended like a stop: on_finish, slot free
     assert engine.pool.used < used_before
-    assert [w[0].index for w in engine.waiting] == [2, 4]
+    assert [w.seq.index for w in engine.waiting] == [2, 4]
     n_cancelled = len(seqs[1].tokens)
     while not engine.done():
         engine.step()
@@ -143,7 +147,8 @@ def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stay
     target = load_model(tmp_path / "target.gguf", "cuda")
     from tinyspec.drafting import FixedDraftLength
 
-    engine = Batch(target, 3, n_blocks=64, block_size=4, drafter=MTPDrafter(target), policy=FixedDraftLength(3))
+    engine = Engine(target, MTPDrafter(target), FixedDraftLength(3),
+                    EngineOptions(slots=3, paged=True, n_blocks=64, block_size=4))
     seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
     for seq, (params, seed, stops) in zip(seqs, ASKS):
         engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)

@@ -110,17 +110,12 @@ class Recording:
     def commit(self, fed, hidden):
         self.inner.commit(fed, hidden)
 
-    def blocks_to_start(self, n, resume=None):
-        return self.inner.blocks_to_start(n, resume)
-
-    def blocks_to_draft(self, k):
-        return self.inner.blocks_to_draft(k)
-
     def release(self):
         return self.inner.release()
 
-    def pool_blocks(self):
-        return self.inner.pool_blocks()
+    @property
+    def kv_table(self):
+        return self.inner.kv_table
 
 
 def count_steps(target, drafter=None, max_new: int = 14, **kw) -> tuple[list[Step], list[int]]:
@@ -195,19 +190,20 @@ def test_a_moe_batch_is_each_sequence_alone_on_cuda(files, cuda, kind):
 
 @pytest.mark.parametrize("kind", ["plain", "mtp", "lookup", "draft"])
 def test_a_batch_step_brings_back_one_transfer_whatever_the_slots(files, cuda, kind):
-    """Many sequences at once (batch.Batch, the engine over a paged pool): 5 prompts in 3 slots, greedy. A step
+    """Many sequences at once (speculate.Engine over a paged pool): 5 prompts in 3 slots, greedy. A step
     where no sequence joins or ends (a join pays its prefill's first token, an end its last: 2 per sequence)
     makes ONE blocking transfer: every slot's run, with the drafts that stayed on the device, so its bytes grow
     with slots x drafts (8 bytes each: 2 per slot, plus each device draft), not with rows x vocabulary. Each
     sequence's tokens are its plain greedy ones."""
-    from tinyspec.batch import Batch
-    from tinyspec.speculate import SeqResult
+    from tinyspec.scheduler import EngineOptions
+    from tinyspec.sequence import SeqResult
+    from tinyspec.speculate import Engine
 
     target = load_model(files / "target.gguf", "cuda")
     oracle = load_model(files / "target.gguf", "numpy")
     prompts = [PROMPT, PROMPT[5:], PROMPT[10:40], PROMPT[3:60], PROMPT[20:]]
     drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
-    engine = Batch(target, 3, n_blocks=200, block_size=16, drafter=drafter)
+    engine = Engine(target, drafter, options=EngineOptions(slots=3, paged=True, n_blocks=200, block_size=16))
     results = [SeqResult(i, p) for i, p in enumerate(prompts)]
     for r in results:
         engine.add(r, 12, seed=r.index)
@@ -451,7 +447,7 @@ def test_the_serving_engine_on_the_cuda_backend_keeps_every_sequence_solo(cuda, 
     chunked prefill inside the verify pass and a pool small enough to preempt, with MTP drafts whose KV takes
     the same pool. Every sequence's tokens equal its solo run on the same backend."""
     from tinyspec.batch import batch_generate
-    from tinyspec.speculate import blocks_per_run
+    from tinyspec.scheduler import blocks_per_run
 
     model = load_model(files / "target.gguf", "cuda")
     shared = list(range(1, 40))

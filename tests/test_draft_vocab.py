@@ -23,7 +23,7 @@ from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter
 from tinyspec.quants import GGMLType, quantize
 from tinyspec.sampling import SamplingParams
-from tinyspec.speculate import speculative_generate
+from tinyspec.generate import speculative_generate
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 from test_batch import BACKENDS, models, one_numba_thread, solo_greedy
 
-from tinyspec.batch import Batch, batch_generate
+from tinyspec.batch import batch_generate
+from tinyspec.scheduler import EngineOptions
+from tinyspec.speculate import Engine
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.paged import BlockPool, PagedKVCache, ViewTable
 from tinyspec.prefix_cache import PrefixCache
-from tinyspec.speculate import SeqResult
+from tinyspec.sequence import SeqResult
 
 pytestmark = pytest.mark.usefixtures(one_numba_thread.__name__)  # the cpu backend on one thread here too
 
@@ -54,7 +56,7 @@ def test_chunked_prefill_bounds_the_rows_a_running_slot_waits_for(chunk):
     the running rows, the long prompt takes ceil(T / c) steps to join, and every output is solo greedy."""
     target, _ = models("numpy")
     long_prompt = SYSTEM * 2  # 32 tokens
-    engine = Batch(target, 3, 64, 4, chunk=chunk)
+    engine = Engine(target, options=EngineOptions(slots=3, paged=True, n_blocks=64, block_size=4, chunk=chunk))
     seqs = [SeqResult(0, [1, 2]), SeqResult(1, [7, 8]), SeqResult(2, long_prompt)]
     engine.add(seqs[0], 24, 0)  # long enough to run through the long prompt's 16 chunks of 2
     engine.add(seqs[1], 24, 1)
@@ -109,7 +111,7 @@ def test_a_write_into_a_shared_block_raises():
     """The guard every KV append passes (BlockTable.check_writable): a sequence that shares a full block must
     never write it, and one whose block is cached must not either."""
     target, _ = models("numpy")
-    engine = Batch(target, 2, 16, 4, prefix_cache=True)
+    engine = Engine(target, options=EngineOptions(slots=2, paged=True, n_blocks=16, block_size=4, prefix_cache=True))
     engine.add(SeqResult(0, SYSTEM + [5]), 2, 0)
     while not engine.done():
         engine.step()
@@ -223,7 +225,8 @@ def test_saved_states_are_capped_and_evicted_blocks_are_forgotten():
     cached ones, and a lookup then finds nothing there (never a stale block)."""
     target, _ = models("numpy")
     prompts = [[40 + i] * 9 for i in range(4)]  # nothing shared: each saves its own end state (block 2)
-    engine = Batch(target, 1, 8, 4, prefix_cache=True, max_states=2)
+    engine = Engine(target, options=EngineOptions(paged=True, n_blocks=8, block_size=4, prefix_cache=True,
+                                                  max_states=2))
     for i, p in enumerate(prompts):
         engine.add(SeqResult(i, p), 2, i)
     while not engine.done():
@@ -240,7 +243,7 @@ def test_saved_states_are_capped_and_evicted_blocks_are_forgotten():
 
 
 def test_a_sequence_registers_again_after_the_first_copy_of_its_prefix_was_evicted():
-    """The bug: Batch(slots 3, 17 blocks of 4, chunk 8, prefix cache) over three prompts sharing a 14-token prefix
+    """The bug: an engine (slots 3, 17 blocks of 4, chunk 8, prefix cache) over three prompts sharing a 14-token prefix
     raised "block 7 is cached under other tokens" (notebook 09's preemption trace met it). A resumed sequence's
     copy of a block hung under an entry pointing at another sequence's copy of the same tokens; that copy was
     evicted, the sequence registered the block again from its own copy (a new entry id), and its next block,

@@ -24,7 +24,7 @@ from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.drafting import Draft, FixedDraftLength, KeepsNoKV, Plan, Proposing, StopRule, no_passes
-from tinyspec.speculate import speculative_generate
+from tinyspec.generate import speculative_generate
 
 N_VOCAB = 272
 

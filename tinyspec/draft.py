@@ -91,20 +91,10 @@ class DraftModelDrafter(Proposing):
         self.fed_state.release()
         self.queue, self.n_drafted = [], 0
 
-    def blocks_to_start(self, n: int, resume: None = None) -> int:
-        """Pool blocks the draft model's KV holds after start() of an n-token history (0 without a pool)."""
-        return 0 if self.pool is None else self.fed_state.table.blocks_for(n)
-
-    def blocks_to_draft(self, k: int) -> int:
-        """New pool blocks the next drafting of k drafts takes at most: the queue, the pending token and k - 1
-        drafts fed (commit rolls back or queues: it takes none)."""
-        if self.pool is None or not k:
-            return 0
-        table = self.fed_state.table
-        return max(0, table.blocks_for(self.fed_state.pos + len(self.queue) + k) - len(table.blocks))
-
-    def pool_blocks(self) -> list[int]:
-        return [] if self.pool is None else list(self.fed_state.table.blocks)
+    @property
+    def kv_table(self):
+        """The draft model's table in the engine's pool (None without one): the engine budgets its blocks."""
+        return None if self.pool is None else self.fed_state.table
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting:

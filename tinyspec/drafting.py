@@ -108,21 +108,20 @@ class Drafter(Protocol):
                                        drafts after the pending token (on_device: see the module docstring)
         draft_pass(asks) -> answers    several sequences' passes (what their coroutines yielded) made as one
         commit(fed, hidden)            the target kept these tokens (fed[0] = pending), with its hidden rows
+        release() -> resume            its sequence is preempted or done: forget it (every KV block back to the
+                                       pool); returns what start() needs to rebuild exactly the state it had
+                                       (the engine keeps it with the sequence, unread, and hands it back)
         another(pool) -> Drafter       a drafter for another sequence, sharing this one's model and weights;
                                        pool: the engine's paged.BlockPool its KV takes blocks from (None: its
                                        own memory)
         stops_by_confidence            True if drafting honours stop.keep_going (it knows each draft's p)
+        kv_table                       the paged.KVTable of the KV it keeps in the pool (None: it keeps none,
+                                       or no pool)
 
-    The KV a drafter keeps (the MTP head's, a draft model's) is memory like the target's: with a pool, it takes
-    the pool's blocks (paged.ViewTable), and the engine admits and preempts by all of them. With a pool only:
-
-        blocks_to_start(n, resume) -> int   blocks it holds after start() of an n-token history (it holds
-                                       none before: a drafter's blocks go back when its sequence leaves)
-        blocks_to_draft(k) -> int      new blocks the next drafting of k drafts takes at most (commit takes none)
-        release() -> resume            its sequence is preempted or done: every block back to the pool; returns
-                                       what start() needs to rebuild exactly the state it had (the engine
-                                       keeps it with the sequence, unread, and hands it back on resume)
-        pool_blocks() -> [int]         the blocks it holds now (tests and reports read it)
+    The KV a drafter keeps (the MTP head's, a draft model's) is memory like the target's: with a pool it takes
+    the pool's blocks, and the engine budgets them as it budgets the target's, through kv_table alone. What makes
+    that possible is one rule every drafter keeps: its KV holds at most the positions its sequence's target state
+    holds, plus k during a drafting of k (it is fed the same kept tokens, then the pending one and k - 1 drafts).
     """
 
     stops_by_confidence: bool
@@ -136,32 +135,22 @@ class Drafter(Protocol):
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None: ...
 
-    def another(self, pool=None) -> "Drafter": ...
-
-    def blocks_to_start(self, n: int, resume: object = None) -> int: ...
-
-    def blocks_to_draft(self, k: int) -> int: ...
-
     def release(self) -> object: ...
 
-    def pool_blocks(self) -> list[int]: ...
+    def another(self, pool=None) -> "Drafter": ...
+
+    @property
+    def kv_table(self): ...
 
 
 class KeepsNoKV:
-    """The pool half of the Drafter protocol for a drafter that keeps no KV (lookup; test doubles): it takes no
-    block, and its state is rebuilt exactly from the history alone, so release() has nothing to hand back."""
+    """The memory half of the Drafter protocol for a drafter that keeps no KV (lookup; test doubles): no table, and
+    its state is rebuilt exactly from the history alone, so release() has nothing to hand back."""
 
-    def blocks_to_start(self, n: int, resume: object = None) -> int:
-        return 0
-
-    def blocks_to_draft(self, k: int) -> int:
-        return 0
+    kv_table = None
 
     def release(self) -> None:
         return None
-
-    def pool_blocks(self) -> list[int]:
-        return []
 
 
 class Proposing:

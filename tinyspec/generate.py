@@ -1,90 +1,74 @@
-"""Plain autoregressive generation: prefill the prompt, then one forward per new token.
+"""One sequence, plain or speculative: the engine (speculate.py) with one slot.
 
-    logits, _ = model.forward(prompt, state)          prefill: every prompt token in one pass
-    repeat:   x = sample(probs(logits[-1]))           stop at EOS, a stop token or max_new
-              logits, _ = model.forward([x], state)
+    generate(model, prompt, max_new)                         plain decoding: prefill, then one token a pass
+    generate(model, prompt, max_new, drafter=MTPDrafter(m))  speculative: k drafts verified a pass
 
-This is the baseline speculative decoding must reproduce exactly (greedy) or in distribution (sampled).
+Plain decoding is the engine with no drafter: every step feeds the pending token alone and takes the target's
+own next token, the baseline speculative decoding must reproduce exactly (greedy) or in law (sampled). Written
+once, in the engine's step, so a plain run and a speculative one differ only by the drafter.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
+from .drafting import Drafter, DraftPolicy, policy_for
 from .model import Model
-from .sampling import SamplingParams, pick
+from .sampling import SamplingParams
+from .scheduler import EngineOptions, check_lengths
+from .sequence import SeqResult
+from .speculate import Engine, SpecStats
 
 
 @dataclass
-class SeqResult:
-    """One sequence's output, from generate() or from the engine (speculate.py, batch.py)."""
-    index: int  # position in the input (generate: 0)
-    prompt_tokens: list[int]
-    tokens: list[int] = field(default_factory=list)  # generated ids, exactly as the sequence alone gets them
-    marks: list[str] = field(default_factory=list)  # per token: target (plain, or the first), accepted, correction, bonus
-    stats: dict = field(default_factory=dict)
-    error: str | None = None  # the prompt could not run (empty, too long, bad ids): reported, others run
-    params: SamplingParams | None = None  # how it samples (Engine.add: the engine's unless given its own)
-    stop_ids: frozenset[int] | None = None  # the ids that end it (Engine.add: the engine's unless given its own)
+class SpecResult:
+    tokens: list[int]  # emitted after the prompt
+    stats: SpecStats
+    state: object  # the target's ModelState: prompt + tokens[:-1] fed
+    marks: list[str] = field(default_factory=list)  # per token: target (first), accepted, correction, bonus
+
+
+def speculative_generate(model: Model, drafter: Drafter | None, prompt: Sequence[int], max_new: int,
+                         draft_n: int | None = None, params: SamplingParams = SamplingParams(),
+                         rng: np.random.Generator | None = None, stop_ids: Sequence[int] = (),
+                         policy: DraftPolicy | None = None,
+                         on_emit: Callable[[list[int], list[str]], None] | None = None,
+                         chunked_prefill: bool = False) -> SpecResult:
+    """Generate up to max_new tokens after `prompt`: the engine with one slot. drafter None: plain decoding; else
+    draft_n drafts per verify pass (default 3), or as many as `policy` plans each step
+    (tinyspec.fast.adaptive.AdaptiveDraftLength; its k_max bounds them). on_emit(tokens, marks): called with each
+    step's emitted tokens as they are decided."""
+    policy = policy_for(0 if drafter is None and policy is None else draft_n, policy)
+    prompt = [int(t) for t in prompt]
+    check_lengths(model, len(prompt), max_new, policy.k_max)
+    seq = SeqResult(0, prompt)
+    engine = Engine(model, drafter, policy, EngineOptions(params=params, stop_ids=tuple(stop_ids),
+                                                          chunked_prefill=chunked_prefill),
+                    on_emit=(lambda _, tokens, marks: on_emit(tokens, marks)) if on_emit else None)
+    engine.add(seq, max_new, rng if rng is not None else np.random.default_rng())
+    if seq.error is not None:
+        raise ValueError(seq.error)
+    while not engine.done():
+        engine.step()
+    done = engine.finished[0]
+    done.stats.phase_s, done.stats.adaptive = engine.phase_s, policy.summary()
+    return SpecResult(seq.tokens, done.stats, done.state, seq.marks)
 
 
 def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams = SamplingParams(),
-             rng: np.random.Generator | None = None, stop_ids: tuple[int, ...] = (), chunked_prefill: bool = False,
-             drafter=None, draft_n: int | None = None, policy=None, on_emit=None) -> SeqResult:
-    """Generate up to max_new tokens after prompt_tokens. A stop id is emitted and then ends generation.
-
-    drafter: None for plain decoding, or a speculative drafter (mtp.MTPDrafter, lookup.LookupDrafter,
-    draft.DraftModelDrafter) proposing draft_n tokens per verify pass (default 3), or as many as `policy`
-    plans each step (drafting.DraftPolicy, e.g. tinyspec.fast.adaptive.AdaptiveDraftLength) (speculate.py).
-    on_emit(tokens, marks): called as tokens are decided (plain: one at a time, marked "target"; speculative:
-    a verify step's run at once), for streamed output.
-    """
-    from .speculate import check_lengths, speculative_generate
-
+             rng: np.random.Generator | None = None, stop_ids: Sequence[int] = (), chunked_prefill: bool = False,
+             drafter: Drafter | None = None, draft_n: int | None = None, policy: DraftPolicy | None = None,
+             on_emit: Callable[[list[int], list[str]], None] | None = None) -> SeqResult:
+    """Generate up to max_new tokens after prompt_tokens (speculative_generate, as a SeqResult with its stats). A
+    stop id is emitted and then ends generation. chunked_prefill (plain only): the prompt's GDN layers in their
+    chunked form (gdn.py), faster for long prompts, equal to the scan to float rounding."""
     prompt = [int(t) for t in prompt_tokens]
-    if drafter is not None and chunked_prefill:
-        raise ValueError("chunked_prefill is for plain decoding: a speculative run prefills with the scan")
-    if drafter is not None:
-        spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit)
-        return SeqResult(0, prompt, spec.tokens, spec.marks, spec.stats.as_dict())
-    check_lengths(model, len(prompt), max_new)
-    if rng is None:
-        rng = np.random.default_rng()
-    state = model.new_state()
-    t0 = time.perf_counter()
-    on_host = not params.greedy  # greedy: the argmax where the logits are, one int back (Model.forward's to_host)
-    logits, _ = model.forward(np.array(prompt), state, chunked=chunked_prefill, to_host=on_host)
-    t_prefill = time.perf_counter() - t0
-    out: list[int] = []
-    t1 = time.perf_counter()
-    step_s = []  # each one-token pass, timed: its spread is the run's noise
-    while len(out) < max_new:
-        token = pick(logits[-1], params, rng)
-        out.append(token)
-        if on_emit is not None:
-            on_emit([token], ["target"])
-        if token in stop_ids or len(out) == max_new:
-            break
-        t = time.perf_counter()
-        logits, _ = model.forward(np.array([token]), state, to_host=on_host)
-        step_s.append(time.perf_counter() - t)
-    t_decode = time.perf_counter() - t1
-    stats = {"prompt_tokens": len(prompt), "generated": len(out), "prefill_s": t_prefill, "decode_s": t_decode,
-             "decode_tok_s": len(out) / t_decode if t_decode > 0 else 0.0} | step_ms(step_s)
-    return SeqResult(0, prompt, out, ["target"] * len(out), stats)
-
-
-def step_ms(step_s: list[float]) -> dict:
-    """The steps' times as {"step_ms": {median, min, max}} (nothing when no step was timed): how steady the
-    run's own timing was, so a reader can tell a slow run from a noisy one."""
-    if not step_s:
-        return {}
-    ms = sorted(1000 * s for s in step_s)
-    return {"step_ms": {"median": ms[len(ms) // 2] if len(ms) % 2 else (ms[len(ms) // 2 - 1] + ms[len(ms) // 2]) / 2,
-                        "min": ms[0], "max": ms[-1], "steps": len(ms)}}
+    spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit,
+                                chunked_prefill)
+    return SeqResult(0, prompt, spec.tokens, spec.marks, spec.stats.as_dict() | {"prompt_tokens": len(prompt)})
 
 
 # How a speculative run produced each token (speculate.py): a draft the target agreed with, the target's own token

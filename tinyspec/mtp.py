@@ -175,7 +175,7 @@ class MTPDrafter(Proposing):
     (drafts are only proposals), and bounds what a suspended drafter pays to catch up.
 
     In a batch engine's KV pool (another(pool)) the head's cache takes the pool's blocks like the target's KV
-    (new_cache; blocks_to_start / blocks_to_draft tell the engine how many). A preempted sequence's release()
+    (new_cache; the engine counts them through kv_table). A preempted sequence's release()
     gives them back and returns its HeadWindow (where the cache starts in the sequence, how many tokens it fed);
     on resume, start(history, hidden, k_max, window) feeds the same window's tokens with the target's hidden rows
     (recomputed by the resumed prefill: the same bits) and queues the rest, as the cache and queue stood. A fresh
@@ -270,22 +270,10 @@ class MTPDrafter(Proposing):
         self.queue = []
         return window
 
-    def blocks_to_start(self, n: int, resume: HeadWindow | None = None) -> int:
-        """Pool blocks the cache holds after start() of an n-token history (0 without a pool)."""
-        if self.pool is None:
-            return 0
-        return self.fed_cache.table.blocks_for(n if resume is None else resume.fed)
-
-    def blocks_to_draft(self, k: int) -> int:
-        """New pool blocks the next drafting of k drafts takes at most: the queue and the pending token in the
-        first pass, then k - 1 drafts, all past the cache's fed rows (drafting truncates back; commit only queues)."""
-        if self.pool is None or not k:
-            return 0
-        table = self.fed_cache.table
-        return max(0, table.blocks_for(self.fed_cache.n + self._queued() + k) - len(table.blocks))
-
-    def pool_blocks(self) -> list[int]:
-        return [] if self.pool is None else list(self.fed_cache.table.blocks)
+    @property
+    def kv_table(self):
+        """The head cache's table in the engine's pool (None without one): the engine budgets its blocks."""
+        return None if self.pool is None else self.fed_cache.table
 
     def draft_pass(self, asks: list[HeadPass]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Several sequences' head passes as one (MTPHead.draft_pass)."""

@@ -108,6 +108,11 @@ class BlockPool:
     def blocks_for(self, n_positions: int) -> int:
         return -(-int(n_positions) // self.block_size)  # ceil
 
+    def idle_among(self, blocks: list[int]) -> int:
+        """How many of `blocks` are idle (cached, used by nobody): a table adopting them takes them out of
+        `available` without a take()."""
+        return sum(self.refs[block] == 0 for block in blocks)
+
     def take(self) -> int:
         """A block for one table to write: a free one, else the least recently used idle cached one (evicted)."""
         if self.free:
@@ -164,7 +169,7 @@ class BlockPool:
             self.views[key] = (self.k_slabs.reshape(-1, P, *key), self.v_slabs.reshape(-1, P, *key), P)
         return self.views[key]
 
-    def table_for(self, cfg: ModelConfig) -> "BlockTable | ViewTable":
+    def table_for(self, cfg: ModelConfig) -> "KVTable":
         """A new sequence's table for a model of `cfg`: a BlockTable for the model the pool was made for (its
         attention layers and row shape), else a ViewTable of the pool's memory (a draft model)."""
         if (tuple(cfg.recurrent), cfg.n_head_kv, cfg.head_dim) == self.layout:
@@ -172,17 +177,76 @@ class BlockPool:
         return ViewTable(self, [i for i, r in enumerate(cfg.recurrent) if not r], cfg.n_head_kv, cfg.head_dim)
 
 
-class BlockTable:
-    """One sequence's block ids in position order, and the count of positions it holds: its position j of every
-    attention layer l is row j % block_size of block blocks[j // block_size] in pool.k[l] / pool.v[l]."""
+class KVTable:
+    """One sequence's blocks of the pool for one model's attention layers, in position order: what BlockTable
+    (the model the pool was made for) and ViewTable (another model's KV in the same memory) share, and all that
+    anyone outside a table reads of it (the engine's budget, the prefix cache, the attention kernels).
+
+        blocks                 the pool block ids it owns (or shares, BlockTable.adopt), in order
+        block_size             positions one of its ids (ids(layer)) holds
+        blocks_for(n)          blocks it owns to hold n positions
+        blocks_to_hold(n)      new blocks holding n positions would take from the pool (0 if it holds them)
+        reserve(n)             own enough blocks for n positions (takes from the free list at a boundary only)
+        check_writable(i, n)   positions i .. n-1 are about to be written: raise if one lies in a shared block
+        keep(n)                give back the tail blocks n positions no longer need (a rollback; a finish: 0)
+        arrays(layer), ids(layer)   where a layer's keys and values live, and its ids in position order
+
+    A subclass says how positions map to blocks (blocks_for, first_block) and indexes its blocks (_index)."""
+
+    def __init__(self, pool: BlockPool, block_size: int):
+        self.pool, self.blocks, self.block_size = pool, [], block_size
+
+    def blocks_for(self, n_positions: int) -> int:
+        raise NotImplementedError
+
+    def first_block(self, position: int) -> int:
+        """The index in `blocks` of the first block holding `position` (of any layer)."""
+        raise NotImplementedError
+
+    def _index(self) -> None:
+        """Rebuild the ids the kernels read after `blocks` changed."""
+        raise NotImplementedError
+
+    def blocks_to_hold(self, n_positions: int) -> int:
+        return max(0, self.blocks_for(n_positions) - len(self.blocks))
+
+    def reserve(self, n_positions: int) -> None:
+        n_blocks = self.blocks_for(n_positions)
+        if len(self.blocks) < n_blocks:
+            while len(self.blocks) < n_blocks:
+                self.blocks.append(self.pool.take())
+            self._index()
+
+    def check_writable(self, first: int, n_positions: int) -> None:
+        """A bug guard: speculation's writes and rollbacks must stay in blocks this sequence alone owns."""
+        for block in self.blocks[self.first_block(first) : self.blocks_for(n_positions)]:
+            if not self.pool.writable(block):
+                raise RuntimeError(f"a write into block {block}, which is shared or cached")
+
+    def keep(self, n_positions: int) -> None:
+        n_blocks = self.blocks_for(n_positions)
+        if n_blocks < len(self.blocks):
+            self.pool.give_back(self.blocks[n_blocks:])
+            del self.blocks[n_blocks:]
+            self._index()
+
+
+class BlockTable(KVTable):
+    """The table of the model the pool was made for: its position j of every attention layer l is row
+    j % block_size of block blocks[j // block_size] in pool.k[l] / pool.v[l]."""
 
     def __init__(self, pool: BlockPool):
-        self.pool, self.blocks = pool, []
-        self.block_size = pool.block_size  # positions an id of ids() holds
+        super().__init__(pool, pool.block_size)
         self._ids = np.zeros(0, np.int64)  # self.blocks as an array, for the kernels (rebuilt on change only)
 
     def blocks_for(self, n_positions: int) -> int:
         return self.pool.blocks_for(n_positions)
+
+    def first_block(self, position: int) -> int:
+        return position // self.block_size
+
+    def _index(self) -> None:
+        self._ids = np.array(self.blocks, np.int64)
 
     def arrays(self, layer: int) -> tuple:
         """Where layer `layer`'s keys and values live: [n_blocks, block_size, H_kv, d] each."""
@@ -197,36 +261,13 @@ class BlockTable:
         for block in blocks:
             self.pool.share(block)
         self.blocks = list(blocks)
-        self._ids = np.array(self.blocks, np.int64)
-
-    def reserve(self, n_positions: int) -> None:
-        """Own enough blocks for n_positions (takes from the free list only at a block boundary)."""
-        while len(self.blocks) * self.pool.block_size < n_positions:
-            self.blocks.append(self.pool.take())
-        if len(self._ids) != len(self.blocks):
-            self._ids = np.array(self.blocks, np.int64)
-
-    def check_writable(self, first: int, n_positions: int) -> None:
-        """Positions first .. n_positions-1 are about to be written: raise if one lies in a shared or cached
-        block (a bug: speculation's writes and rollbacks must stay in blocks this sequence alone owns)."""
-        bs = self.pool.block_size
-        for j in range(first // bs, self.pool.blocks_for(n_positions)):
-            if not self.pool.writable(self.blocks[j]):
-                raise RuntimeError(f"a write into block {self.blocks[j]}, which is shared or cached")
-
-    def keep(self, n_positions: int) -> None:
-        """Give back the tail blocks a sequence of n_positions no longer needs (a rollback, a finish: 0)."""
-        n_blocks = self.pool.blocks_for(n_positions)
-        if n_blocks < len(self.blocks):
-            self.pool.give_back(self.blocks[n_blocks:])
-            del self.blocks[n_blocks:]
-            self._ids = np.array(self.blocks, np.int64)
+        self._index()
 
     def ids(self, layer: int | None = None) -> np.ndarray:  # [n_blocks] int64, the same for every layer
         return self._ids
 
 
-class ViewTable:
+class ViewTable(KVTable):
     """One sequence's blocks for another model's attention layers (the MTP head, a draft model) in the pool's
     memory (the module docstring): its layer l's position j is row j % P of slab ids(l)[j // P] of the view
     [S * n_blocks, P, H', d'] (BlockPool.view). layers: that model's attention layer indices (L of them).
@@ -235,8 +276,8 @@ class ViewTable:
     gives back its tail blocks when it keeps fewer positions; it never shares or adopts one."""
 
     def __init__(self, pool: BlockPool, layers: list[int], n_head_kv: int, head_dim: int):
-        self.pool, self.blocks = pool, []
-        self.k, self.v, self.block_size = pool.view(n_head_kv, head_dim)  # block_size: P, positions an id holds
+        self.k, self.v, P = pool.view(n_head_kv, head_dim)
+        super().__init__(pool, P)  # block_size: P, positions an id holds
         self.ordinal = {layer: j for j, layer in enumerate(layers)}  # model layer -> l, its place among the L
         self._ids = [np.zeros(0, np.int64) for _ in layers]  # per l its slab ids in position order
 
@@ -244,32 +285,13 @@ class ViewTable:
         slabs = -(-int(n_positions) // self.block_size) * len(self.ordinal)  # chunks of P positions, one slab a layer
         return -(-slabs // self.pool.slabs)
 
+    def first_block(self, position: int) -> int:
+        return (position // self.block_size * len(self.ordinal)) // self.pool.slabs
+
     def arrays(self, layer: int) -> tuple:
         if layer not in self.ordinal:
             raise ValueError(f"layer {layer} keeps no KV in this table (its attention layers: {list(self.ordinal)})")
         return self.k, self.v
-
-    def reserve(self, n_positions: int) -> None:
-        """Own enough blocks for n_positions of every layer (takes from the free list at a block boundary only)."""
-        n_blocks = self.blocks_for(n_positions)
-        if len(self.blocks) < n_blocks:
-            while len(self.blocks) < n_blocks:
-                self.blocks.append(self.pool.take())
-            self._index()
-
-    def check_writable(self, first: int, n_positions: int) -> None:
-        """As BlockTable.check_writable: a view's blocks are its own (never shared, never cached)."""
-        for block in self.blocks[(first // self.block_size * len(self.ordinal)) // self.pool.slabs :
-                                 self.blocks_for(n_positions)]:
-            if not self.pool.writable(block):
-                raise RuntimeError(f"a write into block {block}, which is shared or cached")
-
-    def keep(self, n_positions: int) -> None:
-        n_blocks = self.blocks_for(n_positions)
-        if n_blocks < len(self.blocks):
-            self.pool.give_back(self.blocks[n_blocks:])
-            del self.blocks[n_blocks:]
-            self._index()
 
     def _index(self) -> None:
         """Each layer's slab ids from the blocks: slab i = c * L + l of chunk c is slab i % S of block i // S."""
@@ -287,7 +309,7 @@ class PagedKVCache:
     truncate, attend, contents). `table` (a BlockTable, or a ViewTable for another model's layers) is shared with
     the sequence's other attention layers and says where each position lives."""
 
-    def __init__(self, table: BlockTable | ViewTable, layer: int):
+    def __init__(self, table: KVTable, layer: int):
         self.table, self.layer, self.pool = table, layer, table.pool
         self.k_pool, self.v_pool = table.arrays(layer)  # [ids, block_size, H_kv, d] each, read through ids()
         self.n = 0  # positions filled
@@ -304,6 +326,12 @@ class PagedKVCache:
         self.k_pool[ids, rows] = k
         self.v_pool[ids, rows] = v
         self.n += T
+
+    def start_at(self, n: int) -> None:
+        """A fresh cache begins holding n positions its table adopted (a cached prefix's full blocks)."""
+        if self.n or n > len(self.table.blocks) * self.table.block_size:
+            raise ValueError(f"only a fresh cache can start at {n} adopted positions")
+        self.n = n
 
     def claim(self, T: int) -> None:
         """Positions n .. n+T-1 will be written by a device pass (rowmap.claim): blocks reserved and checked

@@ -46,10 +46,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
 
 from .paged import BlockPool
-from .state import GDNState, ModelState
+from .state import ModelState
 
 
 @dataclass(eq=False)
@@ -172,7 +171,7 @@ class PrefixCache:
             return  # a block of the path was evicted meanwhile (or no states are kept): nothing to attach it to
         entry = path[-1]
         if entry.state is None:
-            entry.state = [(layer.conv.copy(), layer.ssm.copy()) for layer in state.layers if isinstance(layer, GDNState)]
+            entry.state = state.gdn_copy()
             self.states_saved += 1
         self.with_state[entry.id] = entry
         self.with_state.move_to_end(entry.id)
@@ -188,18 +187,8 @@ class PrefixCache:
             return
         self.hits += 1
         self.with_state.move_to_end(match.entry.id)  # recently used
-        state.table.adopt(match.blocks)
-        n = len(match.blocks) * self.pool.block_size
-        self.tokens_reused += n
-        saved = iter(match.entry.state)
-        for layer in state.layers:
-            if isinstance(layer, GDNState):
-                conv, ssm = next(saved)
-                np.copyto(layer.conv, conv)
-                np.copyto(layer.ssm, ssm)
-            else:
-                layer.n = n  # a PagedKVCache: its positions are the adopted blocks'
-        state.pos = n
+        state.start_from(match.blocks, match.entry.state)
+        self.tokens_reused += state.pos
 
     def _forget_stale_states(self) -> None:
         """Drop the states of entries whose block was evicted (a lookup could never reach them again)."""

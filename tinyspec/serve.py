@@ -52,12 +52,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from .drafting import Drafter, DraftPolicy, policy_for
-from .generate import SeqResult
 from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate, completion_body, parse_request, usage
-from .paged import BlockPool
-from .prefix_cache import PrefixCache
-from .sampling import SamplingParams
-from .speculate import Engine, blocks_per_run, check_prompt
+from .scheduler import EngineOptions, check_prompt
+from .sequence import SeqResult
+from .speculate import Engine
 
 BLOCK_SIZE = 16  # positions per KV block
 MAX_BODY = 16 << 20  # bytes of a request body at most
@@ -147,15 +145,12 @@ class Server:
             raise ValueError(f"the context per request must be in 1..{model.cfg.n_ctx} (the model's), got {ctx}")
         policy = policy_for(0 if drafter is None else None, policy)
         # the KV pool holds every slot's longest run (ctx positions and a pass's drafts, its drafter's KV too):
-        # admission never waits
-        per_slot = blocks_per_run(model, drafter, self.ctx + policy.k_max + 1, BLOCK_SIZE)
-        pool = BlockPool(model.cfg, slots * per_slot, BLOCK_SIZE, model.xp)
-        # chunk: a joining prompt's prefill rows per pass (the running requests wait at most that many extra rows);
-        # prefix_cache: a prompt that starts like an earlier one prefills only the rest (prefix_cache.py)
-        self.prefix_cache = PrefixCache(pool) if prefix_cache else None
-        self.engine = Engine(model, slots, drafter, policy, SamplingParams(), tokenizer.eog_ids, pool,
-                             on_emit=self._on_emit, on_finish=self._on_finish, chunk=chunk,
-                             prefix_cache=self.prefix_cache)
+        # admission never waits. chunk: a joining prompt's prefill rows per pass (the running requests wait at most
+        # that many extra rows); prefix_cache: a prompt that starts like an earlier one prefills only the rest
+        options = EngineOptions(slots=slots, paged=True, run_length=self.ctx, block_size=BLOCK_SIZE, chunk=chunk,
+                                prefix_cache=prefix_cache, stop_ids=tuple(tokenizer.eog_ids))
+        self.engine = Engine(model, drafter, policy, options, on_emit=self._on_emit, on_finish=self._on_finish)
+        self.prefix_cache = self.engine.prefix_cache
         template = model.metadata.get("tokenizer.chat_template")
         self.chat: ChatTemplate | None = None
         self.chat_unavailable: str | None = None  # why a file's template cannot be rendered (chat answers 501)

@@ -168,6 +168,27 @@ class ModelState:
         to give; it forgets its positions)."""
         self.truncate_kv(0)
 
+    def gdn_copy(self) -> list[tuple]:
+        """A copy of every GDN layer's (conv window [C, w-1], memory [HV, K, V]): what a prefix cache saves."""
+        return [(layer.conv.copy(), layer.ssm.copy()) for layer in self.layers if isinstance(layer, GDNState)]
+
+    def start_from(self, blocks: list[int], saved: list[tuple]) -> None:
+        """A fresh paged state begins after a cached prefix: its table adopts the prefix's full `blocks` (shared,
+        never written), every GDN layer copies the state saved there (gdn_copy's list) into its own buffers."""
+        if self.pos:
+            raise ValueError("only a fresh state can start from a cached prefix")
+        self.table.adopt(blocks)
+        n = len(blocks) * self.table.block_size
+        saved = iter(saved)
+        for layer in self.layers:
+            if isinstance(layer, GDNState):
+                conv, ssm = next(saved)
+                np.copyto(layer.conv, conv)
+                np.copyto(layer.ssm, ssm)
+            else:
+                layer.start_at(n)  # a PagedKVCache: its positions are the adopted blocks'
+        self.pos = n
+
     def copy(self) -> "ModelState":
         out = object.__new__(ModelState)
         out.layers = [layer.copy() for layer in self.layers]

@@ -39,7 +39,7 @@ from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.generate import generate  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
-from tinyspec.speculate import speculative_generate  # noqa: E402
+from tinyspec.generate import speculative_generate# noqa: E402
 from tinyspec.tokenizer import Tokenizer  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"

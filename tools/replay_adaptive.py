@@ -47,7 +47,7 @@ from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
 from tinyspec.sampling import SamplingParams  # noqa: E402
 from tinyspec.drafting import FixedDraftLength, StopRule  # noqa: E402
-from tinyspec.speculate import speculative_generate  # noqa: E402
+from tinyspec.generate import speculative_generate# noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
 

@@ -23,7 +23,8 @@ import tinyspec
 from tinyspec.backends import load_model
 from tinyspec.batch import Batch, batch_generate
 from tinyspec.mtp import MTPDrafter
-from tinyspec.speculate import SeqResult, blocks_per_run
+from tinyspec.sequence import SeqResult
+from tinyspec.scheduler import blocks_per_run
 
 MODEL = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
 

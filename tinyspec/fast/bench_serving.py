@@ -46,7 +46,9 @@ from ..drafting import policy_for
 from ..model import Model
 from ..paged import BlockPool
 from ..prefix_cache import PrefixCache
-from ..speculate import Engine, SeqResult
+from ..scheduler import EngineOptions
+from ..sequence import SeqResult
+from ..speculate import Engine
 from ..state import GDNState
 from .bench import WIDE
 
@@ -116,8 +118,6 @@ def gdn_state_bytes(model: Model) -> int:
 
 def run(model: Model, sc: Scenario, prompts: list[list[int]], prefix_cache: bool, chunked: bool) -> Run:
     """Drive one Engine step by step through the scenario's arrivals, timing each request and each pass."""
-    pool = BlockPool(model.cfg, sc.n_blocks(), sc.block_size, model.xp)
-    cache = PrefixCache(pool) if prefix_cache else None
     drafter = build_drafter(sc.drafter, model) if sc.drafter else None
     policy = policy_for(sc.draft_n if sc.drafter else 0, None)
     seqs = [SeqResult(i, p) for i, p in enumerate(prompts)]
@@ -128,8 +128,10 @@ def run(model: Model, sc: Scenario, prompts: list[list[int]], prefix_cache: bool
         if seq.index not in first_s:  # its first token, picked in the pass now in progress
             first_s[seq.index], first_pass[seq.index] = time.perf_counter(), len(out.pass_s)
 
-    engine = Engine(model, sc.slots, drafter, policy, pool=pool, on_emit=on_emit,
-                    chunk=sc.chunk if chunked else None, prefix_cache=cache)
+    options = EngineOptions(slots=sc.slots, paged=True, n_blocks=sc.n_blocks(), block_size=sc.block_size,
+                            chunk=sc.chunk if chunked else None, prefix_cache=prefix_cache)
+    engine = Engine(model, drafter, policy, options, on_emit=on_emit)
+    pool, cache = engine.pool, engine.prefix_cache
     per_state, per_block, row_bytes = gdn_state_bytes(model), pool.bytes_per_block(), 4 * model.cfg.n_vocab
     step, arrived, peak, saved_peak = 0, 0, -1, 0
     t_first = time.perf_counter()

@@ -139,18 +139,13 @@ class SyntheticDrafter(Proposing):
         inner = self.inner.another(pool) if self.inner is not None else None  # its KV, if any, in the pool
         return SyntheticDrafter(self.references, self.acceptance, self.seed + 1, inner)
 
-    # the pool half of the protocol is the inner drafter's (the synthetic drafts keep no KV)
-    def blocks_to_start(self, n: int, resume: object = None) -> int:
-        return self.inner.blocks_to_start(n, resume) if self.inner is not None else 0
-
-    def blocks_to_draft(self, k: int) -> int:
-        return self.inner.blocks_to_draft(k) if self.inner is not None else 0
-
+    # the memory half of the protocol is the inner drafter's (the synthetic drafts keep no KV)
     def release(self) -> object:
         return self.inner.release() if self.inner is not None else None
 
-    def pool_blocks(self) -> list[int]:
-        return self.inner.pool_blocks() if self.inner is not None else []
+    @property
+    def kv_table(self):
+        return self.inner.kv_table if self.inner is not None else None
 
     def start(self, prompt: list[int], hidden: np.ndarray | None, k_max: int = 0, resume: object = None) -> None:
         if isinstance(self.references, Mapping):
