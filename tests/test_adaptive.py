@@ -6,12 +6,19 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_speculate import N_VOCAB, RandomDrafter, draft_model, make_drafter, repetitive_prompt, target, targets  # noqa: F401
+from test_speculate import (  # noqa: F401
+    N_VOCAB,
+    RandomDrafter,
+    draft_model,
+    make_drafter,
+    repetitive_prompt,
+    target,
+    targets,
+)
 
 from tinyspec.fast.adaptive import AdaptiveDraftLength
-from tinyspec.generate import generate
-from tinyspec.generate import speculative_generate
 from tinyspec.fast.synthetic import expected_mean_accepted_length
+from tinyspec.generate import generate, speculative_generate
 
 
 def run(policy: AdaptiveDraftLength, steps: int, accept_prob: float, cost, rng) -> None:

@@ -35,17 +35,16 @@ from tiny_models import write_tiny_qwen35
 import tinyspec
 from tinyspec.backends import load_model, numba_available
 from tinyspec.batch import batch_generate
-from tinyspec.sequence import SeqResult
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.generate import generate
+from tinyspec.drafting import FixedDraftLength, Plan
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.sampling import SamplingParams, probs_from_logits
-from tinyspec.drafting import FixedDraftLength, Plan
 from tinyspec.scheduler import EngineOptions, blocks_per_run
+from tinyspec.sequence import SeqResult
 from tinyspec.speculate import Engine
-from tinyspec.generate import speculative_generate
 from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"

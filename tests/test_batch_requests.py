@@ -19,19 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_batch import one_numba_thread  # noqa: F401  (autouse: the cpu kernels on one thread, as there)
+
 import tinyspec
 from tinyspec.backends import load_model, numba_available
-from tinyspec.scheduler import EngineOptions
-from tinyspec.speculate import Engine
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.generate import generate
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
+from tinyspec.scheduler import EngineOptions
 from tinyspec.sequence import SeqResult
-from tinyspec.generate import speculative_generate
+from tinyspec.speculate import Engine
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]

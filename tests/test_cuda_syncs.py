@@ -41,12 +41,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import fake_cupy
 import numpy as np
 import pytest
-
-import fake_cupy
 from test_backends import write_quantized
 from test_cuda_moe import write_moe
+
 from tinyspec import backends
 from tinyspec.backends import load_model
 from tinyspec.draft import DraftModelDrafter

@@ -17,13 +17,19 @@ from tiny_models import write_tiny_qwen35
 
 from tinyspec.backends import PackedWeight
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.fast.draft_vocab import DraftVocab, draw, rank_tokens, ranking_for, save_ranking, subset_rows
-from tinyspec.generate import generate
+from tinyspec.fast.draft_vocab import (
+    DraftVocab,
+    draw,
+    rank_tokens,
+    ranking_for,
+    save_ranking,
+    subset_rows,
+)
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter
 from tinyspec.quants import GGMLType, quantize
 from tinyspec.sampling import SamplingParams
-from tinyspec.generate import speculative_generate
 
 
 @pytest.fixture(scope="module")

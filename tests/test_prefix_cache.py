@@ -19,13 +19,13 @@ import pytest
 from test_batch import BACKENDS, models, one_numba_thread, solo_greedy
 
 from tinyspec.batch import batch_generate
-from tinyspec.scheduler import EngineOptions
-from tinyspec.speculate import Engine
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.paged import BlockPool, PagedKVCache, ViewTable
 from tinyspec.prefix_cache import PrefixCache
+from tinyspec.scheduler import EngineOptions
 from tinyspec.sequence import SeqResult
+from tinyspec.speculate import Engine
 
 pytestmark = pytest.mark.usefixtures(one_numba_thread.__name__)  # the cpu backend on one thread here too
 

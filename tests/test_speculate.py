@@ -17,14 +17,21 @@ from law_checks import assert_counts_follow
 from tiny_models import write_tiny_qwen35
 
 from tinyspec.draft import DraftModelDrafter
+from tinyspec.drafting import (
+    Draft,
+    FixedDraftLength,
+    KeepsNoKV,
+    Plan,
+    Proposing,
+    StopRule,
+    no_passes,
+)
 from tinyspec.fast.adaptive import AdaptiveDraftLength
 from tinyspec.fast.draft_vocab import DraftVocab
-from tinyspec.generate import generate
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
-from tinyspec.drafting import Draft, FixedDraftLength, KeepsNoKV, Plan, Proposing, StopRule, no_passes
-from tinyspec.generate import speculative_generate
 
 N_VOCAB = 272
 
@@ -247,8 +254,8 @@ def test_bad_arguments(target):
 def test_limits_are_checked_before_anything_is_allocated(target):
     """A draft length past MAX_DRAFT (the ring holds a state per draft) and a generation past the model's context
     are refused up front, in speculative and plain generation alike, with the numbers in the message."""
-    from tinyspec.generate import generate
     from tinyspec.drafting import MAX_DRAFT
+    from tinyspec.generate import generate
 
     n_ctx = target.cfg.n_ctx
     with pytest.raises(ValueError, match=f"0..{MAX_DRAFT}"):

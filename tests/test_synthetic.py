@@ -9,11 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_models import write_tiny_qwen35
 
-from tinyspec.generate import generate
+from tinyspec.fast.synthetic import (
+    SyntheticDrafter,
+    acceptance_for_mean_length,
+    expected_mean_accepted_length,
+)
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.model import Model
 from tinyspec.sampling import SamplingParams
-from tinyspec.generate import speculative_generate
-from tinyspec.fast.synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
 PROMPT = [5, 80, 13, 200, 7]
 

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-
 from .drafting import Drafter, DraftPolicy, policy_for
 from .model import Model
 from .sampling import SamplingParams

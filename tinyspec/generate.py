@@ -19,8 +19,8 @@ from .drafting import Drafter, DraftPolicy, policy_for
 from .model import Model
 from .sampling import SamplingParams
 from .scheduler import EngineOptions, check_lengths
-from .sequence import SeqResult
-from .speculate import Engine, SpecStats
+from .sequence import SeqResult, SpecStats
+from .speculate import Engine
 
 
 @dataclass

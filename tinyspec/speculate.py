@@ -53,90 +53,32 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafting import NO_DRAFT, Draft, Drafter, DraftPolicy, Plan, policy_for, run_together
+from .drafting import (
+    NO_DRAFT,
+    Draft,
+    Drafter,
+    DraftPolicy,
+    Plan,
+    policy_for,
+    run_together,
+)
 from .model import Model
 from .sampling import SamplingParams, pick, probs_from_logits
 from .scheduler import EngineOptions, Scheduler, check_prompt
-from .sequence import Running, SeqResult
+from .sequence import PHASES, Running, SeqResult, SpecStats
 from .spec_sampling import verify_greedy, verify_step
-
-PHASES = ("prefill", "draft", "verify", "accept", "rollback")
-
-
-def step_ms(step_s: list[float]) -> dict:
-    """The steps' times as {"step_ms": {median, min, max}} (nothing when no step was timed): how steady the
-    run's own timing was, so a reader can tell a slow run from a noisy one."""
-    if not step_s:
-        return {}
-    ms = sorted(1000 * s for s in step_s)
-    return {"step_ms": {"median": float(np.median(ms)), "min": ms[0], "max": ms[-1], "steps": len(ms)}}
-
-
-@dataclass
-class SpecStats:
-    """One sequence's counts: what it drafted, kept and emitted, per draft position too, and its time."""
-    k_max: int  # drafts a step at most (the policy's)
-    steps: int = 0  # target passes after the prefill (a plain step, no drafts, is one too)
-    plain_steps: int = 0  # of which drafted nothing (k = 0: the policy's choice, or no room left)
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)  # [i] = steps whose draft i+1 was accepted
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted drafts per step -> steps
-    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    rollbacks: int = 0
-    preemptions: int = 0  # times the pool ran out and this sequence gave its blocks back (resumed by recompute)
-    prefix_tokens_reused: int = 0  # prompt tokens not prefilled: found in the prefix cache (prefix_cache.py)
-    step_s: list[float] = field(default_factory=list)  # each step's seconds (the engine's whole step)
-    wall_s: float = 0.0
-    adaptive: dict | None = None  # the policy's summary (the adaptive policy's chosen k's and estimates)
-
-    def __post_init__(self):
-        self.accepted_per_position = self.accepted_per_position or [0] * self.k_max
-        self.drafted_per_position = self.drafted_per_position or [0] * self.k_max
-
-    def record(self, n_drafted: int, n_accepted: int) -> None:
-        self.steps += 1
-        self.plain_steps += n_drafted == 0
-        self.drafted += n_drafted
-        self.accepted += n_accepted
-        for i in range(n_drafted):
-            self.drafted_per_position[i] += 1
-            self.accepted_per_position[i] += i < n_accepted
-        self.accepted_length_histogram[n_accepted] = self.accepted_length_histogram.get(n_accepted, 0) + 1
-
-    def as_dict(self) -> dict:
-        decode_s = self.wall_s - self.phase_s["prefill"]
-        return {
-            "k_max": self.k_max, "steps": self.steps, "plain_steps": self.plain_steps, "drafted": self.drafted,
-            "accepted": self.accepted, "emitted": self.emitted, "generated": self.emitted,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
-            "mean_accepted_length": (self.accepted + self.steps) / self.steps if self.steps else 0.0,
-            "accepted_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)],
-            "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_histogram.items())},
-            "phase_ms": {k: 1000 * v for k, v in self.phase_s.items()},
-            "rollbacks": self.rollbacks, "preemptions": self.preemptions,
-            "prefix_tokens_reused": self.prefix_tokens_reused,
-            "prefill_s": self.phase_s["prefill"], "decode_s": decode_s,
-            "tokens_per_s": self.emitted / decode_s if decode_s > 0 else 0.0,
-            "decode_tok_s": self.emitted / decode_s if decode_s > 0 else 0.0,
-        } | step_ms(self.step_s) | ({"adaptive": self.adaptive} if self.adaptive is not None else {})
 
 
 class PhaseClock:
-    """Seconds per phase: lap(name) charges the time since the previous lap to `name`."""
+    """Seconds per phase: lap(name) charges the time since the previous lap to `name`; begin() starts afresh (what
+    happened since the last lap, outside the engine, is nobody's phase)."""
 
     def __init__(self, phase_s: dict[str, float]):
         self.phase_s, self.now = phase_s, time.perf_counter
-        self.t_begin = self.t_lap = self.now()
+        self.begin()
 
     def begin(self) -> None:
-        """Start timing afresh (what happened since the last lap, outside the engine, is nobody's phase)."""
         self.t_begin = self.t_lap = self.now()
-
-    def since_begin(self) -> float:
-        return self.now() - self.t_begin
 
     def lap(self, phase: str) -> float:
         t = self.now()
@@ -238,12 +180,11 @@ class Engine:
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
-    slots = property(lambda self: self.options.slots)
-    chunk = property(lambda self: self.options.chunk)
+    # what a caller reads between steps: the options, and where the scheduler has the sequences
+    slots, chunk = property(lambda self: self.options.slots), property(lambda self: self.options.chunk)
     active = property(lambda self: self.scheduler.active)  # slot -> Running
-    waiting = property(lambda self: self.scheduler.waiting)
-    preemptions = property(lambda self: self.scheduler.preemptions)
-    prefix_cache = property(lambda self: self.scheduler.cache)
+    waiting, preempted = property(lambda self: self.scheduler.waiting), property(lambda self: self.scheduler.preempted)
+    preemptions, prefix_cache = property(lambda self: self.scheduler.preemptions), property(lambda self: self.scheduler.cache)
 
     def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator,
             params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None) -> None:
@@ -386,7 +327,7 @@ class Engine:
             return
         self.steps, self.rows = self.steps + 1, self.rows + int(p.bounds[len(p.seqs)])
         for s in p.seqs:  # a step: a pass with decoding rows
-            s.stats.step_s.append(self.clock.since_begin())
+            s.stats.step_s.append(self.clock.now() - self.clock.t_begin)
         self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(p.bounds[-1]))
 
     def _emit(self, b: int, s: Running, run: list[int], marks: list[str]) -> None:

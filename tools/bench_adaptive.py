@@ -35,11 +35,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
-from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
-from tinyspec.generate import generate  # noqa: E402
+from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
+from tinyspec.generate import generate, speculative_generate  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
-from tinyspec.generate import speculative_generate# noqa: E402
 from tinyspec.tokenizer import Tokenizer  # noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"

@@ -42,12 +42,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
-from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
+from tinyspec.drafting import FixedDraftLength, StopRule  # noqa: E402
+from tinyspec.fast.adaptive import AdaptiveDraftLength  # noqa: E402
+from tinyspec.generate import speculative_generate  # noqa: E402
 from tinyspec.mtp import MTPDrafter  # noqa: E402
 from tinyspec.sampling import SamplingParams  # noqa: E402
-from tinyspec.drafting import FixedDraftLength, StopRule  # noqa: E402
-from tinyspec.generate import speculative_generate# noqa: E402
 
 ASSETS = REPO / "tinyspec" / "assets"
 

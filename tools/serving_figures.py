@@ -21,10 +21,11 @@ import numpy as np
 
 import tinyspec
 from tinyspec.backends import load_model
-from tinyspec.batch import Batch, batch_generate
+from tinyspec.batch import batch_generate
 from tinyspec.mtp import MTPDrafter
+from tinyspec.scheduler import EngineOptions, blocks_per_run
 from tinyspec.sequence import SeqResult
-from tinyspec.scheduler import blocks_per_run
+from tinyspec.speculate import Engine
 
 MODEL = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
 
@@ -63,7 +64,8 @@ def chunking(model, n_long: int) -> None:
     print(f"2. chunked prefill: 2 sequences decode (plain) while a {n_long}-token prompt joins at step 3")
     base = None
     for chunk in (None, 256, 64, 16):
-        engine = Batch(model, 3, 4 * -(-(n_long + 64) // 16), 16, chunk=chunk)
+        engine = Engine(model, options=EngineOptions(slots=3, paged=True, n_blocks=4 * -(-(n_long + 64) // 16),
+                                                     chunk=chunk))
         seqs = [SeqResult(0, [1, 2, 3]), SeqResult(1, [7, 8, 9]), SeqResult(2, [int(t) for t in
                                                                           np.arange(n_long) % 7000 + 10])]
         engine.add(seqs[0], 40, 0)
