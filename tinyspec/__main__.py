@@ -262,25 +262,6 @@ def make_drafter(args, model, tokenizer=None):
     return build_drafter(kind.name, model, DraftOptions(draft_model, vocab, args.draft_p_min))
 
 
-class StreamPrinter:
-    """on_emit for generate(): writes tokens to stdout as they are decided, through an incremental UTF-8 decoder
-    (a character may end in the next token), so the stream equals the final text."""
-
-    def __init__(self, tokenizer):
-        import codecs
-
-        self.tokenizer = tokenizer
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def __call__(self, tokens: list[int], marks: list[str]) -> None:
-        sys.stdout.write(self.utf8.decode(self.tokenizer.decode_bytes(tokens)))
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        sys.stdout.write(self.utf8.decode(b"", final=True) + "\n")
-        sys.stdout.flush()
-
-
 def decoding_args(args):
     """The flags generate and batch share, checked before a model loads (the shipped model when --model is
     absent) -> their SamplingParams."""
@@ -312,6 +293,7 @@ def cmd_generate(args) -> int:
     from .drafters import DRAFTERS
     from .generate import generate
     from .drafting import check_draft_length
+    from .textstream import StreamPrinter
 
     params = decoding_args(args)
     if args.draft_max is not None:

@@ -35,7 +35,6 @@ API. For a serving stack, see vLLM or llama.cpp's llama-server; this is the smal
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import json
 import queue
@@ -58,6 +57,7 @@ from .paged import BlockPool
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculate import Engine, blocks_per_run, check_prompt
+from .textstream import TokenText
 
 BLOCK_SIZE = 16  # positions per KV block
 MAX_BODY = 16 << 20  # bytes of a request body at most
@@ -67,22 +67,22 @@ STATS_SHOWN = ("steps", "plain_steps", "drafted", "accepted", "acceptance_rate",
 
 
 class TextStream:
-    """Token ids in, final text out: UTF-8 decoded incrementally, held back while its end could begin a stop
-    string, and cut where the first stop string to be completed begins (`stopped`: then nothing more comes out)."""
+    """Token ids in, final text out: UTF-8 decoded incrementally (textstream.TokenText), held back while its end
+    could begin a stop string, and cut where the first stop string to be completed begins (`stopped`: then
+    nothing more comes out)."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.tokenizer, self.stops = tokenizer, stops
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.decoded, self.stops = TokenText(tokenizer), stops
         self.text = ""  # decoded so far
         self.sent = 0  # characters of text released
         self.stopped = False
 
     def feed(self, tokens: list[int]) -> str:
-        self.text += self.utf8.decode(self.tokenizer.decode_bytes(tokens))
+        self.text += self.decoded.feed(tokens)
         return self._release(final=False)
 
     def finish(self) -> str:
-        self.text += self.utf8.decode(b"", final=True)
+        self.text += self.decoded.finish()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
