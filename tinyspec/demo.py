@@ -28,7 +28,8 @@ from pathlib import Path
 from .backends import default_backend, first_run_compiles, load_model
 from .batch import batch_generate
 from .drafters import DRAFTERS, DraftOptions, build_drafter
-from .generate import generate, marks_legend, render_marked, wants_colour
+from .generate import generate
+from .report import marks_legend, render_marked, wants_colour
 from .tokenizer import Tokenizer
 
 ASSETS = Path(str(resources.files("tinyspec") / "assets"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import Model
+from .report import MARKS, marks_legend, render_marked, wants_colour  # noqa: F401  (long imported from here)
 from .sampling import SamplingParams, pick
 
 
@@ -85,48 +86,3 @@ def step_ms(step_s: list[float]) -> dict:
     ms = sorted(1000 * s for s in step_s)
     return {"step_ms": {"median": ms[len(ms) // 2] if len(ms) % 2 else (ms[len(ms) // 2 - 1] + ms[len(ms) // 2]) / 2,
                         "min": ms[0], "max": ms[-1], "steps": len(ms)}}
-
-
-# How a speculative run produced each token (speculate.py): a draft the target agreed with, the target's own token
-# after a rejected draft (a correction), its token after all k drafts were kept (the bonus), or a plain target
-# token (the first one, and every token of a step that drafted nothing).
-MARKS = ("accepted", "correction", "bonus", "target")
-_BRACKETS = {"accepted": "[{}]", "correction": "{{{}}}", "bonus": "<{}>", "target": "{}"}
-_COLOURS = {"accepted": "\x1b[32m", "correction": "\x1b[33m", "bonus": "\x1b[36m", "target": ""}  # green yellow cyan
-
-
-def render_marked(tokenizer, tokens: list[int], marks: list[str], colour: bool = False) -> str:
-    """Text with each run of same-marked tokens marked by how it was produced. colour=False (a pipe, a file, a
-    notebook): [accepted drafts] {correction} <bonus>, target tokens plain; colour=True (a terminal): the same
-    runs in green, yellow and cyan. A run is decoded as one piece, so a character split across tokens stays
-    whole and a run of accepted drafts reads as the phrase it is: `[ with open](src)` not `[ with][ open]`."""
-    out, run, mark = [], [], None
-    for t, m in [*zip(tokens, marks), (None, None)]:
-        if m != mark and run:
-            text = tokenizer.decode(run)
-            if colour and _COLOURS[mark]:
-                c = _COLOURS[mark]  # coloured line by line, so a margin printed before each line stays plain
-                out.append(c + text.replace("\n", "\x1b[0m\n" + c) + "\x1b[0m")
-            else:
-                out.append(_BRACKETS[mark].format(text) if not colour else text)
-            run = []
-        if t is not None:
-            run.append(t)
-        mark = m
-    return "".join(out)
-
-
-def wants_colour(stream) -> bool:
-    """Colour on a terminal, unless NO_COLOR is set (no-color.org); brackets anywhere else."""
-    import os
-
-    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
-
-
-def marks_legend(colour: bool = False) -> str:
-    """The one-line key to render_marked's marks."""
-    if colour:
-        return ("\x1b[32mgreen\x1b[0m: drafts the target accepted  \x1b[33myellow\x1b[0m: the target's correction  "
-                "\x1b[36mcyan\x1b[0m: its bonus token after k accepted drafts  plain: a target-only step")
-    return ("[...]: drafts the target accepted  {...}: the target's correction  <...>: its bonus token after k "
-            "accepted drafts  unmarked: a target-only step")
