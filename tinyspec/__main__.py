@@ -47,7 +47,8 @@ if __name__ == "__main__" and (why := shadowed_by_a_folder()):
     print(f"tinyspec: error: {why}", file=sys.stderr)
     sys.exit(2)
 
-from . import cli_bench, cli_run, drafters  # noqa: E402  (after the check: a shadowed package has nothing more to import)
+# after the check: a shadowed package has nothing more to import
+from . import cli_bench, cli_run, drafters  # noqa: E402
 from .backends import BackendError  # noqa: E402
 from .gguf import GGUFError  # noqa: E402
 from .gguf_view import print_inspect  # noqa: E402
@@ -82,10 +83,11 @@ def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> N
                         "machine busy with other work, fewer can be faster (idle threads sleep rather than spin)")
 
 
-def add_prompt_args(p: argparse.ArgumentParser) -> None:
+def add_prompt_args(p: argparse.ArgumentParser, required: bool = True,
+                    prompt_help: str = "prompt text (encoded with the file's own tokenizer)") -> None:
     p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (encoded with the file's own tokenizer)")
+    src = p.add_mutually_exclusive_group(required=required)
+    src.add_argument("--prompt", help=prompt_help)
     src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
     src.add_argument("--tokens", help="prompt as comma-separated token ids, e.g. 1,2,3")
 
@@ -109,6 +111,21 @@ def add_drafter_args(p: argparse.ArgumentParser) -> None:
     for flag, readers in drafters.every_flag().values():
         p.add_argument(flag.name, type=flag.type, default=flag.default, metavar=flag.metavar,
                        help=f"{', '.join(readers)}: {flag.help}")
+
+
+def add_slot_args(p: argparse.ArgumentParser) -> None:
+    """The flags batch and serve share: how many sequences at once, one k for all of them, the prefix cache."""
+    p.add_argument("--slots", type=int, default=4,
+                   help="sequences decoded at once; the others wait for a free slot, in order (default 4)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass of "
+                        "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
+                        "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
+                        "but no longer repeats a solo run's seed")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="keep the KV blocks of prompt prefixes already prefilled and the GDN states saved along them "
+                        "(tinyspec/prefix_cache.py): a prompt that starts like an earlier one prefills only the rest; "
+                        "output unchanged")
 
 
 def add_inspect(sub) -> None:
@@ -177,23 +194,14 @@ def add_batch(sub) -> None:
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="one prompt per line (blank lines skipped), or JSON lines with a \"prompt\" field (a line "
                         "starting with '{'); '-': standard input")
-    p.add_argument("--slots", type=int, default=4,
-                   help="sequences decoded at once; the other prompts wait for a free slot, in order (default 4)")
+    add_slot_args(p)
     p.add_argument("--draft-n", type=int, default=None,
                    help=f"draft tokens per slot and verify pass, the same for every slot every step "
                         f"(0..64, default {cli_run.BATCH_DRAFT_N})")
-    p.add_argument("--adaptive", action="store_true",
-                   help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass of "
-                        "R rows (fast/batch_draft_length.py): k = 0, plain decoding, where drafting would lose as "
-                        "the batch fills the pass. Greedy output is unchanged; sampled output keeps the model's law "
-                        "but no longer repeats a solo run's seed")
     p.add_argument("--chunk", type=int, default=None,
                    help="prefill rows per pass at most: a joining prompt is fed this many tokens a step as rows of "
                         "the running slots' verify pass, so they wait at most this many extra rows a step (default: "
                         "each prompt whole, in one pass)")
-    p.add_argument("--prefix-cache", action="store_true",
-                   help="share the KV blocks of prompt prefixes already prefilled and start from a saved GDN state "
-                        "(tinyspec/prefix_cache.py): a prompt that starts like an earlier one prefills only the rest")
     p.add_argument("--kv-blocks", type=int, default=None,
                    help="KV pool size in blocks of --block-size positions, a drafter's KV (one that runs a model) "
                         "counted with the target's (default: room for --slots of the longest runs); a smaller pool makes "
@@ -225,22 +233,14 @@ def add_serve(sub) -> None:
                                    "speculation stats. Ctrl-C cancels what is running and exits 0. "
                                    "See docs/http-server.md.")
     p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
-    p.add_argument("--slots", type=int, default=4,
-                   help="sequences decoded at once; other requests wait for a free slot, in order (default 4)")
+    add_slot_args(p)
     p.add_argument("--draft-n", type=int, default=None,
                    help=f"draft tokens per slot and verify pass (0..64, default {cli_run.BATCH_DRAFT_N}); a fixed k keeps "
                         "a seeded request's tokens those of `generate --draft-n K`")
-    p.add_argument("--adaptive", action="store_true",
-                   help="choose one k for every slot each step, up to --draft-n, from the measured cost of a pass "
-                        "(as batch --adaptive): greedy output is unchanged; sampled output keeps the model's law "
-                        "but no longer repeats a solo run's seed")
     add_drafter_args(p)
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help=f"tokens per request at most, prompt and output (default: the model's context length, at "
                         f"most {cli_run.SERVE_CTX}); the KV pool holds --slots of them")
-    p.add_argument("--prefix-cache", action="store_true",
-                   help="keep the KV blocks and GDN states of prompts seen before (tinyspec/prefix_cache.py): a prompt "
-                        "that starts like an earlier one prefills only the rest; output unchanged")
     p.add_argument("--chunk", type=int, default=64, metavar="N",
                    help="a joining prompt enters the running pass N rows at a time, so running requests wait at most "
                         "N extra rows a step (default 64); output unchanged")
@@ -293,11 +293,7 @@ def add_bench(sub) -> None:
                                    "with --synth-acceptance, for random-weight models made by `synth`). With "
                                    "--serving, a serving scenario instead: requests sharing a prefix arrive over "
                                    "time, with and without the prefix cache and chunked prefill (its flags below).")
-    p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="prompt text (default: --prompt-len random token ids)")
-    src.add_argument("--prompt-file", metavar="FILE", help="prompt text read from a UTF-8 file ('-': standard input)")
-    src.add_argument("--tokens", help="prompt as comma-separated token ids")
+    add_prompt_args(p, required=False, prompt_help="prompt text (default: --prompt-len random token ids)")
     p.add_argument("--prompt-len", type=int, default=32, help="random prompt length when no prompt is given (32)")
     add_backend_arg(p)
     p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")

@@ -85,7 +85,8 @@ def note_ignored(args, given_unused: list[tuple[str, bool]], ignored: list[str],
     """One note on stderr naming the flags given that this run does not read (the command's own that are
     given_unused, and the drafter flags --spec ignores)."""
     if names := [flag for flag, unused in given_unused if unused] + ignored:
-        print(f"tinyspec {args.command}: note: {', '.join(names)} ignored with --spec {args.spec}{also}", file=sys.stderr)
+        print(f"tinyspec {args.command}: note: {', '.join(names)} ignored with --spec {args.spec}{also}",
+              file=sys.stderr)
 
 
 def run_logits(args) -> int:

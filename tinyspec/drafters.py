@@ -1,16 +1,15 @@
 """Every drafter tinyspec offers, by name: the one registry the CLI, the demo and bench read.
 
-    name     what drafts                                              largest k the   its own flags
-                                                                      adaptive tries
-    mtp      the target's own MTP (nextn) head, chained k times       8               --draft-vocab --ranking --draft-p-min
-    lookup   n-grams of the prompt and the output so far              8               (none)
-    draft    a separate small model with the same vocabulary          4               --draft-model --draft-vocab --ranking
+    name     what drafts                                          k_max  its own flags
+    mtp      the target's own MTP (nextn) head, chained k times   8      --draft-vocab --ranking --draft-p-min
+    lookup   n-grams of the prompt and the output so far          8      (none)
+    draft    a separate small model with the same vocabulary      4      --draft-model --draft-vocab --ranking
 
 A kind builds the drafter for ONE sequence; the engine makes the others of a batch with `another()`
-(drafting.Drafter), so a kind needs no batch form. k_max is what `generate --spec NAME` lets the adaptive draft
-length try by default: mtp and draft end a step early after a draft they are unsure of (fast/adaptive.py
-keep_drafting), so a long cap costs little where drafts are unsure; the shipped draft model is slower at 8 than
-at 4 (docs/performance-log.md, old 29).
+(drafting.Drafter), so a kind needs no batch form. k_max is the largest draft length `generate --spec NAME` lets
+the adaptive draft length try by default: mtp and draft end a step early after a draft they are unsure of
+(fast/adaptive.py keep_drafting), so a long cap costs little where drafts are unsure; the shipped draft model is
+slower at 8 than at 4 (docs/performance-log.md, old 29).
 
 A kind declares the command-line flags it reads (Flag: name, help, default, a range check) and how their parsed
 values become its DraftOptions (`options`). generate, batch and serve add every kind's flags, each once, check
