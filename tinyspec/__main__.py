@@ -71,6 +71,14 @@ def cmd_synth(args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line, like every other error here: "tinyspec generate: error: ..."
+    (argparse prints its usage block first; --help still prints it all). Subcommands' parsers are of this class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message} (see {self.prog} --help)\n")
+
+
 def add_backend_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
     from .backends import BACKENDS
 
@@ -383,7 +391,7 @@ def add_demo(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m tinyspec",
         description="tinyspec: speculative decoding on hybrid Gated-DeltaNet (qwen35) models, every piece readable.",
     )
