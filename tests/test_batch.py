@@ -138,8 +138,9 @@ def test_greedy_batch_equals_solo_plain_greedy(backend, kind, slots):
     free up): every sequence's tokens are its solo plain greedy tokens, in input order."""
     target, draft = models(backend)
     for prompts in (PROMPTS[:slots], PROMPTS):
-        result = batch_generate(target, prompts, MAX_NEW, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
-                                draft_n=None if kind == "none" else 3, block_size=4)
+        result = batch_generate(target, prompts, MAX_NEW, drafter=batch_drafter(kind, target, draft, slots),
+                                draft_n=None if kind == "none" else 3,
+                                options=EngineOptions(slots=slots, block_size=4))
         assert [s.index for s in result.sequences] == list(range(len(prompts)))
         for seq, prompt in zip(result.sequences, prompts):
             assert seq.error is None
@@ -163,14 +164,15 @@ def test_stop_ids_end_sequences_early_even_inside_an_accepted_window(backend, ki
     same stops (generate: the stop is emitted, then nothing), and the sequences that do not stop are untouched."""
     target, draft = models(backend)
     slots, max_new = 2, 12
-    free = batch_generate(target, PROMPTS, max_new, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
-                          draft_n=None if kind == "none" else 3, block_size=4)
+    free = batch_generate(target, PROMPTS, max_new, drafter=batch_drafter(kind, target, draft, slots),
+                          draft_n=None if kind == "none" else 3, options=EngineOptions(slots=slots, block_size=4))
     stops = set()
     for seq in free.sequences:
         js = [j for j, m in enumerate(seq.marks) if m == "accepted" and seq.tokens[j] not in seq.tokens[:j]] or [2]
         stops.add(seq.tokens[js[0]])
-    result = batch_generate(target, PROMPTS, max_new, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
-                            draft_n=None if kind == "none" else 3, stop_ids=sorted(stops), block_size=4)
+    result = batch_generate(target, PROMPTS, max_new, drafter=batch_drafter(kind, target, draft, slots),
+                            draft_n=None if kind == "none" else 3,
+                            options=EngineOptions(slots=slots, stop_ids=sorted(stops), block_size=4))
     early = 0
     for seq, prompt in zip(result.sequences, PROMPTS):
         expected = solo_greedy(backend, prompt, max_new, stops)
@@ -188,9 +190,10 @@ def test_max_new_zero_and_one_and_a_stop_as_first_token(backend):
     target, _ = models(backend)
     first = solo_greedy(backend, PROMPTS[0], 1)[0]
     for max_new in (0, 1):
-        result = batch_generate(target, PROMPTS, max_new, slots=2, drafter=MTPDrafter(target))
+        result = batch_generate(target, PROMPTS, max_new, drafter=MTPDrafter(target), options=EngineOptions(slots=2))
         assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, max_new) for p in PROMPTS]
-    result = batch_generate(target, PROMPTS, 6, slots=2, drafter=MTPDrafter(target), stop_ids=[first])
+    result = batch_generate(target, PROMPTS, 6, drafter=MTPDrafter(target),
+                            options=EngineOptions(slots=2, stop_ids=[first]))
     assert result.sequences[0].tokens == [first]
     assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, 6, {first}) for p in PROMPTS]
 
@@ -203,8 +206,8 @@ def test_random_k_per_slot_per_step_is_still_exact(backend, kind):
     slots = 3
     for seed in (0, 1):
         policy = RandomK(4, seed)
-        result = batch_generate(target, PROMPTS, MAX_NEW, slots=slots, drafter=batch_drafter(kind, target, draft, slots),
-                                policy=policy, block_size=4)
+        result = batch_generate(target, PROMPTS, MAX_NEW, drafter=batch_drafter(kind, target, draft, slots),
+                                policy=policy, options=EngineOptions(slots=slots, block_size=4))
         assert [s.tokens for s in result.sequences] == [solo_greedy(backend, p, MAX_NEW) for p in PROMPTS]
         ks = [k for step in policy.chosen for k in step]
         assert 0 in ks and max(ks) > 0  # plain steps and drafting steps both happened
@@ -224,8 +227,8 @@ def test_sampled_batch_equals_solo_speculative_with_the_same_seed(backend, kind,
     target, draft = models(backend)
     seeds = [17, 4, 99, 1234, 5]
     stops = [15]
-    result = batch_generate(target, PROMPTS, MAX_NEW, slots=2, drafter=batch_drafter(kind, target, draft, 2),
-                            draft_n=k, params=SAMPLED, seeds=seeds, stop_ids=stops, block_size=4)
+    result = batch_generate(target, PROMPTS, MAX_NEW, drafter=batch_drafter(kind, target, draft, 2), draft_n=k,
+                            seeds=seeds, options=EngineOptions(slots=2, params=SAMPLED, stop_ids=stops, block_size=4))
     drafted = 0
     for seq, prompt, seed in zip(result.sequences, PROMPTS, seeds):
         solo = speculative_generate(target, solo_drafter(kind, target, draft), prompt, MAX_NEW, draft_n=k,
@@ -242,11 +245,12 @@ def test_sampled_batch_equals_solo_speculative_with_the_same_seed(backend, kind,
 def test_sampled_plain_batch_equals_generate_with_the_same_seed(backend):
     target, _ = models(backend)
     seeds = [3, 1, 4, 1, 5]  # two sequences share a seed: each still has its own stream
-    result = batch_generate(target, PROMPTS, MAX_NEW, slots=3, params=SAMPLED, seeds=seeds)
+    result = batch_generate(target, PROMPTS, MAX_NEW, seeds=seeds, options=EngineOptions(slots=3, params=SAMPLED))
     outs = [generate(target, p, MAX_NEW, SAMPLED, rng=np.random.default_rng(s)).tokens for p, s in zip(PROMPTS, seeds)]
     assert [s.tokens for s in result.sequences] == outs
     # and the outputs are really sampled: another seed gives another output somewhere
-    other = batch_generate(target, PROMPTS, MAX_NEW, slots=3, params=SAMPLED, seeds=[s + 100 for s in seeds])
+    other = batch_generate(target, PROMPTS, MAX_NEW, seeds=[s + 100 for s in seeds],
+                           options=EngineOptions(slots=3, params=SAMPLED))
     assert [s.tokens for s in other.sequences] != outs
 
 
@@ -283,8 +287,9 @@ def test_one_slot_of_a_batch_keeps_the_target_law(law_models):
 
     n_runs, counts, drafted, accepted = 700, {}, 0, 0
     for seed in range(n_runs):
-        result = batch_generate(target, prompts, 3, slots=3, drafter=DraftModelDrafter(draft, target),
-                                draft_n=2, params=params, seeds=[seed + 10_000, seed, seed + 20_000])
+        result = batch_generate(target, prompts, 3, drafter=DraftModelDrafter(draft, target), draft_n=2,
+                                seeds=[seed + 10_000, seed, seed + 20_000],
+                                options=EngineOptions(slots=3, params=params))
         seq = result.sequences[1]
         counts[tuple(seq.tokens[:2])] = counts.get(tuple(seq.tokens[:2]), 0) + 1
         drafted, accepted = drafted + seq.stats["drafted"], accepted + seq.stats["accepted"]
@@ -448,7 +453,7 @@ def pool_size(model: Model, drafter, sch: dict, k_max: int) -> int:
 
 def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=SamplingParams(), on_finish=None):
     drafter = batch_drafter(kind, model, draft, sch["slots"], sch["max_queue"])
-    options = EngineOptions(slots=sch["slots"], paged=True, n_blocks=pool_size(model, drafter, sch, policy.k_max),
+    options = EngineOptions(slots=sch["slots"], n_blocks=pool_size(model, drafter, sch, policy.k_max),
                             block_size=sch["block_size"], chunk=sch["chunk"], prefix_cache=sch["prefix_cache"],
                             max_states=sch["max_states"], state_every=sch["state_every"], params=params,
                             stop_ids=sch["stops"])
@@ -667,7 +672,7 @@ def test_a_sampled_mtp_sequence_preempted_after_its_head_restarted_from_a_window
     target, _ = models(backend)
     policy = PlainThenDraft(8)
     engine = Engine(target, MTPDrafter(target, max_queue=max_queue), policy,
-                    EngineOptions(slots=2, paged=True, n_blocks=n_blocks, block_size=4, params=SAMPLED))
+                    EngineOptions(slots=2, n_blocks=n_blocks, block_size=4, params=SAMPLED))
     windows, laws = [], [[], []]  # what each resumed head was handed back; per sequence its drafts and laws
     for slot, drafter in enumerate(engine.drafters):
         def start(prompt, hidden, k_max, resume=None, real_start=drafter.start):
@@ -696,7 +701,7 @@ def test_a_sampled_mtp_sequence_preempted_after_its_head_restarted_from_a_window
 def test_bad_arguments_raise():
     target, _ = models("numpy")
     with pytest.raises(ValueError, match="slots"):
-        batch_generate(target, [[1, 2]], 4, slots=0)
+        batch_generate(target, [[1, 2]], 4, options=EngineOptions(slots=0))
     with pytest.raises(ValueError, match="slots"):
         EngineOptions(slots=0)
     with pytest.raises(ValueError, match="no prompts"):
@@ -708,7 +713,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="disagree"):
         batch_generate(target, [[1]], 4, drafter=MTPDrafter(target), draft_n=2, policy=RandomK(3, 0))
     with pytest.raises(ValueError, match="block_size"):
-        batch_generate(target, [[1, 2, 3]], 4, block_size=0)
+        batch_generate(target, [[1, 2, 3]], 4, options=EngineOptions(block_size=0))
 
 
 class TooMany:
@@ -734,7 +739,7 @@ def test_a_plan_past_the_room_is_refused_before_drafting():
             return super().drafting(*args, **kwargs)
 
     target, _ = models("numpy")
-    engine = Engine(target, Counting(), TooMany(), EngineOptions(paged=True, n_blocks=16, block_size=4))
+    engine = Engine(target, Counting(), TooMany(), EngineOptions(n_blocks=16, block_size=4))
     engine.add(SeqResult(0, [1, 2, 3]), 8, 0)
     engine.step()  # the prefill pass: nothing is planned yet
     with pytest.raises(ValueError, match="planned"):
@@ -749,8 +754,8 @@ def test_prompts_that_cannot_run_are_reported_and_the_others_are_exact(backend):
     too_long = [1] * (n_ctx - max_new + 1)
     prompts = [PROMPTS[0], too_long, [], PROMPTS[2], [1, target.cfg.n_vocab], PROMPTS[4], [-1]]
     finished = []
-    result = batch_generate(target, prompts, max_new, slots=2, drafter=DraftModelDrafter(draft, target),
-                            draft_n=3, on_finish=lambda s: finished.append(s.index))
+    result = batch_generate(target, prompts, max_new, drafter=DraftModelDrafter(draft, target), draft_n=3,
+                            on_finish=lambda s: finished.append(s.index), options=EngineOptions(slots=2))
     seqs = result.sequences
     assert [s.index for s in seqs] == list(range(len(prompts)))
     assert "context length" in seqs[1].error
@@ -763,7 +768,7 @@ def test_prompts_that_cannot_run_are_reported_and_the_others_are_exact(backend):
     assert sorted(finished) == [0, 3, 5]  # only the sequences that ran are streamed
     assert result.stats["failed"] == 4 and result.stats["sequences"] == 7
     # all prompts bad: every one reported, nothing runs, no exception
-    bad = batch_generate(target, [[], too_long], max_new, slots=2)
+    bad = batch_generate(target, [[], too_long], max_new, options=EngineOptions(slots=2))
     assert all(s.error for s in bad.sequences) and bad.stats["generated"] == 0
 
 
@@ -775,8 +780,8 @@ def test_a_run_the_pool_can_never_hold_is_reported_and_the_others_run(backend):
     long_prompt = [5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 5, 6, 7, 8]
     prompts = [PROMPTS[1], long_prompt, PROMPTS[3], PROMPTS[0]]
     # block_size 4, k_max 3, max_new 6: [7, 8] needs ceil(12 / 4) = 3 blocks, the long prompt ceil(24 / 4) = 6
-    result = batch_generate(target, prompts, 6, slots=3, drafter=LookupDrafter(), draft_n=3,
-                            block_size=4, n_blocks=5)
+    result = batch_generate(target, prompts, 6, drafter=LookupDrafter(), draft_n=3,
+                            options=EngineOptions(slots=3, block_size=4, n_blocks=5))
     seqs = result.sequences
     assert "KV pool" in seqs[1].error and seqs[1].tokens == []
     for i in (0, 2, 3):

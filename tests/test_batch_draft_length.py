@@ -8,6 +8,7 @@ import pytest
 
 from tinyspec.backends import load_model
 from tinyspec.batch import batch_generate
+from tinyspec.scheduler import EngineOptions
 from tinyspec.fast.batch_draft_length import BatchDraftLength
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
@@ -82,8 +83,8 @@ def test_greedy_output_is_unchanged(backend):
     model = load_model(ASSETS / "tiny-target.gguf", backend)
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(0, model.cfg.n_vocab, n)] for n in (4, 9, 2, 6)]
-    out = batch_generate(model, prompts, 24, slots=3, drafter=MTPDrafter(model),
-                         policy=BatchDraftLength(3))
+    out = batch_generate(model, prompts, 24, drafter=MTPDrafter(model), policy=BatchDraftLength(3),
+                         options=EngineOptions(slots=3))
     for seq, prompt in zip(out.sequences, prompts):
         assert seq.tokens == generate(model, prompt, 24).tokens
     assert out.stats["policy"]["chosen_k"]

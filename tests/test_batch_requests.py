@@ -68,7 +68,7 @@ def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", on_finish=
 
     policy = FixedDraftLength(0 if kind == "none" else k)
     return Engine(target, drafter_for(kind, backend), policy,
-                  EngineOptions(slots=slots, paged=True, n_blocks=64, block_size=4), on_finish=on_finish)
+                  EngineOptions(slots=slots, n_blocks=64, block_size=4), on_finish=on_finish)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -92,7 +92,7 @@ def test_greedy_and_sampled_sequences_in_one_pass_each_get_their_solo_tokens(bac
 
 def test_the_engine_defaults_apply_when_a_sequence_brings_none():
     target, _ = models()
-    engine = Engine(target, options=EngineOptions(slots=2, paged=True, n_blocks=32, block_size=4,
+    engine = Engine(target, options=EngineOptions(slots=2, n_blocks=32, block_size=4,
                                                   params=SamplingParams(0.9, 20), stop_ids=(15,)))
     seq = SeqResult(0, PROMPTS[0])
     engine.add(seq, MAX_NEW, 5)
@@ -147,7 +147,7 @@ def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stay
     from tinyspec.drafting import FixedDraftLength
 
     engine = Engine(target, MTPDrafter(target), FixedDraftLength(3),
-                    EngineOptions(slots=3, paged=True, n_blocks=64, block_size=4))
+                    EngineOptions(slots=3, n_blocks=64, block_size=4))
     seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
     for seq, (params, seed, stops) in zip(seqs, ASKS):
         engine.add(seq, MAX_NEW, seed, params=params, stop_ids=stops)
@@ -173,5 +173,5 @@ def test_a_trunk_without_attention_layers_still_batches_with_its_mtp_head(tmp_pa
     model = load_model(path, "numpy")
     assert all(model.cfg.recurrent) and model.cfg.n_nextn
     prompts = [[1, 2, 3 + i] for i in range(3)]
-    out = batch_generate(model, prompts, 4, slots=3, drafter=MTPDrafter(model), draft_n=2)
+    out = batch_generate(model, prompts, 4, drafter=MTPDrafter(model), draft_n=2, options=EngineOptions(slots=3))
     assert [s.tokens for s in out.sequences] == [generate(model, p, 4).tokens for p in prompts]

@@ -152,6 +152,49 @@ def test_generate_spec_equals_plain_and_reports_stats(tiny_model, tmp_path, caps
                                  "accepted_per_position", "accepted_length_histogram", "phase_ms", "tokens_per_s"}
 
 
+def test_a_drafter_registered_alone_runs_from_the_cli(tiny_model, monkeypatch, capsys):
+    """A new drafter is its module and one registry entry (drafters.py), nothing else: a toy kind registered
+    in-process, a prompt-lookup drafter with a flag of its own, is a --spec choice, its flag is in --help with its
+    default and range check, the parsed flag reaches the drafter, and its output is plain decoding's."""
+    from dataclasses import dataclass
+
+    from tinyspec import drafters
+    from tinyspec.lookup import LookupDrafter
+
+    @dataclass(frozen=True)
+    class ToyOptions(drafters.DraftOptions):
+        n_max: int = 4
+
+    built = []
+
+    def build(target, options: ToyOptions):
+        built.append(options.n_max)
+        return LookupDrafter(n_max=options.n_max)
+
+    n_max = drafters.Flag("--toy-n-max", "the longest suffix the toy looks up (default 4)", int, 4, "N",
+                          check=lambda n: None if n >= 1 else f"--toy-n-max must be >= 1, got {n}")
+    monkeypatch.setitem(drafters.DRAFTERS, "toy", drafters.DrafterKind(
+        "toy", "a toy lookup", 5, build, flags=(n_max,),
+        options=lambda args, target, tokenizer: ToyOptions(n_max=args.toy_n_max)))
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert "toy (a toy lookup)" in shown and "--toy-n-max N toy: the longest suffix" in shown and "toy 5" in shown
+    every_id = ",".join(map(str, range(272)))  # each token seen before: every step's lookup finds a draft
+    base = ["generate", "--model", str(tiny_model), "--tokens", every_id, "--max-new", "12", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["tokens"]
+    assert main(base + ["--spec", "toy", "--toy-n-max", "2", "--draft-n", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == plain and out["stats"]["drafted"] > 0 and built == [2]
+    assert main(base + ["--spec", "toy"]) == 0  # adaptive k, up to the kind's k_max; the flag's default
+    assert json.loads(capsys.readouterr().out)["tokens"] == plain and built == [2, 4]
+    assert main(base + ["--spec", "toy", "--toy-n-max", "0"]) == 2
+    assert "--toy-n-max must be >= 1, got 0" in capsys.readouterr().err
+    assert main(base + ["--spec", "lookup", "--toy-n-max", "2"]) == 0
+    assert "--toy-n-max ignored with --spec lookup" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec", ["mtp", "lookup"])
 def test_generate_defaults_to_adaptive_k_and_takes_a_draft_vocabulary(tiny_model, tmp_path, capsys, spec):
     base = ["generate", "--model", str(tiny_model), "--prompt", "the the the", "--max-new", "12", "--json"]
@@ -491,7 +534,7 @@ def test_batch_bad_prompts_are_reported_and_the_others_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("content, args, message", [
     ("\n  \n", [], "no prompts"),
-    ("hi\n", ["--slots", "0"], "--slots must be >= 1"),
+    ("hi\n", ["--slots", "0"], "slots (sequences decoded at once) must be >= 1"),
     ("hi\n", ["--spec", "mtp", "--draft-n", "65"], "--draft-n must be in 0..64"),
     ("hi\n", ["--spec", "mtp", "--draft-n", "-1"], "--draft-n must be in 0..64"),
     ("hi\n", ["--max-new", "-1"], "--max-new must be >= 0"),

@@ -137,13 +137,14 @@ def test_many_sequences_on_the_device_equal_each_alone(files, cuda, drafter):
     """batch.py on the device: the KV pool and every slot's state and ring are CuPy arrays, the block tables
     index them from the host, and every sequence gets its solo greedy tokens."""
     from tinyspec.batch import batch_generate
+    from tinyspec.scheduler import EngineOptions
 
     target = load_model(files / "target.gguf", "cuda")
     make = {"none": lambda S: None, "mtp": lambda S: MTPDrafter(target),
             "draft": lambda S: DraftModelDrafter(load_model(files / "draft.gguf", "cuda"), target=target)}
     prompts = [[10, 20, 30, 10, 20], [5, 6, 7], [40, 41, 40, 41, 40, 41, 40]]
-    out = batch_generate(target, prompts, 12, slots=2, drafter=make[drafter](2),
-                         draft_n=None if drafter == "none" else 3, block_size=4)
+    out = batch_generate(target, prompts, 12, drafter=make[drafter](2), draft_n=None if drafter == "none" else 3,
+                         options=EngineOptions(slots=2, block_size=4))
     for seq, prompt in zip(out.sequences, prompts):
         assert seq.error is None and seq.tokens == generate(target, prompt, 12).tokens
 

@@ -25,6 +25,7 @@ from test_cuda_syncs import DRAFTERS, K, PROMPT, count_steps
 from tinyspec import backends
 from tinyspec.backends import load_model
 from tinyspec.batch import batch_generate
+from tinyspec.scheduler import EngineOptions
 from tinyspec.fast import cuda_pass
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
@@ -94,7 +95,8 @@ def test_a_cache_that_grows_is_captured_again(cuda):
 def test_a_batch_in_a_pool_is_graphed_and_exact(cuda):
     model = cuda_model()
     prompts = [list(range(1, 20)), list(range(30, 37)), list(range(50, 75))]
-    result = batch_generate(model, prompts, 12, slots=3, drafter=MTPDrafter(model), draft_n=2, block_size=8)
+    result = batch_generate(model, prompts, 12, drafter=MTPDrafter(model), draft_n=2,
+                            options=EngineOptions(slots=3, block_size=8))
     assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 12) for p in prompts]
     counts = model.kernels.graph_counts()["by_use"]["forward"]
     assert counts["replays"] > 0 and counts["failed"] == 0, counts

@@ -54,6 +54,7 @@ from tinyspec.generate import generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
 from tinyspec.quants import GGMLType
+from tinyspec.scheduler import EngineOptions
 
 PROMPT = list(range(1, 300))  # every token seen once: the lookup drafter always finds a 1-gram, so it drafts k
 K = 3
@@ -184,7 +185,8 @@ def test_a_moe_batch_is_each_sequence_alone_on_cuda(files, cuda, kind):
     oracle = load_model(files / "moe.gguf", "numpy")
     prompts = [PROMPT[:40], PROMPT[5:30], PROMPT[100:160]]
     drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
-    out = batch_generate(target, prompts, 10, slots=2, drafter=drafter, draft_n=K if drafter else None)
+    out = batch_generate(target, prompts, 10, drafter=drafter, draft_n=K if drafter else None,
+                         options=EngineOptions(slots=2))
     assert [r.tokens for r in out.sequences] == [generate(oracle, p, 10).tokens for p in prompts]
 
 
@@ -203,7 +205,7 @@ def test_a_batch_step_brings_back_one_transfer_whatever_the_slots(files, cuda, k
     oracle = load_model(files / "target.gguf", "numpy")
     prompts = [PROMPT, PROMPT[5:], PROMPT[10:40], PROMPT[3:60], PROMPT[20:]]
     drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
-    engine = Engine(target, drafter, options=EngineOptions(slots=3, paged=True, n_blocks=200, block_size=16))
+    engine = Engine(target, drafter, options=EngineOptions(slots=3, n_blocks=200, block_size=16))
     results = [SeqResult(i, p) for i, p in enumerate(prompts)]
     for r in results:
         engine.add(r, 12, seed=r.index)
@@ -454,7 +456,8 @@ def test_the_serving_engine_on_the_cuda_backend_keeps_every_sequence_solo(cuda, 
     prompts = [shared + [60 + i, 70 + i] for i in range(5)]
     solo = [generate(model, p, 10, drafter=MTPDrafter(model), draft_n=2).tokens for p in prompts]
     per_run = blocks_per_run(model, MTPDrafter(model), len(prompts[0]) + 10 + 3, 8)
-    out = batch_generate(model, prompts, 10, slots=3, drafter=MTPDrafter(model), draft_n=2, chunk=8,
-                         prefix_cache=True, block_size=8, n_blocks=per_run * 3 // 2)
+    out = batch_generate(model, prompts, 10, drafter=MTPDrafter(model), draft_n=2,
+                         options=EngineOptions(slots=3, chunk=8, prefix_cache=True, block_size=8,
+                                               n_blocks=per_run * 3 // 2))
     assert [s.tokens for s in out.sequences] == solo
     assert out.stats["preemptions"] > 0 and out.stats["prefix_hits"] > 0, out.stats

@@ -165,7 +165,7 @@ def test_generate_drafts_over_32k_tokens_by_default_only_for_large_vocabularies(
     """The CLI's default: AUTO_SIZE draft tokens above AUTO_ABOVE, the whole vocabulary below; 0 turns it off."""
     from types import SimpleNamespace
 
-    from tinyspec.__main__ import draft_vocab
+    from tinyspec.drafters import draft_vocab
     from tinyspec.fast.draft_vocab import AUTO_ABOVE, AUTO_SIZE, RANKING_KEY
 
     def model(n):

@@ -55,7 +55,7 @@ class _ByteTokens:
 
 
 def test_render_marked_marks_runs_not_tokens():
-    from tinyspec.generate import marks_legend, render_marked
+    from tinyspec.report import marks_legend, render_marked
 
     text, marks = "ab cd\nef", ["target", "accepted", "accepted", "accepted", "correction", "accepted", "accepted", "bonus"]
     ids = [ord(c) for c in text]

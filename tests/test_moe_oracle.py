@@ -8,6 +8,7 @@ from tiny_models import tiny_qwen35_tensors, write_tiny_qwen35
 
 from tinyspec.backends import load_model, numba_available
 from tinyspec.batch import batch_generate
+from tinyspec.scheduler import EngineOptions
 from tinyspec.draft import DraftModelDrafter
 from tinyspec.generate import generate
 from tinyspec.gguf import write_gguf
@@ -86,7 +87,7 @@ def test_greedy_speculation_and_batches_are_exact_on_moe(files, backend, kind):
         assert generate(model, p, 16, drafter=make(), draft_n=3).tokens == want
     slots = 2
     drafter = make()
-    out = batch_generate(model, prompts, 16, slots=slots, drafter=drafter, draft_n=3)
+    out = batch_generate(model, prompts, 16, drafter=drafter, draft_n=3, options=EngineOptions(slots=slots))
     assert [s.tokens for s in out.sequences] == plain
 
 

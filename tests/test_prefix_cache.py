@@ -56,7 +56,7 @@ def test_chunked_prefill_bounds_the_rows_a_running_slot_waits_for(chunk):
     the running rows, the long prompt takes ceil(T / c) steps to join, and every output is solo greedy."""
     target, _ = models("numpy")
     long_prompt = SYSTEM * 2  # 32 tokens
-    engine = Engine(target, options=EngineOptions(slots=3, paged=True, n_blocks=64, block_size=4, chunk=chunk))
+    engine = Engine(target, options=EngineOptions(slots=3, n_blocks=64, block_size=4, chunk=chunk))
     seqs = [SeqResult(0, [1, 2]), SeqResult(1, [7, 8]), SeqResult(2, long_prompt)]
     engine.add(seqs[0], 24, 0)  # long enough to run through the long prompt's 16 chunks of 2
     engine.add(seqs[1], 24, 1)
@@ -111,7 +111,7 @@ def test_a_write_into_a_shared_block_raises():
     """The guard every KV append passes (BlockTable.check_writable): a sequence that shares a full block must
     never write it, and one whose block is cached must not either."""
     target, _ = models("numpy")
-    engine = Engine(target, options=EngineOptions(slots=2, paged=True, n_blocks=16, block_size=4, prefix_cache=True))
+    engine = Engine(target, options=EngineOptions(slots=2, n_blocks=16, block_size=4, prefix_cache=True))
     engine.add(SeqResult(0, SYSTEM + [5]), 2, 0)
     while not engine.done():
         engine.step()
@@ -193,9 +193,10 @@ def test_prompts_sharing_a_prefix_prefill_only_the_rest(backend):
     to 2 x 19 + 6 x 3."""
     target, _ = models(backend)
     prompts = [SYSTEM + [30 + i, 31 + i, 32 + i] for i in range(8)]
-    off = batch_generate(target, prompts, 4, slots=2, block_size=4, drafter=MTPDrafter(target), draft_n=2)
-    on = batch_generate(target, prompts, 4, slots=2, block_size=4, drafter=MTPDrafter(target), draft_n=2,
-                        prefix_cache=True)
+    off = batch_generate(target, prompts, 4, drafter=MTPDrafter(target), draft_n=2,
+                         options=EngineOptions(slots=2, block_size=4))
+    on = batch_generate(target, prompts, 4, drafter=MTPDrafter(target), draft_n=2,
+                        options=EngineOptions(slots=2, block_size=4, prefix_cache=True))
     for a, b, prompt in zip(off.sequences, on.sequences, prompts):
         assert a.tokens == b.tokens == solo_greedy(backend, prompt, 4)
     assert off.stats["prefill_rows"] == 8 * 19
@@ -225,7 +226,7 @@ def test_saved_states_are_capped_and_evicted_blocks_are_forgotten():
     cached ones, and a lookup then finds nothing there (never a stale block)."""
     target, _ = models("numpy")
     prompts = [[40 + i] * 9 for i in range(4)]  # nothing shared: each saves its own end state (block 2)
-    engine = Engine(target, options=EngineOptions(paged=True, n_blocks=8, block_size=4, prefix_cache=True,
+    engine = Engine(target, options=EngineOptions(n_blocks=8, block_size=4, prefix_cache=True,
                                                   max_states=2))
     for i, p in enumerate(prompts):
         engine.add(SeqResult(i, p), 2, i)
@@ -276,8 +277,8 @@ def test_a_small_pool_preempts_the_newest_and_outputs_are_unchanged(backend, pre
     or from its prompt's saved state); outputs are solo greedy, every preemption is counted."""
     target, _ = models(backend)
     prompts = [SYSTEM[:9], SYSTEM[3:12], SYSTEM[5:14]]
-    result = batch_generate(target, prompts, 14, slots=3, block_size=4, n_blocks=8, drafter=LookupDrafter(),
-                            draft_n=3, prefix_cache=prefix_cache)
+    result = batch_generate(target, prompts, 14, drafter=LookupDrafter(), draft_n=3,
+                            options=EngineOptions(slots=3, block_size=4, n_blocks=8, prefix_cache=prefix_cache))
     for seq, prompt in zip(result.sequences, prompts):
         assert seq.error is None and seq.tokens == solo_greedy(backend, prompt, 14)
     assert result.stats["preemptions"] > 0

@@ -39,6 +39,7 @@ from tinyspec.generate import generate
 from tinyspec.gguf import RawTensor, read_gguf, write_gguf
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
+from tinyspec.scheduler import EngineOptions
 from tinyspec.serve import Server, TextStream
 from tinyspec.tokenizer import Tokenizer
 
@@ -71,8 +72,8 @@ def solo(prompt: tuple[int, ...], max_new: int, temperature: float = 0.0, seed: 
 @pytest.fixture(scope="module")
 def server():
     model, tok = target()
-    srv = Server(model, tok, "tiny-target", slots=4, drafter=MTPDrafter(model), spec="mtp", port=0, chunk=16,
-                 prefix_cache=True).start()
+    srv = Server(model, tok, "tiny-target", EngineOptions(slots=4, chunk=16, prefix_cache=True),
+                 drafter=MTPDrafter(model), spec="mtp", port=0).start()
     yield srv
     srv.close()
 
@@ -86,7 +87,7 @@ def chat_server(tmp_path_factory):
         tensors = {t.name: RawTensor(t.ggml_type, t.shape, np.array(g.raw(t.name))) for t in g.tensors.values()}
     write_gguf(path, metadata, tensors)
     model = load_model(path, "numpy")
-    srv = Server(model, Tokenizer.from_gguf(model.metadata), "templated", slots=2, port=0).start()
+    srv = Server(model, Tokenizer.from_gguf(model.metadata), "templated", EngineOptions(slots=2), port=0).start()
     yield srv
     srv.close()
 

@@ -17,6 +17,7 @@ from tinyspec.fast.synthetic import (
 from tinyspec.generate import generate, speculative_generate
 from tinyspec.model import Model
 from tinyspec.sampling import SamplingParams
+from tinyspec.scheduler import EngineOptions
 
 PROMPT = [5, 80, 13, 200, 7]
 
@@ -187,6 +188,7 @@ def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, referenc
     ones, the inner drafters drafted exactly the tokens proposed, and over a long run the tokens per step
     average (1 - a^(k+1)) / (1 - a) within 4 standard errors."""
     from tinyspec.batch import batch_generate
+    from tinyspec.scheduler import EngineOptions
     from tinyspec.mtp import MTPDrafter
 
     a, k, n = 0.7, 3, 300
@@ -220,8 +222,8 @@ def test_synthetic_batch_keeps_greedy_output_and_the_set_length(target, referenc
             assert self.diverged_at is None
 
     drafter = Recorded(references, a, seed=1, inner=Counting(target))
-    out = batch_generate(target, prompts, n, slots=2, drafter=drafter, draft_n=k)
-    plain = batch_generate(target, prompts, n, slots=2)
+    out = batch_generate(target, prompts, n, drafter=drafter, draft_n=k, options=EngineOptions(slots=2))
+    plain = batch_generate(target, prompts, n, options=EngineOptions(slots=2))
     for p, seq, base in zip(prompts, out.sequences, plain.sequences):
         assert seq.tokens == base.tokens == references[tuple(p)]
     assert Recorded.started == 3
@@ -238,6 +240,7 @@ def test_synthetic_batch_needs_a_reference_for_each_prompt(target):
     from tinyspec.batch import batch_generate
 
     with pytest.raises(ValueError, match="no reference continuation"):
-        batch_generate(target, [PROMPT], 4, slots=1, drafter=SyntheticDrafter({}, 0.5), draft_n=2)
+        batch_generate(target, [PROMPT], 4, drafter=SyntheticDrafter({}, 0.5), draft_n=2,
+                       options=EngineOptions(slots=1))
     with pytest.raises(ValueError, match="acceptance"):
         SyntheticDrafter({}, 1.5)

@@ -21,6 +21,7 @@ PROBE = """
 import json, sys
 from tinyspec.backends import load_model
 from tinyspec.batch import batch_generate
+from tinyspec.scheduler import EngineOptions
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
 import numba
@@ -30,7 +31,8 @@ for path in sys.argv[1:]:
     m = load_model(path, "cpu")
     generate(m, [1, 2, 3, 4], 3, drafter=MTPDrafter(m), draft_n=2)
     for B in (3, 5):
-        batch_generate(m, [[1, 2, 3 + i] for i in range(B)], 2, slots=B, drafter=MTPDrafter(m), draft_n=2)
+        batch_generate(m, [[1, 2, 3 + i] for i in range(B)], 2, drafter=MTPDrafter(m), draft_n=2,
+                       options=EngineOptions(slots=B))
 misses = {f"{mod.__name__}.{name}": len(d.stats.cache_misses)
           for mod in (numba_ops, numba_gdn, numba_attention) for name, d in vars(mod).items()
           if isinstance(d, numba.core.dispatcher.Dispatcher) and d.stats.cache_misses}

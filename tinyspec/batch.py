@@ -6,7 +6,7 @@ pass). The engine steps any number of slots with ONE verify pass a step; what ma
 the scheduler's (scheduler.py): a KV pool of blocks shared by all sequences and their drafters (paged.py),
 chunked prefill, admission by free blocks, preemption, and the prefix cache (prefix_cache.py).
 
-    engine = Engine(model, drafter, policy, EngineOptions(slots=4, paged=True, n_blocks=256, chunk=64))
+    engine = Engine(model, drafter, policy, EngineOptions(slots=4, n_blocks=256, chunk=64))
     engine.add(SeqResult(0, prompt), max_new, seed)      # as many as you like; the rest wait for a slot
     while not engine.done(): engine.step()
 
@@ -20,12 +20,11 @@ and sampled.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .drafting import Drafter, DraftPolicy, policy_for
 from .model import Model
-from .sampling import SamplingParams
 from .scheduler import EngineOptions, check_prompt
 from .sequence import SeqResult
 from .speculate import Engine
@@ -37,22 +36,18 @@ class BatchResult:
     stats: dict
 
 
-def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int, slots: int = 4,
-                   drafter: Drafter | None = None, draft_n: int | None = None,
-                   policy: DraftPolicy | None = None, params: SamplingParams = SamplingParams(),
-                   seeds: Sequence[int] | None = None, stop_ids: Sequence[int] = (), block_size: int = 16,
-                   n_blocks: int | None = None,
-                   on_finish: Callable[[SeqResult], None] | None = None, chunk: int | None = None,
-                   prefix_cache: bool = False, max_states: int = 16, state_every: int = 0) -> BatchResult:
-    """Generate up to max_new tokens after each prompt, up to `slots` sequences at a time (the rest wait in
-    input order). drafter: None for plain decoding, else the first slot's Drafter (the others get
+def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int, drafter: Drafter | None = None,
+                   draft_n: int | None = None, policy: DraftPolicy | None = None, seeds: Sequence[int] | None = None,
+                   options: EngineOptions = EngineOptions(slots=4),
+                   on_finish: Callable[[SeqResult], None] | None = None) -> BatchResult:
+    """Generate up to max_new tokens after each prompt, up to options.slots sequences at a time (the rest wait in
+    input order), in one KV pool. drafter: None for plain decoding, else the first slot's Drafter (the others get
     drafter.another()), proposing draft_n drafts per slot and step (default 3), or as many as `policy` plans.
-    seeds[i]: prompt i's random stream (default: i), the seed its solo run takes for the same tokens. n_blocks: the
-    KV pool (default: room for `slots` of the longest runs, their drafters' KV included). A prompt that cannot run
-    (empty, too long, bad ids) is reported in its SeqResult.error and the others run. on_finish(result): called as
-    each sequence ends (streamed output). block_size, chunk, prefix_cache, max_states, state_every: as
-    scheduler.EngineOptions. A pool smaller than the sequences' needs is not an error: sequences wait, or are
-    preempted and resumed (stats: preemptions)."""
+    seeds[i]: prompt i's random stream (default: i), the seed its solo run takes for the same tokens. options: the
+    engine's (scheduler.EngineOptions); without n_blocks the pool holds `slots` of the longest runs, their drafters'
+    KV included. A prompt that cannot run (empty, too long, bad ids) is reported in its SeqResult.error and the
+    others run. on_finish(result): called as each sequence ends (streamed output). A pool smaller than the
+    sequences' needs is not an error: sequences wait, or are preempted and resumed (stats: preemptions)."""
     if not len(prompts):
         raise ValueError("no prompts: give at least one")
     if max_new < 0:
@@ -65,10 +60,9 @@ def batch_generate(model: Model, prompts: Sequence[Sequence[int]], max_new: int,
         raise ValueError(f"seeds must be non-negative integers, got {min(seeds)}")
     results = [SeqResult(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
     runnable = [r for r in results if check_prompt(model, r.prompt_tokens, max_new) is None]
-    longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new
-    options = EngineOptions(slots=slots, paged=True, n_blocks=n_blocks, run_length=longest, block_size=block_size,
-                            chunk=chunk, prefix_cache=prefix_cache, max_states=max_states, state_every=state_every,
-                            params=params, stop_ids=tuple(stop_ids))
+    if options.n_blocks is None:  # the pool: room for `slots` of the longest runs
+        longest = max((len(r.prompt_tokens) for r in runnable), default=1) + max_new
+        options = replace(options, run_length=longest)
     engine = Engine(model, drafter, policy, options, on_finish=on_finish)
     for r in results:
         engine.add(r, max_new, seeds[r.index])

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from .backends import default_backend, first_run_compiles, load_model
 from .batch import batch_generate
+from .scheduler import EngineOptions
 from .drafters import DRAFTERS, DraftOptions, build_drafter
-from .generate import generate, marks_legend, render_marked, wants_colour
+from .generate import generate
+from .report import marks_legend, render_marked, wants_colour
 from .tokenizer import Tokenizer
 
 ASSETS = Path(str(resources.files("tinyspec") / "assets"))
@@ -128,7 +130,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     stop_ids = tok.eog_ids
     generate(target, prompts[0][:4], 2)  # compile the backend's kernels before timing (Numba caches them on disk)
     generate(draft, prompts[0][:4], 2)
-    batch_generate(target, [p[:3] for p in prompts[:SLOTS]], 1, slots=SLOTS)  # and the batch path's
+    batch_generate(target, [p[:3] for p in prompts[:SLOTS]], 1,
+                   options=EngineOptions(slots=SLOTS))  # and the batch path's
     say(f"  backend {backend}; loaded and warmed up in {time.perf_counter() - t0:.1f} s; "
         f"{len(prompts)} prompts x {max_new} new tokens, greedy")
     say()
@@ -197,7 +200,8 @@ def many_sequences(target, prompts, max_new: int, stop_ids, plain: list[list[int
     ok = True
     for name, drafter, k in (("plain", None, None), ("mtp", build_drafter("mtp", target), 3)):
         t0 = time.perf_counter()
-        res = batch_generate(target, prompts, max_new, slots=slots, drafter=drafter, draft_n=k, stop_ids=stop_ids)
+        res = batch_generate(target, prompts, max_new, drafter=drafter, draft_n=k,
+                             options=EngineOptions(slots=slots, stop_ids=stop_ids))
         tok_s = sum(len(s.tokens) for s in res.sequences) / (time.perf_counter() - t0)
         ok = ok and [s.tokens for s in res.sequences] == plain
         rows[name] = res.stats["rows_per_pass"]

@@ -83,11 +83,11 @@ def blocks_per_run(model, drafter: Drafter | None, n_positions: int, block_size:
     return run_blocks(probe, None if drafter is None else drafter.another(probe), n_positions)
 
 
-def _positive(value, what: str, none_ok: bool = False) -> None:
+def _at_least_one(value, what: str, none_ok: bool = False) -> None:
     if value is None and none_ok:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be at least 1, got {value}")
+        raise ValueError(f"{what} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -95,18 +95,17 @@ class EngineOptions:
     """How an engine is built; every value is checked here, once (the CLI, batch, serve and bench pass theirs).
 
     slots            sequences decoded at once, one verify pass a step for all
-    paged            their KV in one pool of blocks (paged.py), the drafters' too, with admission by free blocks
-                     and preemption; False: each sequence its own arrays, admitted as soon as a slot is free
-    n_blocks         the pool's blocks (None: room for `slots` runs of run_length positions, drafts included)
-    run_length       positions a run holds at most (prompt + max_new): what sizes the default pool
+    n_blocks         a KV pool of this many blocks (paged.py) for every sequence and its drafter, with admission by
+                     free blocks and preemption
+    run_length       or a pool sized for `slots` runs of this many positions (prompt + max_new; drafts included)
+                     (neither: each sequence keeps its KV in arrays of its own, admitted as soon as a slot is free)
     block_size       positions a block holds
     chunk            prefill rows a pass takes at most (None: each joining prompt whole)
-    prefix_cache     share cached prompt prefixes (prefix_cache.py; paged only), keeping at most max_states saved
-                     GDN states, and one every state_every blocks (0: only at prompt ends and branch points)
+    prefix_cache     share cached prompt prefixes (prefix_cache.py; needs the pool), keeping at most max_states
+                     saved GDN states, and one every state_every blocks (0: only at prompt ends and branch points)
     chunked_prefill  a pass of prefill rows alone runs the GDN layers in their chunked form (plain decoding only)
     params, stop_ids what a sequence samples with and stops at unless Engine.add gives its own"""
     slots: int = 1
-    paged: bool = False
     n_blocks: int | None = None
     run_length: int | None = None
     block_size: int = 16
@@ -119,23 +118,26 @@ class EngineOptions:
     stop_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        _positive(self.slots, "slots (sequences decoded at once)")
-        _positive(self.chunk, "chunk (prefill rows per pass)", none_ok=True)
-        _positive(self.block_size, "block_size (positions per KV block)")
-        _positive(self.n_blocks, "n_blocks (KV blocks in the pool)", none_ok=True)
-        _positive(self.run_length, "run_length (positions a run holds)", none_ok=True)
+        _at_least_one(self.slots, "slots (sequences decoded at once)")
+        _at_least_one(self.chunk, "chunk (prefill rows per pass)", none_ok=True)
+        _at_least_one(self.block_size, "block_size (positions per KV block)")
+        _at_least_one(self.n_blocks, "n_blocks (KV blocks in the pool)", none_ok=True)
+        _at_least_one(self.run_length, "run_length (positions a run holds)", none_ok=True)
         if self.max_states < 0 or self.state_every < 0:
             raise ValueError(f"max_states and state_every must be >= 0, got {self.max_states}, {self.state_every}")
-        if self.prefix_cache and not self.paged:
-            raise ValueError("a prefix cache shares KV blocks: it needs paged=True (a KV pool)")
-        if self.paged and self.n_blocks is None and self.run_length is None:
-            raise ValueError("a KV pool needs its size: give n_blocks, or run_length to size it for `slots` runs")
         object.__setattr__(self, "stop_ids", tuple(int(t) for t in self.stop_ids))
 
+    @property
+    def paged(self) -> bool:
+        """Whether the sequences' KV lives in one pool of blocks."""
+        return self.n_blocks is not None or self.run_length is not None
+
     def make_pool(self, model, drafter: Drafter | None, k_max: int) -> BlockPool | None:
-        """The KV pool these options ask for (None: not paged); its default size holds `slots` of the longest runs
+        """The KV pool these options ask for (None: none); sized by run_length, it holds `slots` of the longest runs
         (run_length positions, a pass's k_max drafts and its drafter's KV included): admission then never waits."""
         if not self.paged:
+            if self.prefix_cache:
+                raise ValueError("a prefix cache shares KV blocks: it needs a pool (n_blocks or run_length)")
             return None
         n_blocks = self.n_blocks
         if n_blocks is None:

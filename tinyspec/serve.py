@@ -35,7 +35,6 @@ API. For a serving stack, see vLLM or llama.cpp's llama-server; this is the smal
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import json
 import queue
@@ -46,7 +45,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -56,6 +55,7 @@ from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate, compl
 from .scheduler import EngineOptions, check_prompt
 from .sequence import SeqResult
 from .speculate import Engine
+from .textstream import TokenText
 
 BLOCK_SIZE = 16  # positions per KV block
 MAX_BODY = 16 << 20  # bytes of a request body at most
@@ -65,22 +65,22 @@ STATS_SHOWN = ("steps", "plain_steps", "drafted", "accepted", "acceptance_rate",
 
 
 class TextStream:
-    """Token ids in, final text out: UTF-8 decoded incrementally, held back while its end could begin a stop
-    string, and cut where the first stop string to be completed begins (`stopped`: then nothing more comes out)."""
+    """Token ids in, final text out: UTF-8 decoded incrementally (textstream.TokenText), held back while its end
+    could begin a stop string, and cut where the first stop string to be completed begins (`stopped`: then
+    nothing more comes out)."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.tokenizer, self.stops = tokenizer, stops
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.decoded, self.stops = TokenText(tokenizer), stops
         self.text = ""  # decoded so far
         self.sent = 0  # characters of text released
         self.stopped = False
 
     def feed(self, tokens: list[int]) -> str:
-        self.text += self.utf8.decode(self.tokenizer.decode_bytes(tokens))
+        self.text += self.decoded.feed(tokens)
         return self._release(final=False)
 
     def finish(self) -> str:
-        self.text += self.utf8.decode(b"", final=True)
+        self.text += self.decoded.finish()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
@@ -135,20 +135,20 @@ class Server:
     """The engine thread and the HTTP server around one model. start() listens (port 0: any free one, see
     .port) and serves in background threads; close() ends everything in flight and stops (the module docstring)."""
 
-    def __init__(self, model, tokenizer, model_name: str, slots: int = 4, drafter: Drafter | None = None,
-                 policy: DraftPolicy | None = None, spec: str = "none", ctx: int | None = None,
-                 host: str = "127.0.0.1", port: int = 8080, log: Callable[[str], None] | None = None,
-                 chunk: int | None = None, prefix_cache: bool = False):
+    def __init__(self, model, tokenizer, model_name: str, options: EngineOptions = EngineOptions(slots=4),
+                 drafter: Drafter | None = None, policy: DraftPolicy | None = None, spec: str = "none",
+                 ctx: int | None = None, host: str = "127.0.0.1", port: int = 8080,
+                 log: Callable[[str], None] | None = None):
+        """options: the engine's (slots, chunk: a joining prompt's prefill rows per pass, so the running requests
+        wait at most that many extra rows; prefix_cache: a prompt that starts like an earlier one prefills only the
+        rest). The server sizes its KV pool (every slot's longest run: ctx positions and a pass's drafts, its
+        drafter's KV too, so admission never waits) and stops at the tokenizer's end-of-generation ids."""
         self.model, self.tokenizer, self.model_name, self.spec, self.log = model, tokenizer, model_name, spec, log
         self.ctx = model.cfg.n_ctx if ctx is None else ctx
         if not 1 <= self.ctx <= model.cfg.n_ctx:
             raise ValueError(f"the context per request must be in 1..{model.cfg.n_ctx} (the model's), got {ctx}")
         policy = policy_for(0 if drafter is None else None, policy)
-        # the KV pool holds every slot's longest run (ctx positions and a pass's drafts, its drafter's KV too):
-        # admission never waits. chunk: a joining prompt's prefill rows per pass (the running requests wait at most
-        # that many extra rows); prefix_cache: a prompt that starts like an earlier one prefills only the rest
-        options = EngineOptions(slots=slots, paged=True, run_length=self.ctx, block_size=BLOCK_SIZE, chunk=chunk,
-                                prefix_cache=prefix_cache, stop_ids=tuple(tokenizer.eog_ids))
+        options = replace(options, run_length=self.ctx, block_size=BLOCK_SIZE, stop_ids=tuple(tokenizer.eog_ids))
         self.engine = Engine(model, drafter, policy, options, on_emit=self._on_emit, on_finish=self._on_finish)
         self.prefix_cache = self.engine.prefix_cache
         template = model.metadata.get("tokenizer.chat_template")

@@ -246,6 +246,7 @@ def parity(quick: bool, max_new: int) -> dict:
     exactly the target's greedy output, so one oracle run per prompt is the reference for all of them)."""
     from tinyspec.backends import load_model
     from tinyspec.batch import batch_generate
+    from tinyspec.scheduler import EngineOptions
     from tinyspec.drafters import DraftOptions, build_drafter
     from tinyspec.generate import generate
     from tinyspec.tokenizer import Tokenizer
@@ -269,8 +270,8 @@ def parity(quick: bool, max_new: int) -> dict:
                     out["mismatches"].append({"graphs": graphs, "spec": spec, "prompt": i, "want": want[i], "got": got})
             if quick and not graphs:  # a batch's rule launches plainly with graphs on too (cuda_accept)
                 continue
-            batch = batch_generate(m, prompts, max_new, slots=4, drafter=build_drafter(spec, m, options),
-                                   draft_n=draft_n)
+            batch = batch_generate(m, prompts, max_new, drafter=build_drafter(spec, m, options), draft_n=draft_n,
+                                   options=EngineOptions(slots=4))
             out["batch_runs"] += 1
             for i, seq in enumerate(batch.sequences):
                 if seq.tokens != want[i]:

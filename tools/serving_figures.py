@@ -34,7 +34,8 @@ def timed_run(model, prompts, max_new: int, slots: int, base: list | None, what:
     """batch_generate with MTP (k = 2), timed: (its tokens, which become `base` if none yet, its stats, seconds).
     Its tokens must equal base's: `what` (the option under test) changed no output."""
     t0 = time.perf_counter()
-    result = batch_generate(model, prompts, max_new, slots=slots, drafter=MTPDrafter(model), draft_n=2, **options)
+    result = batch_generate(model, prompts, max_new, drafter=MTPDrafter(model), draft_n=2,
+                            options=EngineOptions(slots=slots, **options))
     wall = time.perf_counter() - t0
     tokens = [s.tokens for s in result.sequences]
     assert base is None or tokens == base, f"{what} changed an output"
@@ -64,7 +65,7 @@ def chunking(model, n_long: int) -> None:
     print(f"2. chunked prefill: 2 sequences decode (plain) while a {n_long}-token prompt joins at step 3")
     base = None
     for chunk in (None, 256, 64, 16):
-        engine = Engine(model, options=EngineOptions(slots=3, paged=True, n_blocks=4 * -(-(n_long + 64) // 16),
+        engine = Engine(model, options=EngineOptions(slots=3, n_blocks=4 * -(-(n_long + 64) // 16),
                                                      chunk=chunk))
         seqs = [SeqResult(0, [1, 2, 3]), SeqResult(1, [7, 8, 9]), SeqResult(2, [int(t) for t in
                                                                           np.arange(n_long) % 7000 + 10])]
@@ -113,8 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     model = load_model(MODEL, args.backend)
     # warm-up: the cpu backend compiles its kernels on first use (not timed below)
-    batch_generate(model, [[1, 2, 3] * 20, [4, 5]], 4, slots=2, drafter=MTPDrafter(model), draft_n=2, prefix_cache=True,
-                   chunk=8, block_size=4, n_blocks=40)
+    batch_generate(model, [[1, 2, 3] * 20, [4, 5]], 4, drafter=MTPDrafter(model), draft_n=2,
+                   options=EngineOptions(slots=2, prefix_cache=True, chunk=8, block_size=4, n_blocks=40))
     if "1" in args.figures:
         prefix_cache(model, args.prefix, args.prompts)
     if "2" in args.figures:

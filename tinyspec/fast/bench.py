@@ -50,7 +50,7 @@ import numpy as np
 from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
 from ..generate import generate
-from ..drafters import DRAFTERS, build_drafter
+from ..drafters import DRAFTERS, DraftOptions, build_drafter
 from ..model import Model
 from ..state import GDNState
 from ..mtp import MTPDrafter
@@ -286,6 +286,7 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
     third run at each B, "policy_tok_s" / "policy_speedup" / "policy" beside the fixed k's; draft_vocab: the
     MTP head drafts over it (cheaper drafting; the synthetic drafts are unchanged)."""
     from ..batch import batch_generate
+    from ..scheduler import EngineOptions
 
     if not model.cfg.n_nextn:
         raise ValueError("bench --slots times batched MTP drafting: this model has no MTP head")
@@ -301,8 +302,9 @@ def bench_slots(model: Model, prompt: list[int], slot_counts, max_new: int, draf
     def run(B: int, spec: bool, n_new: int = max_new, adaptive: bool = False):
         policy = policy_factory(B) if adaptive else None
         prompts = slot_prompts(model, prompt, B)
-        return batch_generate(model, prompts, n_new, slots=B, drafter=spec_drafter(B) if spec else None,
-                              draft_n=None if policy is not None or not spec else draft_n, policy=policy)
+        return batch_generate(model, prompts, n_new, drafter=spec_drafter(B) if spec else None,
+                              draft_n=None if policy is not None or not spec else draft_n, policy=policy,
+                              options=EngineOptions(slots=B))
 
     for B in slot_counts:  # untimed: every pass shape once (a cold Numba cache compiles on first use)
         run(B, False, min(max_new, 8)), run(B, True, min(max_new, 8))
@@ -356,29 +358,33 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
     policy_factory); sizes: the verify passes timed, T = k + 1 starting at 1 (default 1, 2, 4, 8; 1..9 on a MoE
     model)."""
     makers: dict[str, Callable] = {}
-    for name in drafters:  # a drafter of the registry (drafters.py), or the wing's synthetic one
-        if name in DRAFTERS and (name != "mtp" or model.cfg.n_nextn):
+    for name in drafters:  # a registry drafter (drafters.py) that can draft for this model, or the wing's synthetic one
+        if name in DRAFTERS and DRAFTERS[name].unavailable(model) is None:
             makers[name] = lambda ref, name=name: build_drafter(name, model)
         elif name == "synthetic":
             makers["synthetic"] = lambda ref: SyntheticDrafter(ref, synth_acceptance, seed=0)
-    mtp = "mtp" in drafters and model.cfg.n_nextn
+
+    def mtp_drafter(vocab: DraftVocab | None = None):  # the registry's mtp, for the MTP variants below
+        return build_drafter("mtp", model, DraftOptions(vocab=vocab))
+
+    mtp = "mtp" in drafters and DRAFTERS["mtp"].unavailable(model) is None
     synth_p = acceptance_for_mean_length(synth_len, draft_n) if synth_len is not None else None
     if mtp and draft_vocab is not None:
-        makers["mtp_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
+        makers["mtp_vocab"] = lambda ref: mtp_drafter(draft_vocab)
     if mtp and synth_p is not None:
-        makers["mtp_synth"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=MTPDrafter(model))
+        makers["mtp_synth"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=mtp_drafter())
         if draft_vocab is not None:
             makers["mtp_synth_vocab"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0,
-                                                                     inner=MTPDrafter(model, draft_vocab))
+                                                                     inner=mtp_drafter(draft_vocab))
     if mtp and adaptive and synth_p is not None:  # the synthetic acceptance with k chosen per step
-        makers["mtp_synth_adaptive"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=MTPDrafter(model))
+        makers["mtp_synth_adaptive"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0, inner=mtp_drafter())
         if draft_vocab is not None:
             makers["mtp_synth_adaptive_vocab"] = lambda ref: SyntheticDrafter(ref, synth_p, seed=0,
-                                                                              inner=MTPDrafter(model, draft_vocab))
+                                                                              inner=mtp_drafter(draft_vocab))
     if mtp and adaptive:
-        makers["mtp_adaptive"] = lambda ref: MTPDrafter(model)
+        makers["mtp_adaptive"] = lambda ref: mtp_drafter()
         if draft_vocab is not None:  # what `generate --spec mtp` runs on a large vocabulary by default
-            makers["mtp_adaptive_vocab"] = lambda ref: MTPDrafter(model, draft_vocab)
+            makers["mtp_adaptive_vocab"] = lambda ref: mtp_drafter(draft_vocab)
     if sizes is None:  # a MoE verify pass costs what its expert union reads: k = 0..8
         sizes = tuple(range(1, 10)) if model.cfg.n_expert else (1, 2, 4, 8)
     say("warm-up (untimed: every pass shape and drafter once; compiles kernels on a cold cache)")

@@ -128,7 +128,7 @@ def run(model: Model, sc: Scenario, prompts: list[list[int]], prefix_cache: bool
         if seq.index not in first_s:  # its first token, picked in the pass now in progress
             first_s[seq.index], first_pass[seq.index] = time.perf_counter(), len(out.pass_s)
 
-    options = EngineOptions(slots=sc.slots, paged=True, n_blocks=sc.n_blocks(), block_size=sc.block_size,
+    options = EngineOptions(slots=sc.slots, n_blocks=sc.n_blocks(), block_size=sc.block_size,
                             chunk=sc.chunk if chunked else None, prefix_cache=prefix_cache)
     engine = Engine(model, drafter, policy, options, on_emit=on_emit)
     pool, cache = engine.pool, engine.prefix_cache
