@@ -357,19 +357,24 @@ class Watch:
     def check_pool(self) -> None:
         """Every block is in use (refs = the tables listing it, the drafters' included), idle (cached, nobody's) or
         free, exactly one of them; a shared or cached block lies before every position its users may still write; a
-        drafter holds blocks only while its slot's sequence decodes, exactly those its KV's positions need."""
+        drafter holds blocks only while its slot's sequence decodes, exactly those its KV's positions need, and its
+        KV (fed and queued) never holds more positions than its sequence's state: the rule the scheduler budgets by."""
         engine, pool = self.engine, self.engine.pool
         assert all(a is b for a, b in zip(pool.k, self.pool_k)) and all(a is b for a, b in zip(pool.v, self.pool_v))
         tables = [s.state.table.blocks for s in engine.active.values()]
         for b, drafter in enumerate(engine.drafters or []):
             held = list(drafter.kv_table.blocks) if drafter.kv_table is not None else []
-            s = engine.active.get(b)
+            s, positions = engine.active.get(b), 0
             if s is None or s.prefilling:
                 assert not held, f"slot {b}'s drafter holds blocks while no sequence of its has started it"
             if isinstance(drafter, MTPDrafter):
                 assert len(held) == drafter.fed_cache.table.blocks_for(drafter.fed_cache.n)
+                positions = drafter.fed_cache.n + sum(len(fed) for fed, _ in drafter.queue)
             elif isinstance(drafter, DraftModelDrafter):
                 assert len(held) == drafter.fed_state.table.blocks_for(drafter.fed_state.pos)
+                positions = drafter.fed_state.pos + len(drafter.queue)
+            if held and s is not None:  # the budget's rule (drafting.Drafter): never more than its sequence holds
+                assert positions <= s.state.pos, (positions, s.state.pos)
             tables.append(held)
         users = np.zeros(pool.n_blocks, np.int64)
         for table in tables:

@@ -47,7 +47,7 @@ def shipped_model_default(args) -> None:
     """No --model: the model tinyspec ships (as the demo runs it), and for the chosen --spec its flags' shipped
     values (--spec draft: the shipped draft model unless --draft-model names one)."""
     if args.model is None:
-        from .demo import TARGET
+        from .assets import TARGET
 
         args.model = str(TARGET)
         if hasattr(args, "spec"):

@@ -22,19 +22,14 @@ from __future__ import annotations
 
 import sys
 import time
-from importlib import resources
-from pathlib import Path
-
+from .assets import ASSETS, DRAFT, TARGET  # noqa: F401  (ASSETS: the notebooks read it from here)
 from .backends import default_backend, first_run_compiles, load_model
 from .batch import batch_generate
-from .scheduler import EngineOptions
 from .drafters import DRAFTERS, DraftOptions, build_drafter
 from .generate import generate
 from .report import marks_legend, render_marked, wants_colour
+from .scheduler import EngineOptions
 from .tokenizer import Tokenizer
-
-ASSETS = Path(str(resources.files("tinyspec") / "assets"))
-TARGET, DRAFT = ASSETS / "tiny-target.gguf", ASSETS / "tiny-draft.gguf"
 
 # Continuations of held-out-style code, and one "edit this code" prompt whose answer repeats its input.
 PROMPTS = [

@@ -107,7 +107,7 @@ VOCAB_FLAGS = (
 
 
 def _shipped_draft() -> str:
-    from .demo import DRAFT
+    from .assets import DRAFT
 
     return str(DRAFT)
 
