@@ -38,7 +38,7 @@ greedy acceptance is an equality test. Sampled output has exactly the target's l
 
 Where the numbers are. Greedy, the logits and hidden rows stay where the model computes (a GPU on the cuda
 backend): the drafters ask nothing of the host while drafting and leave their drafts there (Draft.ids), the
-verify pass is fed from there, and Kernels.accept_greedy runs every sequence's rule there and brings back
+verify pass is fed from there, and Placement.accept_greedy runs every sequence's rule there and brings back
 every run and its drafts in one transfer. Sampled, the laws are read on the host. Each sequence brings its own
 sampling and stop ids (Engine.add: a server's requests); a pass mixing greedy and sampled sequences brings its
 logits to the host for every rule, and keeps each sequence's hidden rows where its solo run keeps them.
@@ -185,15 +185,15 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
 
 
 def accept(logits, bounds: np.ndarray, drafts: list[Draft], params: list[SamplingParams],
-           rngs: list[np.random.Generator], kern, on_device: bool) -> list[tuple[int, int, Draft]]:
+           rngs: list[np.random.Generator], placement, on_device: bool) -> list[tuple[int, int, Draft]]:
     """Step 3 for every sequence of a verify pass (logits [R, N]; sequence b's rows bounds[b] .. bounds[b+1]-1
     for its fed [pending, d_1..d_k]; params[b] its sampling): the drafts its rule keeps, the target's own next
     token (a correction, or a bonus after all k), and its Draft with the drafts as host ints. on_device (the
-    pass was all greedy): the rule runs where the logits are (Kernels.accept_greedy: one transfer brings back
+    pass was all greedy): the rule runs where the logits are (Placement.accept_greedy: one transfer brings back
     every run, and the drafts that were left there). Otherwise the logits are on the host (any_sampled): a
     sampled sequence reads its rows with its own random stream, a greedy one takes the same argmax rule."""
     if on_device:
-        runs = kern.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
+        runs = placement.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
         return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
                 for (n, token, tokens), d in zip(runs, drafts)]
     out = []
@@ -385,7 +385,7 @@ class Engine:
         """Steps 3-5 for the decoding sequences, whose rows are logits[:bounds[-1]]; returns accept's runs."""
         clock = self.clock
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own token
-        runs = accept(logits, bounds, drafts, [s.seq.params for s in seqs], [s.rng for s in seqs], self.model.kernels,
+        runs = accept(logits, bounds, drafts, [s.seq.params for s in seqs], [s.rng for s in seqs], self.model.placement,
                       on_device)
         clock.lap("accept")
         for b, s, (n_accepted, token, draft), lo in zip(slots, seqs, runs, bounds):
