@@ -65,7 +65,7 @@ capturing also lands in the graph's trace (g.trace: the call's name and the host
 _scalars), and check_replay(graph, rerun), handed to GraphedCall as its `check`, runs the function again before
 each replay, as a capture of its own that is thrown away (nothing written, nothing counted), and raises
 BakedScalarChanged where a call's scalars, or the calls themselves, differ from the trace. The function itself
-is needed for that, and only its owner has it: hence a check argument (cuda_kernels(check_graphs=...)), not
+is needed for that, and only its owner has it: hence a check argument (cuda_placement(check_graphs=...)), not
 a hook in the fake's Graph.launch.
 """
 

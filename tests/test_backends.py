@@ -206,7 +206,7 @@ def test_k_token_pass_equals_one_token_passes_bitwise(files, backend):
 def test_greedy_speculative_equals_plain(files, drafter, backend, rollback):
     """Both rings on every fast backend (cpu replays by default, cuda copies snapshots)."""
     loaded = load_model(files / "target.gguf", backend)
-    target = loaded.with_kernels(replace(loaded.kernels, rollback=rollback))
+    target = loaded.with_placement(replace(loaded.placement, rollback=rollback))
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
             "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", backend), target)}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]
@@ -274,13 +274,13 @@ def test_cuda_greedy_rule_graphs_are_captured(files):
 
     from tinyspec.fast.cuda_graphs import GraphCaptureWarning
 
-    target = load_model(files / "target.gguf", "cuda")  # cuda_kernels(graphs=True): the default
+    target = load_model(files / "target.gguf", "cuda")  # cuda_placement(graphs=True): the default
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphCaptureWarning)
         spec = generate(target, prompt, 24, drafter=MTPDrafter(target), draft_n=3)
     assert spec.tokens == generate(target, prompt, 24).tokens
-    counts = target.kernels.graph_counts()
+    counts = target.placement.graph_counts()
     assert str((((4, target.cfg.n_vocab), "float32"), ((3,), "int64"))) in counts["shapes"], counts
     assert counts["failed"] == 0 and counts["replays"] > 0, counts
     forward = counts["by_use"]["forward"]  # issue 35, item 5: the forward passes, the verify shape among them

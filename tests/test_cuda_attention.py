@@ -100,7 +100,7 @@ def test_the_kernel_takes_device_arrays_only(rng):
 def test_the_cuda_backend_attends_on_the_device_and_a_host_q_goes_to_the_oracle(cuda, rng):
     """backends.cuda_kernels names DeviceAttention's three forms, behind device_rows: a device q is one launch
     of the kernel, a host q (with host keys) is the oracle's call, untouched (no upload, nothing launched)."""
-    kern = backends.cuda_kernels(graphs=False)
+    kern = backends.cuda_kernels()
     k_pool, v_pool = pool(rng)
     q = rng.standard_normal((3, H_KV, G, D)).astype(np.float32)
     tables, n_pasts, bounds = [np.array([5, 6]), np.array([7])], [4, 1], np.array([0, 2, 3])
@@ -123,7 +123,7 @@ def test_the_cuda_backend_attends_on_the_device_and_a_host_q_goes_to_the_oracle(
 def test_a_head_too_wide_for_the_kernel_is_declined_to_the_oracle(cuda, rng):
     """G * d beyond the kernel's shared memory: the wrapper returns None and device_rows runs the oracle on the
     device arrays (NumPy dispatching to CuPy), with no row map uploaded."""
-    kern = backends.cuda_kernels(graphs=False)
+    kern = backends.cuda_kernels()
     d = 8192  # q and the running sums alone would take 64 KB of shared memory
     assert cuda_attention.shared_bytes(1, d) > cuda_attention.MAX_SHARED
     q, keys = rng.standard_normal((2, 1, 1, d)).astype(np.float32), rng.standard_normal((3, 1, d)).astype(np.float32)

@@ -95,7 +95,7 @@ def test_model_lives_on_the_device_and_matches_the_oracle(files, cuda):
 @pytest.mark.parametrize("drafter", ["mtp", "lookup", "draft"])
 def test_greedy_speculation_on_the_device_equals_plain(files, cuda, drafter, rollback):
     loaded = load_model(files / "target.gguf", "cuda")
-    target = loaded.with_kernels(replace(loaded.kernels, rollback=rollback))
+    target = loaded.with_placement(replace(loaded.placement, rollback=rollback))
     make = {"mtp": lambda: MTPDrafter(target), "lookup": lambda: LookupDrafter(n_min=1),
             "draft": lambda: DraftModelDrafter(load_model(files / "draft.gguf", "cuda"), target=target)}[drafter]
     prompt = [10, 20, 30, 10, 20, 30, 10, 20]

@@ -41,8 +41,8 @@ def cuda(monkeypatch):
 def cuda_model(graphs: bool = True, **kw):
     """The shipped tiny target on the fake's cuda backend, every replay checked (fake_cupy.check_replay)."""
     loaded = load_model(ASSETS / "tiny-target.gguf", "cuda")
-    return loaded.with_kernels(dataclasses.replace(
-        backends.cuda_kernels(graphs=graphs, check_graphs=fake_cupy.check_replay), **kw))
+    return loaded.with_placement(dataclasses.replace(
+        backends.cuda_placement(graphs=graphs, check_graphs=fake_cupy.check_replay), **kw))
 
 
 def oracle_tokens(prompt, max_new, **kw) -> list[int]:
@@ -70,7 +70,7 @@ def test_graphs_replay_the_forward_pass_with_the_same_tokens(cuda, kind, tmp_pat
         model = cuda_model(graphs)
         drafter = None if kind == "plain" else DRAFTERS[kind](model, tmp_path)
         steps, tokens = count_steps(model, drafter)
-        runs[graphs] = steps, tokens, model.kernels.graph_counts()["by_use"]["forward"]
+        runs[graphs] = steps, tokens, model.placement.graph_counts()["by_use"]["forward"]
     (off, tokens_off, counts_off), (on, tokens_on, counts) = runs[False], runs[True]
     assert tokens_on == tokens_off == oracle_tokens(PROMPT, 14)
     assert counts_off["captured"] == counts_off["replays"] == 0
@@ -86,7 +86,7 @@ def test_a_cache_that_grows_is_captured_again(cuda):
     model = cuda_model()
     prompt = list(range(1, 50))
     tokens = generate(model, prompt, 30).tokens
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert tokens == oracle_tokens(prompt, 30)
     assert counts["captured"] >= 2 and counts["failed"] == 0, counts  # one per capacity, 64 and 128
 
@@ -98,7 +98,7 @@ def test_a_batch_in_a_pool_is_graphed_and_exact(cuda):
     result = batch_generate(model, prompts, 12, drafter=MTPDrafter(model), draft_n=2,
                             options=EngineOptions(slots=3, block_size=8))
     assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 12) for p in prompts]
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert counts["replays"] > 0 and counts["failed"] == 0, counts
     assert any("B=3" in s for s in counts["shapes"]), counts["shapes"]
 
@@ -108,14 +108,14 @@ def test_a_replay_ring_runs_the_device_pass_without_a_graph(cuda, tmp_path):
     model = cuda_model(rollback="replay")
     tokens = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
     assert tokens == oracle_tokens(PROMPT, 14)
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert counts["failed"] == 0 and not any(s.startswith(f"(PassMap(R={K + 1}, B=1,") for s in counts["shapes"])
     # the verify passes (a ring) never became a key; passes without one (the prefill, a step with no drafts) may
 
 
 def test_what_is_not_a_device_pass_runs_the_host_path(cuda):
     model = cuda_model()
-    passes = model.kernels.device_pass
+    passes = model.placement.device_pass
     a, b = model.new_state(), model.new_state()
     assert passes(model.cfg, [np.array([1]), np.array([2])], [a.layers, b.layers], np.array([0, 1, 2]), [None, None],
                   True) is None
@@ -127,12 +127,12 @@ def test_what_is_not_a_device_pass_runs_the_host_path(cuda):
 def test_a_graph_store_of_one_evicts_and_stays_exact(cuda, tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_pass, "MAX_GRAPHS", 1)
     model = cuda_model()
-    assert model.kernels.device_pass.graphs.max_graphs == 1
+    assert model.placement.device_pass.graphs.max_graphs == 1
     tokens = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
     assert tokens == oracle_tokens(PROMPT, 14)
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert len(counts["shapes"]) <= 1 and counts["evicted"] >= 1 and counts["failed"] == 0, counts
-    assert len(model.kernels.device_pass.graphs.eager) <= 4  # the keys seen once are bounded too
+    assert len(model.placement.device_pass.graphs.eager) <= 4  # the keys seen once are bounded too
 
 
 def test_a_moe_pass_is_graphed_and_exact(cuda, tmp_path):
@@ -141,12 +141,12 @@ def test_a_moe_pass_is_graphed_and_exact(cuda, tmp_path):
     from tinyspec.quants import GGMLType
 
     write_moe(tmp_path / "moe.gguf", GGMLType.Q4_K)
-    model = load_model(tmp_path / "moe.gguf", "cuda").with_kernels(
-        backends.cuda_kernels(check_graphs=fake_cupy.check_replay))
+    model = load_model(tmp_path / "moe.gguf", "cuda").with_placement(
+        backends.cuda_placement(check_graphs=fake_cupy.check_replay))
     prompt = list(range(1, 30))
     tokens = generate(model, prompt, 10, drafter=MTPDrafter(model), draft_n=2).tokens
     assert tokens == generate(load_model(tmp_path / "moe.gguf", "numpy"), prompt, 10).tokens
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert counts["replays"] > 0 and counts["failed"] == 0, counts
 
 
@@ -167,7 +167,7 @@ def test_bench_times_verify_passes_replayed_from_their_graphs(cuda):
     model = cuda_model()
     times = bench.verify_times(model, PROMPT[:20], sizes=(1, 4), repeats=3)
     assert {T: len(t) for T, t in times.items()} == {1: 3, 4: 3}
-    counts = model.kernels.graph_counts()["by_use"]["forward"]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
     assert counts["replays"] >= 2 * 3 and counts["failed"] == 0, counts
 
 
@@ -192,9 +192,9 @@ def test_a_new_sequence_replays_from_its_first_pass_and_a_prefill_is_never_captu
     model = cuda_model()
     drafter = DRAFTERS["lookup"](model, tmp_path)
     first = generate(model, PROMPT, 14, drafter=drafter, draft_n=K).tokens
-    before = model.kernels.graph_counts()["by_use"]["forward"]
+    before = model.placement.graph_counts()["by_use"]["forward"]
     again = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
-    after = model.kernels.graph_counts()["by_use"]["forward"]
+    after = model.placement.graph_counts()["by_use"]["forward"]
     assert again == first == oracle_tokens(PROMPT, 14)
     assert after["plain"] == before["plain"] and after["replays"] > before["replays"], (before, after)
     assert len(PROMPT) > cuda_pass.MAX_GRAPH_ROWS

@@ -18,7 +18,7 @@ Before issue 27 (commit 5597b71), per verify step of k = 3 (syncs / bytes brough
                                             (2), its hidden row, its [1, N] scores
 
 The budget the issue sets: at most one blocking transfer of a few ints per verify step. BUDGET below is what
-the code meets now (greedy acceptance on the device, Kernels.accept_greedy; logits and hidden rows left where
+the code meets now (greedy acceptance on the device, Placement.accept_greedy; logits and hidden rows left where
 the model computes; embedding rows gathered on the device from host-checked ids; greedy drafts kept on the
 device through the drafting loop, each fed to the next pass as a device id, model.embed_rows; and left there
 for the verify pass, which the loop feeds [pending] + those ids and whose one transfer brings back the run
@@ -265,11 +265,11 @@ def test_propose_returns_host_tokens_unless_the_loop_asks_for_device_ids(files, 
 @pytest.mark.parametrize("on", ["numpy", "fake cupy"])
 def test_device_acceptance_equals_the_oracle(cuda, on):
     """cuda_accept.DeviceGreedyRule (greedy_run: NumPy functions that dispatch) against the oracle's accept_greedy
-    (kernels.py: spec_sampling.verify_greedy, with the drafts as host ints) on every prefix length, ties in the
+    (placement.py: spec_sampling.verify_greedy, with the drafts as host ints) on every prefix length, ties in the
     rows (argmax takes the first maximum on both) and k = 0; the drafts given as host ints (lookup's) and as
     device ids (a greedy drafter's, left on the device), which come back with the run in the same one transfer."""
     from tinyspec.fast.cuda_accept import DeviceGreedyRule
-    from tinyspec.kernels import accept_greedy
+    from tinyspec.placement import accept_greedy
     from tinyspec.spec_sampling import verify_greedy
 
     xp = np if on == "numpy" else fake_cupy
@@ -298,7 +298,7 @@ def test_device_acceptance_of_a_batch_is_each_sequence_alone_in_one_transfer(cud
     ints, some none): every sequence's run is the oracle's on its own rows, and all of them, with the drafts
     that were on the device, come back in ONE transfer of 8 * (2 B + device drafts) bytes."""
     from tinyspec.fast.cuda_accept import DeviceGreedyRule
-    from tinyspec.kernels import accept_greedy
+    from tinyspec.placement import accept_greedy
     from tinyspec.spec_sampling import verify_greedy
 
     xp = np if on == "numpy" else fake_cupy
@@ -329,10 +329,10 @@ def test_graphs_on_and_off_give_the_same_tokens_with_fewer_launches(files, cuda,
     runs = {}
     for graphs in (False, True):
         # every replay checked: the greedy rule passes no host scalar that a replay would keep stale
-        target = loaded.with_kernels(backends.cuda_kernels(graphs=graphs, check_graphs=fake_cupy.check_replay))
+        target = loaded.with_placement(backends.cuda_placement(graphs=graphs, check_graphs=fake_cupy.check_replay))
         drafter = DRAFTERS[kind](target, files) if kind != "plain" else None
         steps, tokens = count_steps(target, drafter)
-        runs[graphs] = steps, tokens, target.kernels.graph_counts()
+        runs[graphs] = steps, tokens, target.placement.graph_counts()
     (off, tokens_off, counts_off), (on, tokens_on, counts) = runs[False], runs[True]
     assert tokens_on == tokens_off
     assert counts_off["captured"] == counts_off["replays"] == 0  # graphs off: nothing captured, nothing counted

@@ -40,7 +40,7 @@ def test_a_tied_case_rejects_a_later_copy_of_the_maximum(load_tool):
     copy of the same maximum, which the first-index rule rejects (a last-index argmax would keep it)."""
     import numpy as np
 
-    from tinyspec.kernels import accept_greedy
+    from tinyspec.placement import accept_greedy
 
     tool, rng = load_tool("gpu_check"), np.random.default_rng(3)
     for k in range(9):

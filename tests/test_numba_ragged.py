@@ -226,10 +226,9 @@ def test_cpu_model_ragged_pass_equals_per_sequence_loop(rollback):
     from tinyspec.paged import BlockPool
 
     fused = load_model(TARGET, "cpu")
-    fused = fused.with_kernels(dataclasses.replace(fused.kernels, rollback=rollback))
-    k = fused.kernels
+    fused = fused.with_placement(dataclasses.replace(fused.placement, rollback=rollback))
     looped = fused.with_kernels(dataclasses.replace(
-        k, gdn_scan_ragged=partial(gdn.gdn_scan_ragged, scan=numba_gdn.gdn_scan),
+        fused.kernels, gdn_scan_ragged=partial(gdn.gdn_scan_ragged, scan=numba_gdn.gdn_scan),
         causal_conv_ragged=partial(gdn.causal_conv_ragged, conv=numba_gdn.causal_conv),
         attend_paged_ragged=attend_each))
     rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""A pass's row map (tinyspec/rowmap.py): its layout by hand, its claims, and the device path's layers on the oracle.
+"""A pass's row map (tinyspec/fast/rowmap.py): its layout by hand, its claims, and the device path's layers on the oracle.
 
 1. pack and views: every array of the map for two sequences of a pool, worked by hand; rope's angles are
    ops.rope_angles' bits; the table room is a power of two.
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import tinyspec
-from tinyspec import rowmap
-from tinyspec.kernels import NUMPY
+from tinyspec.fast import rowmap
 from tinyspec.model import Model
 from tinyspec.ops import rope_angles
 from tinyspec.paged import BlockPool
+from tinyspec.placement import HOST
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 
@@ -31,7 +31,7 @@ ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 def models() -> tuple[Model, Model]:
     """(host path, device path) of the shipped tiny target on the oracle."""
     host = Model.from_gguf(ASSETS / "tiny-target.gguf")
-    return host, host.with_kernels(dataclasses.replace(NUMPY, device_pass=rowmap.host_pass))
+    return host, host.with_placement(dataclasses.replace(HOST, device_pass=rowmap.host_pass))
 
 
 # ------------------------------------------------------------------------------------------ 1. pack and views

@@ -165,8 +165,8 @@ def rollback(request) -> str:
 
 
 def with_ring(model: Model, rollback: str) -> Model:
-    """The same weights with the kernels' ring set to `rollback` (Model.new_ring makes that one)."""
-    return model.with_kernels(replace(model.kernels, rollback=rollback))
+    """The same weights with the placement's ring set to `rollback` (Model.new_ring makes that one)."""
+    return model.with_placement(replace(model.placement, rollback=rollback))
 
 
 @pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "draft-stop", "random", "oracle"])

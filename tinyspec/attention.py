@@ -27,7 +27,7 @@ Official implementation: llama.cpp `src/models/qwen35.cpp` build_layer_attn; HF 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -35,10 +35,6 @@ from .config import ModelConfig
 from .ops import join_rows, rope_neox, rope_rows, softmax
 from .paged import PagedKVCache
 from .state import KVCache
-
-if TYPE_CHECKING:  # the annotations only: kernels.py imports this module for its defaults
-    from .kernels import Kernels
-    from .rowmap import RowViews
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
@@ -87,8 +83,8 @@ def attend_paged_ragged(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, t
 
 def attend_rows(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, seq, row0, n_past, tab0, tables,
                 scale: np.float32, out: np.ndarray | None = None) -> np.ndarray:
-    # q [R, H_kv, G, d], pools [n_blocks, bs, H_kv, d], the map's int32 arrays (rowmap.py) -> o [R, H_kv, G, d]
-    """attend_paged_ragged with every length and block id read from a pass's row map (rowmap.py) instead of host
+    # q [R, H_kv, G, d], pools [n_blocks, bs, H_kv, d], the map's int32 arrays (fast/rowmap.py) -> o [R, H_kv, G, d]
+    """attend_paged_ragged with every length and block id read from a pass's row map (fast/rowmap.py) instead of host
     ints: row r of sequence b = seq[r] sees its n = n_past[b] + (r - row0[b]) + 1 positions through
     tables[tab0[b]:]. The oracle of the device kernel (fast/cuda_attention.py), which reads the map where it was
     uploaded; here each row is attend_paged of that row alone (the same bits: the oracle computes every row by
@@ -104,24 +100,26 @@ def attend_rows(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, seq, row0
 
 
 def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, cfg: ModelConfig,
-                    kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
+                    kern) -> np.ndarray:  # [T, D] -> [T, D]
     """Gated attention of one layer on one sequence's T new tokens: attention_layer_ragged with one sequence."""
     return attention_layer_ragged(x, w, [cache], np.array([0, x.shape[0]]), cfg, kern)
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
-                           cfg: ModelConfig, kern: Kernels, rows: RowViews | None = None) -> np.ndarray:
+                           cfg: ModelConfig, kern, rows=None) -> np.ndarray:
     # [R, D] -> [R, D]
     """Gated attention of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
     bounds[b] .. bounds[b+1]-1, like cu_seqlens). Appends each sequence's new keys/values to caches[b]; its
     positions continue from caches[b].n. One sequence is the case bounds = [0, T].
 
-    kern: the functions to compute with (kernels.py: the matmul, the norms, the gate and `attend`, the
-    function above or one with its contract, e.g. fast/numba_attention.py's).
+    kern: the functions to compute with (a kernels.Kernels, which this module never imports: it imports this
+    one for its defaults; the matmul, the norms, the gate and `attend`, the function above or one with its
+    contract, e.g. fast/numba_attention.py's).
     The projections, norms, rope (each row at its own sequence's position) and output run once over all R
     rows, so each weight is read once; each sequence's rows go into its own cache and attend over it (no row
     ever sees another sequence's keys), so each sequence's rows are bitwise those it computes alone.
-    rows: a device pass's row map (rowmap.py, Kernels.device_pass): the positions' rope angles, where each row's
+    rows: a device pass's row map (Placement.device_pass; the views fast/rowmap.py cuts: cos, sin, dest and
+    `attention`, the attention kernel's map), or None: the positions' rope angles, where each row's
     key and value go and what each row attends to, read from it (the caches were claimed before the pass: nothing
     here changes on the host), the same numbers as the host path computes.
     """
@@ -136,7 +134,7 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     return output(o, gate, w, kern)  # 4. gate and out projection
 
 
-def project(x, w, cfg: ModelConfig, kern: Kernels):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]
+def project(x, w, cfg: ModelConfig, kern):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]
     T, H, H_kv, d = x.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
     qg = kern.linear(x, w["attn_q.weight"]).reshape(T, H, 2 * d)  # [T, H, 2d]
     q, gate = qg[..., :d], qg[..., d:].reshape(T, H * d)  # [T, H, d], [T, H*d]
@@ -145,14 +143,14 @@ def project(x, w, cfg: ModelConfig, kern: Kernels):  # [T, D] -> q [T, H, d], ga
     return q, gate, k, v
 
 
-def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern: Kernels):
+def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern):
     """Per row: q/k RMSNorm, then rope at the row's position ([T] ints). -> q [T, H, d], k [T, H_kv, d]."""
     q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
     return q, k
 
 
-def norm_rope_rows(q, k, rows: RowViews, w, cfg: ModelConfig, kern: Kernels):
+def norm_rope_rows(q, k, rows, w, cfg: ModelConfig, kern):
     """norm_rope with the rope angles of a pass's row map (rows.cos, rows.sin [R, half]: ops.rope_angles of the
     same positions, so the same numbers) where the rows are."""
     q = rope_rows(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), rows.cos, rows.sin, cfg.n_rot)
@@ -160,11 +158,11 @@ def norm_rope_rows(q, k, rows: RowViews, w, cfg: ModelConfig, kern: Kernels):
     return q, k
 
 
-def attend_rows_own(q, k, v, caches: list, rows: RowViews, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+def attend_rows_own(q, k, v, caches: list, rows, cfg: ModelConfig, kern) -> np.ndarray:
     """attend_own through a pass's row map: every row's key and value written at its map row (rows.dest, in the
     pool seen flat) of the one pool every sequence's cache shares (a cache of its own is a pool of one block:
     KVCache.pools), then one kern.attend_rows for all rows -> [R, H*d]. The caches' n were advanced when the
-    pass claimed its rows (rowmap.claim)."""
+    pass claimed its rows (fast/rowmap.py's claim)."""
     R, H_kv, d = q.shape[0], cfg.n_head_kv, cfg.head_dim
     k_pool, v_pool = caches[0].pools()  # [n_blocks, bs, H_kv, d] each
     k_pool.reshape(-1, H_kv, d)[rows.dest] = k  # scattered by device row ids: no host offset in the write
@@ -174,7 +172,7 @@ def attend_rows_own(q, k, v, caches: list, rows: RowViews, cfg: ModelConfig, ker
     return o.reshape(R, cfg.n_head * d)
 
 
-def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern: Kernels) -> np.ndarray:
+def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern) -> np.ndarray:
     """Every sequence's rows (normed, roped; q [R, H, d], k, v [R, H_kv, d]): append its k, v to its own cache,
     attend over it -> [R, H*d]. caches: state.KVCache or paged.PagedKVCache. Caches in one pool (the batch
     engine's) attend in one kern.attend_paged_ragged call, the block tables saying whose keys each row sees;
@@ -194,6 +192,6 @@ def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern
     return o.reshape(R, cfg.n_head * d)  # [R, H_kv, G, d] -> [R, H*d]
 
 
-def output(o, gate, w, kern: Kernels) -> np.ndarray:  # [T, H*d] x2 -> [T, D]
+def output(o, gate, w, kern) -> np.ndarray:  # [T, H*d] x2 -> [T, D]
     return kern.linear(o * kern.sigmoid(gate), w["attn_output.weight"])
 

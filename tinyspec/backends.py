@@ -15,7 +15,7 @@
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
             device. The model code is the oracle's own: its NumPy calls dispatch to CuPy on CuPy arrays
-            (NEP 18), the kernels' xp (CuPy) allocates the state. The token ids go up (checked on the host,
+            (NEP 18), the placement's xp (CuPy) allocates the state. The token ids go up (checked on the host,
             the embedding rows gathered on the device); a greedy step's logits and hidden rows stay on the
             device (Model.forward(to_host=False)), where the greedy rule runs and brings back two ints
             (fast/cuda_accept.py; tests/test_cuda_syncs.py counts the syncs per step). The
@@ -28,15 +28,18 @@
             sync per layer) and multiplies every chosen expert of a projection in one grouped launch reading
             the device offsets (cuda_ops.bind_experts); an expert tensor of a type the kernels do not read
             is a PackedExperts over its float32 bytes. A forward pass (the trunk's, the MTP head's) is a
-            device pass (fast/cuda_pass.py, Kernels.device_pass): one row map uploaded, the KV rows claimed on
-            the host, the layer loop replayed from a CUDA graph per shape and state.
+            device pass (fast/cuda_pass.py, Placement.device_pass): one row map uploaded, the KV rows claimed
+            on the host, the layer loop replayed from a CUDA graph per shape and state.
 
-A backend is two things, both built here and handed to the Model at construction (nothing is patched
+A backend is three things, all built here and handed to the Model at construction (nothing is patched
 into a model or a module afterwards):
     the weights   a matmul weight is either a float32 array (oracle) or a `PackedWeight`, which has
                   `.shape`, `.linear(x)` (ops.linear calls it) and `[ids]` (embedding rows);
     the kernels   a tinyspec.kernels.Kernels naming the functions the model computes with (cpu_kernels,
-                  cuda_kernels below; the oracle's is kernels.NUMPY).
+                  cuda_kernels below; the oracle's is kernels.NUMPY);
+    the placement a tinyspec.placement.Placement saying where the numbers live: the array module, the
+                  host/device copies, the device pass, the greedy rule, the rollback ring and the CUDA
+                  graphs' counts (cpu_placement, cuda_placement below; the oracle's is placement.HOST).
 Every backend keeps the engine's guarantee: the rows of a T-token pass are bitwise those of T one-token
 passes (each kernel is batch-invariant on its own backend, tests/test_backends.py checks the whole model).
 
@@ -58,6 +61,7 @@ from .gdn import gdn_scan_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import Kernels
 from .model import Model, load_tensors
+from .placement import Placement
 from .quants import GGMLType, dequantize
 
 BACKENDS = ("numpy", "cpu", "cuda")
@@ -288,7 +292,7 @@ def cuda_gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=N
 
 
 def cpu_kernels() -> Kernels:
-    """The oracle's functions with Numba's attention, scan and conv, and the replay ring."""
+    """The oracle's functions with Numba's attention, scan and conv."""
     from .fast import numba_attention, numba_gdn, threads
 
     threads.yield_when_idle()
@@ -303,8 +307,13 @@ def cpu_kernels() -> Kernels:
         gdn_scan_ragged=numba_gdn.gdn_scan_ragged,
         causal_conv_ragged=numba_gdn.causal_conv_ragged,
         attend_paged_ragged=numba_attention.attend_paged_ragged,
-        rollback="replay",  # no 72 MB of snapshots per 0.8B verify pass (state.ReplayRing, LESSONS 15)
     )
+
+
+def cpu_placement() -> Placement:
+    """The host's numbers, as the oracle's, with the replay ring: no 72 MB of snapshots per 0.8B verify pass
+    (state.ReplayRing, LESSONS 15)."""
+    return Placement(rollback="replay")
 
 
 def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
@@ -322,26 +331,18 @@ def device_rows(fused, oracle: Callable, device_array: type) -> Callable:
     return row
 
 
-def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> Kernels:
-    """CuPy arrays for activations and state, the device scan, one-launch row functions (fast/cuda_rows.py:
-    one launch per norm or gate instead of four to six), attention as one kernel launch per layer
-    (fast/cuda_attention.py: contiguous, paged, and every sequence of a pool at once), the greedy rule on the
-    device (replayed from a CUDA graph per verify length with graphs=True: fast/cuda_graphs.py; graph_counts
-    says what it captured), a MoE layer's routing and grouping on the device (fast/cuda_moe.py: no sync per
-    layer) and the snapshot ring.
-    check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
+def cuda_kernels() -> Kernels:
+    """The device scan, one-launch row functions (fast/cuda_rows.py: one launch per norm or gate instead of four
+    to six), attention as one kernel launch per layer (fast/cuda_attention.py: contiguous, paged, every sequence
+    of a pool at once, and from a device pass's row map) and a MoE layer's routing and grouping on the device
+    (fast/cuda_moe.py: no sync per layer). Each computes on a device array; a host array goes to the oracle's."""
     import cupy
 
-    from .fast import cuda_accept, cuda_attention, cuda_moe, cuda_pass, cuda_rows
-    from .fast.cuda_graphs import merged_counts
+    from .fast import cuda_attention, cuda_moe, cuda_rows
 
     dev, attn = cupy.ndarray, cuda_attention.DeviceAttention(cupy)
-    rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
-    passes = cuda_pass.DevicePasses(cupy, graphs, check_graphs)  # one map upload a pass, a graph per key
     return Kernels(
-        name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged, xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy,
-        accept_greedy=rule, graph_counts=lambda: merged_counts(rule=rule.graphs, forward=passes.graphs),
-        attend_rows=attn.attend_rows, device_pass=passes,
+        name="cuda", gdn_scan=cuda_gdn_scan, gdn_scan_ragged=cuda_gdn_scan_ragged,
         rms_norm=device_rows(cuda_rows.rms_norm, ops.rms_norm, dev),
         l2_norm=device_rows(cuda_rows.l2_norm, ops.l2_norm, dev),
         sigmoid=device_rows(cuda_rows.sigmoid, ops.sigmoid, dev),
@@ -350,8 +351,26 @@ def cuda_kernels(graphs: bool = True, check_graphs: Callable | None = None) -> K
         attend=device_rows(attn.attend, attention.attend, dev),  # q first: a host q goes to the oracle
         attend_paged=device_rows(attn.attend_paged, attention.attend_paged, dev),
         attend_paged_ragged=device_rows(attn.attend_paged_ragged, attention.attend_paged_ragged, dev),
+        attend_rows=attn.attend_rows,  # a device pass's rows only (Placement.device_pass)
         route_experts=cuda_moe.route_experts,  # the same bits as moe.route_experts, all E groups, device offsets
     )
+
+
+def cuda_placement(graphs: bool = True, check_graphs: Callable | None = None) -> Placement:
+    """CuPy arrays for activations, state, caches and the snapshot ring; a forward pass as a device pass
+    (fast/cuda_pass.py: one row map uploaded, the layer loop replayed from a CUDA graph per key with
+    graphs=True); the greedy rule on the device (fast/cuda_accept.py: two ints back per step, replayed from a
+    CUDA graph per verify length with graphs=True); graph_counts says what both captured (fast/cuda_graphs.py).
+    check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
+    import cupy
+
+    from .fast import cuda_accept, cuda_pass
+    from .fast.cuda_graphs import merged_counts
+
+    rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
+    passes = cuda_pass.DevicePasses(cupy, graphs, check_graphs)  # one map upload a pass, a graph per key
+    return Placement(xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy, device_pass=passes, accept_greedy=rule,
+                     graph_counts=lambda: merged_counts(rule=rule.graphs, forward=passes.graphs))
 
 
 def load_model(path: str | os.PathLike, backend: str | None = None,
@@ -359,16 +378,16 @@ def load_model(path: str | os.PathLike, backend: str | None = None,
     """A Model whose weights live where `backend` (default: default_backend()) computes with them."""
     backend = check(backend) if backend else default_backend()
     if backend == "numpy":
-        return Model.from_gguf(path, progress)  # the oracle's kernels
+        return Model.from_gguf(path, progress)  # the oracle's kernels and placement
     g = read_gguf(path)  # stays open: the packed weights are views of its memory map
     embd = g.tensors.get("token_embd.weight")
     cfg = ModelConfig.from_gguf(g.metadata, n_vocab=embd.shape[0] if embd is not None else None)
     if backend == "cpu":
-        tensors, kernels = cpu_tensors(g, progress), cpu_kernels()
+        tensors, kernels, placement = cpu_tensors(g, progress), cpu_kernels(), cpu_placement()
     else:  # cuda: activations and state on the device; the engine keeps host tokens and logits
-        tensors, kernels = cuda_tensors(g, progress), cuda_kernels()
-    return Model(cfg, tensors, g.metadata, kernels, source=g, path=path)
+        tensors, kernels, placement = cuda_tensors(g, progress), cuda_kernels(), cuda_placement()
+    return Model(cfg, tensors, g.metadata, kernels, placement, source=g, path=path)
 
 
-__all__ = ["BACKENDS", "BackendError", "PackedWeight", "cpu_kernels", "cuda_kernels", "default_backend", "load_model",
-           "load_tensors"]
+__all__ = ["BACKENDS", "BackendError", "PackedWeight", "cpu_kernels", "cpu_placement", "cuda_kernels", "cuda_placement",
+           "default_backend", "load_model", "load_tensors"]

@@ -78,7 +78,7 @@ def run_bench(args) -> int:
     if args.rollback is not None:  # the same weights with the other ring
         from dataclasses import replace
 
-        model = model.with_kernels(replace(model.kernels, rollback=args.rollback))
+        model = model.with_placement(replace(model.placement, rollback=args.rollback))
     slots_policy = None
     if slot_counts and args.adaptive:  # the batch-aware draft length, a third run at every B
         from .fast.batch_draft_length import BatchDraftLength
@@ -134,15 +134,15 @@ def run_bench_serving(args) -> int:
 
 
 def with_graphs(model, graphs: str):
-    """bench --graphs: "on" keeps the model as loaded; "off" gives the cuda backend's kernels with every launch plain
+    """bench --graphs: "on" keeps the model as loaded; "off" gives the cuda backend's placement with every launch plain
     (no CUDA graph captured), to measure what the graphs save. Only the cuda backend captures any."""
     if graphs == "on":
         return model
     if model.backend != "cuda":
         raise ValueError("--graphs off: only the cuda backend captures CUDA graphs")
-    from .backends import cuda_kernels
+    from .backends import cuda_placement
 
-    return model.with_kernels(cuda_kernels(graphs=False))
+    return model.with_placement(cuda_placement(graphs=False))
 
 
 def parse_slot_counts(text: str) -> tuple[int, ...]:

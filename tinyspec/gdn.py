@@ -43,16 +43,13 @@ Does NOT include: qwen3next's fused qkvz / ba layouts, backward pass.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from .config import ModelConfig
 from .ops import asarray_like, join_rows
 from .state import GDNState, ReplayLog, SnapshotEntries
-
-if TYPE_CHECKING:  # the annotation only: kernels.py imports this module for its defaults
-    from .kernels import Kernels
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
@@ -234,7 +231,7 @@ def gdn_chunked(
 
 
 def gdn_layer(
-    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern: Kernels,
+    x: np.ndarray, w: Mapping[str, np.ndarray], state: GDNState, cfg: ModelConfig, kern,
     chunked: bool = False, ring: SnapshotEntries | ReplayLog | None = None,
 ) -> np.ndarray:  # [T, D] -> [T, D]
     """The GDN mixer of one layer on one sequence's T new tokens: gdn_layer_ragged with one sequence."""
@@ -243,14 +240,15 @@ def gdn_layer(
 
 def gdn_layer_ragged(
     x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray, cfg: ModelConfig,
-    kern: Kernels, rings: list | None = None, chunked: bool = False,
+    kern, rings: list | None = None, chunked: bool = False,
 ) -> np.ndarray:  # [R, D] -> [R, D]
     """The GDN mixer of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
     bounds[b] .. bounds[b+1]-1, like cu_seqlens). Updates each states[b].conv and states[b].ssm.
 
     w holds the layer's GGUF tensors without the `blk.{i}.` prefix, as NumPy arrays (rows = outputs).
-    kern: the functions to compute with (kernels.py: matmul, row functions, causal_conv and gdn_scan,
-    each the oracle's above or one with its contract and bits, e.g. fast/numba_gdn.py's).
+    kern: the functions to compute with (a kernels.Kernels, which this module never imports: it imports this
+    one for its defaults; matmul, row functions, causal_conv and gdn_scan, each the oracle's above or one with
+    its contract and bits, e.g. fast/numba_gdn.py's).
     Steps 1, 3 and 5 (projections, per-row functions, out projection) run once over all R rows, so each
     weight is read once; the conv and the scan (2, 4) run each sequence over its own rows from its own state
     (kern.causal_conv_ragged and kern.gdn_scan_ragged: one call for all sequences, which the oracle makes a
@@ -274,7 +272,7 @@ def gdn_layer_ragged(
     return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
 
 
-def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tuple:
+def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern) -> tuple:
     """Step 1, every row on its own: mixed [T, C] (into the conv), z [T, HV*V] (the output gate), beta [T, HV]
     and log_decay [T, HV] (z, b, a bypass the conv)."""
     mixed = kern.linear(x, w["attn_qkv.weight"])  # [T, C]
@@ -286,7 +284,7 @@ def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels) -> tu
 
 
 def gdn_conv(mixed: np.ndarray, bounds: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState],
-             kern: Kernels, rings: list) -> tuple[np.ndarray, list]:
+             kern, rings: list) -> tuple[np.ndarray, list]:
     """Step 2: causal conv of each sequence's raw projections over its own window (one kern.causal_conv_ragged
     call for all), then SiLU -> c [R, C] and each sequence's window after them [C, w-1] (the state takes it in
     gdn_memory). Without a ring the new window overwrites the old in place; with one, the ring says where it
@@ -303,7 +301,7 @@ def gdn_conv(mixed: np.ndarray, bounds: np.ndarray, w: Mapping[str, np.ndarray],
     return kern.silu(c), conv_after
 
 
-def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern: Kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, every row on its own: split [q | k | v], normalise q and k per head, give each value head its key
     head. c [T, C] -> q, k [T, HV, K], v [T, HV, V]."""
     T = c.shape[0]
@@ -319,7 +317,7 @@ def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern: Kernels) -> tuple[np.ndarray,
 
 
 def gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after: list, w: Mapping[str, np.ndarray],
-               states: list[GDNState], kern: Kernels, chunked: bool = False, rings: list | None = None) -> np.ndarray:
+               states: list[GDNState], kern, chunked: bool = False, rings: list | None = None) -> np.ndarray:
     """Step 4: the delta-rule memory of each sequence from its own state, one kern.gdn_scan_ragged call for all
     (gdn_chunked per sequence for a long prefill) -> o [R, HV, V]; then each state takes its new window
     (conv_after[b]: state.conv itself already, unless its ring is a ReplayRing's) and memory. Without a ring the
@@ -339,7 +337,7 @@ def gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after: list, w: Map
 
 
 def gdn_output(o: np.ndarray, z: np.ndarray, w: Mapping[str, np.ndarray], cfg: ModelConfig,
-               kern: Kernels) -> np.ndarray:
+               kern) -> np.ndarray:
     """Step 5: gated RMSNorm per value head (ssm_norm is a plain weight, no +1), then the out projection.
     o [T, HV, V], z [T, HV*V] -> [T, D]."""
     T, HV, V = o.shape

@@ -1,13 +1,14 @@
-"""Kernels: what a backend swaps, handed to a model as one immutable object.
+"""Kernels: the math a layer calls, handed to a model as one immutable object.
 
 A Model computes with the functions of the Kernels it was built with (`Model(cfg, tensors, kernels=...)`),
 never with module functions a backend patched: the row-by-row matmul, attention over the KV cache, the
-delta-rule scan and the short convolution of the GDN layers, the row functions (norms and gates), the array
-module its state lives in, and the two copies between the engine (which samples on the host) and the model.
-NUMPY, the default, names the oracle's own functions (ops.py, attention.py, gdn.py). A backend
-(tinyspec/backends.py) builds another Kernels from its fast functions and passes it to the Model it loads;
-nothing writes into a built model or into a module-level table afterwards. So a reader finds the fast path
-by following an argument, not by searching for who patched what.
+delta-rule scan and the short convolution of the GDN layers, the row functions (norms and gates) and a MoE
+layer's routing. Where those numbers live (the array module, the host/device copies, the device pass, the
+greedy rule that runs where the logits are, the rollback ring) is the model's other object, its Placement
+(placement.py). NUMPY, the default, names the oracle's own functions (ops.py, attention.py, gdn.py, moe.py). A
+backend (tinyspec/backends.py) builds another Kernels from its fast functions and passes it to the Model it
+loads; nothing writes into a built model or into a module-level table afterwards. So a reader finds the fast
+path by following an argument, not by searching for who patched what.
 
     field         oracle                 contract (shapes: T tokens; see the oracle's docstring)
     name          "numpy"                which backend built it: "numpy" | "cpu" | "cuda"
@@ -33,35 +34,13 @@ by following an argument, not by searching for who patched what.
                                                   bounds, scale) -> o: B sequences' caches in one pool
     attend_rows   attention.attend_rows  (q [R, H_kv, G, d], k_pool, v_pool, seq, row0, n_past, tab0, tables, scale)
                                          -> o: attend_paged_ragged with every length and block id read from a
-                                         pass's row map (rowmap.py), where the model computes
-    device_pass   no_device_pass         (cfg, tokens, layers, bounds, rings, logits) -> None (the layers run the host
-                                         path, as the oracle and cpu do), or a pass that reads its rows from one map
-                                         made and uploaded once, with the KV rows claimed on the host first
-                                         (rowmap.claim; layers[b]: sequence b's layer states): its run(fn, *inputs)
-                                         returns fn(rows, *inputs) (rows: rowmap.RowViews; inputs: device arrays
-                                         the pass reads), computed or replayed (the cuda backend's:
-                                         fast/cuda_pass.py, a CUDA graph per shape and buffers). Model.forward_batch
-                                         and MTPHead.forward_batch hand it their layers
+                                         device pass's row map (Placement.device_pass), where the model computes
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
     route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
                                          ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
                                          expert (moe.py); weights, order and offsets where the model computes. The
                                          cuda backend's (fast/cuda_moe.py) runs on the device with no sync: the
                                          same bits, U = E (empty groups too) and device offsets
-    xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
-    to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
-    to_host       identity               logits and hidden rows -> NumPy, for the engine
-    accept_greedy accept_greedy          (logits [R, N] where the model computes: B sequences' verify rows,
-                 (verify_greedy, here)   bounds [B+1] where each sequence's rows start, drafts: per sequence k_b
-                                         host ints or a [k_b] int64 array where the logits are) -> per sequence
-                                         (n_accepted, token, drafts as host ints): the greedy rule (the argmax
-                                         of each row against the drafts, the kept prefix, the target's own
-                                         token); the cuda backend's runs on the device and brings back every
-                                         sequence's run, and its drafts when they were there, in one transfer
-    rollback      "snapshot"             which ring Model.new_ring makes: "snapshot" (copies) | "replay" (rescans)
-    graph_counts  no_graphs              () -> None, or what the backend's CUDA graphs did so far: {captured, failed,
-                                         replays, plain, shapes, reasons} (the cuda backend's greedy rule,
-                                         fast/cuda_graphs.py); `bench --json` reports it as "graphs"
 
 What every replacement must keep:
   * batch invariance: row t of a T-row call is bitwise the row a one-row call computes (from the state
@@ -77,58 +56,26 @@ The matmul itself is swapped in the weights, not here: a backend's weight is a P
 multiplies it (backends.py), and ops.linear hands it x. `linear` is a field so a reader sees it among the rest.
 
 This module imports the oracle only, never tinyspec.fast: the core reads and runs without the wing
-(tests/test_kernels.py checks it). The import goes one way: the layers (gdn.py, attention.py) are handed
-a Kernels by their caller and never import this module, which imports them for its defaults.
+(tests/test_kernels.py checks it). The import goes one way: the layers (gdn.py, attention.py, moe.py) are
+handed a Kernels by their caller and never import this module, not even for an annotation; it imports them for
+its defaults.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Callable
-
-import numpy as np
 
 from . import ops
 from .attention import attend, attend_paged, attend_paged_ragged, attend_rows
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
 from .moe import route_experts
-from .spec_sampling import verify_greedy
-
-ROLLBACKS = ("snapshot", "replay")
-
-
-def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, int, list[int]]]:
-    """The oracle's Kernels.accept_greedy: per sequence b (its rows bounds[b] .. bounds[b+1]-1 of logits [R, N],
-    its k_b drafts), spec_sampling.verify_greedy and the drafts as host ints. The oracle's device is the host,
-    so drafts given as an id array (a drafter's argmaxes, left where they were made) are read, not fetched; the
-    cuda backend's version (fast/cuda_accept.py) brings every sequence's run back in one transfer."""
-    out = []
-    for lo, hi, ds in zip(bounds[:-1], bounds[1:], drafts):
-        ds = [int(d) for d in ds]
-        out.append((*verify_greedy(logits[lo:hi], ds), ds))
-    return out
-
-
-def no_device_pass(cfg, tokens, layers, bounds, rings, logits) -> None:
-    """The oracle's Kernels.device_pass: none. Its layers read positions and lengths from the caches on the host."""
-    return None
-
-
-def no_graphs() -> None:
-    """The oracle's Kernels.graph_counts: it captures no CUDA graphs, so there is nothing to count."""
-    return None
-
-
-def same(a):
-    """The identity: the oracle's host and device are the same memory."""
-    return a
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """Everything a backend swaps (see the module docstring for each field's contract). Frozen: a backend
-    builds one and hands it over; a variant is `dataclasses.replace(kernels, rollback="replay")`."""
+    """The math a backend swaps (see the module docstring for each field's contract). Frozen: a backend builds
+    one and hands it over; a variant is `dataclasses.replace(kernels, gdn_scan_ragged=...)`."""
 
     name: str = "numpy"
     linear: Callable = ops.linear
@@ -139,24 +86,15 @@ class Kernels:
     gdn_scan_ragged: Callable = gdn_scan_ragged
     causal_conv_ragged: Callable = causal_conv_ragged
     attend_paged_ragged: Callable = attend_paged_ragged
+    attend_rows: Callable = attend_rows
     rms_norm: Callable = ops.rms_norm
     l2_norm: Callable = ops.l2_norm
     sigmoid: Callable = ops.sigmoid
     silu: Callable = ops.silu
     softplus: Callable = ops.softplus
     route_experts: Callable = route_experts
-    attend_rows: Callable = attend_rows
-    device_pass: Callable = no_device_pass
-    xp: ModuleType = np
-    to_device: Callable = same
-    to_host: Callable = same
-    accept_greedy: Callable = accept_greedy
-    rollback: str = "snapshot"
-    graph_counts: Callable[[], dict | None] = no_graphs
 
     def __post_init__(self):
-        if self.rollback not in ROLLBACKS:
-            raise ValueError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {self.rollback!r}")
         # The layers call the ragged forms; the oracle's ragged form loops over the oracle's one-sequence
         # function, not over a replacement. A swapped one-sequence function beside the oracle's ragged form
         # would be silently unused by every pass (only a ReplayRing would call it): refuse it here.

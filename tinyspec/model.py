@@ -11,7 +11,9 @@ Every norm weight in a GGUF already carries HF's "+1" except ssm_norm (docs/qwen
 code multiplies by stored weights as llama.cpp does. The oracle dequantizes every tensor to float32
 once at load (each by its own ggml type); the fast backends (backends.py, fast/) read the quantized
 bytes directly. Every function the model computes with comes from the Kernels it is built with
-(kernels.py: the oracle's, NUMPY, by default; a backend hands in its own), and only from there.
+(kernels.py: the oracle's, NUMPY, by default; a backend hands in its own), and only from there; where its
+numbers live (the array module, the host/device copies, a device pass) from its Placement (placement.py:
+HOST by default).
 
 Glossary: T tokens, D model dim, N vocab, F FFN dim. Official implementation: llama.cpp
 `src/models/qwen35.cpp`; HF transformers `Qwen3_5ForCausalLM`.
@@ -30,8 +32,9 @@ from .config import ModelConfig
 from .gdn import gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
-from .ops import join_rows
 from .moe import moe_ffn
+from .ops import join_rows
+from .placement import HOST, Placement
 from .quants import dequantize
 from .state import ModelState, ReplayRing, SnapshotRing
 
@@ -131,14 +134,16 @@ def check_ids(tokens, n_vocab: int) -> np.ndarray:
 class Model:
     """A qwen35 trunk (and its weights for the MTP head, see mtp.py). Stateless: state is passed in.
 
-    kernels: every function it computes with, the array module its state lives in and the host/device
-    copies (kernels.py; a backend builds its own, backends.load_model). source: the GGUFFile the weights
-    are views of, kept open (None when they were copied out); path: the file it was loaded from.
+    kernels: every function it computes with (kernels.py); placement: where its numbers live, the array module
+    its state lives in, the host/device copies, the device pass, the greedy rule and the rollback ring
+    (placement.py). A backend builds both (backends.load_model). source: the GGUFFile the weights are views of,
+    kept open (None when they were copied out); path: the file it was loaded from.
     """
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], metadata: Mapping | None = None,
-                 kernels: Kernels = NUMPY, source: GGUFFile | None = None, path: str | os.PathLike | None = None):
-        self.cfg, self.metadata, self.kernels = cfg, dict(metadata or {}), kernels
+                 kernels: Kernels = NUMPY, placement: Placement = HOST, source: GGUFFile | None = None,
+                 path: str | os.PathLike | None = None):
+        self.cfg, self.metadata, self.kernels, self.placement = cfg, dict(metadata or {}), kernels, placement
         self.source, self.path = source, None if path is None else Path(path)
         self.n_forward_tokens = 0  # tokens pushed through the trunk (tests count recomputes with it)
         self.tensors = tensors
@@ -179,14 +184,18 @@ class Model:
                 g.close()
 
     def with_kernels(self, kernels: Kernels) -> "Model":
-        """The same weights computed with other kernels: a new Model (this one is unchanged). E.g. the other
-        ring: model.with_kernels(dataclasses.replace(model.kernels, rollback="replay"))."""
-        return Model(self.cfg, self.tensors, self.metadata, kernels, self.source, self.path)
+        """The same weights and placement computed with other kernels: a new Model (this one is unchanged)."""
+        return Model(self.cfg, self.tensors, self.metadata, kernels, self.placement, self.source, self.path)
 
-    # read-only views of the kernels, for the code that allocates state or copies rows (drafters, bench)
-    xp = property(lambda self: self.kernels.xp)  # the array module of state, caches and rings
-    to_device = property(lambda self: self.kernels.to_device)  # host rows -> where the model computes
-    to_host = property(lambda self: self.kernels.to_host)  # model rows -> NumPy
+    def with_placement(self, placement: Placement) -> "Model":
+        """The same weights and kernels with another placement: a new Model (this one is unchanged). E.g. the
+        other ring: model.with_placement(dataclasses.replace(model.placement, rollback="replay"))."""
+        return Model(self.cfg, self.tensors, self.metadata, self.kernels, placement, self.source, self.path)
+
+    # read-only views of the placement, for the code that allocates state or copies rows (drafters, bench)
+    xp = property(lambda self: self.placement.xp)  # the array module of state, caches and rings
+    to_device = property(lambda self: self.placement.to_device)  # host rows -> where the model computes
+    to_host = property(lambda self: self.placement.to_host)  # model rows -> NumPy
     backend = property(lambda self: self.kernels.name)  # "numpy" | "cpu" | "cuda"
 
     def new_state(self, pool=None) -> ModelState:
@@ -196,9 +205,9 @@ class Model:
     def new_ring(self, size: int) -> SnapshotRing | ReplayRing:
         """Where a verify pass of up to `size` tokens leaves what a rollback needs (allocated once per sequence)."""
         kern = self.kernels
-        if kern.rollback == "replay":  # the replay reruns the conv and the scan the passes run
-            return ReplayRing(self.cfg, size, kern.causal_conv, kern.gdn_scan, kern.xp)
-        return SnapshotRing(self.cfg, size, kern.xp)
+        if self.placement.rollback == "replay":  # the replay reruns the conv and the scan the passes run
+            return ReplayRing(self.cfg, size, kern.causal_conv, kern.gdn_scan, self.xp)
+        return SnapshotRing(self.cfg, size, self.xp)
 
     def embed(self, tokens) -> np.ndarray:  # [T] host ids (checked) or device ids (a drafter's argmax) -> [T, D]
         return embed_rows(self.token_embd, tokens, self.cfg.n_vocab, self.xp)
@@ -218,7 +227,7 @@ class Model:
         only some rows of it (a draft vocabulary, fast/draft_vocab.py) or need only the state.
         to_host=False leaves logits and hidden where the model computes (CuPy arrays on the cuda backend, the
         same NumPy arrays on the others): for a caller that reads them there (the greedy rule,
-        Kernels.accept_greedy; the MTP head) and brings back only what it needs.
+        Placement.accept_greedy; the MTP head) and brings back only what it needs.
         """
         out, hidden, _ = self.forward_batch([tokens], [state], [ring], logits, to_host, chunked)
         return out, hidden
@@ -237,22 +246,22 @@ class Model:
         ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1]
         (host ints); to_host=False leaves logits and hidden where the model computes, as in forward.
         """
-        cfg, kern, xp = self.cfg, self.kernels, self.xp
+        cfg, place = self.cfg, self.placement
         if len(tokens) != len(states) or not tokens:
             raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
         rings = rings if rings is not None else [None] * len(states)
         # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
-        tokens = [checked_ids(t, cfg.n_vocab, xp) for t in tokens]
+        tokens = [checked_ids(t, cfg.n_vocab, place.xp) for t in tokens]
         bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
         for ring, state, t in zip(rings, states, tokens):
             if ring is not None:
                 ring.mark_pass(state.pos, len(t))
         self.n_forward_tokens += int(bounds[-1])
         # a device pass (the cuda backend's): one row map for every layer, its KV rows claimed now, the layer
-        # loop computed or replayed from a CUDA graph (kernels.py); None: the host path
-        device = None if chunked else kern.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
+        # loop computed or replayed from a CUDA graph (placement.py); None: the host path
+        device = None if chunked else place.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
         if device is None:
-            x = join_rows([kern.to_device(self.token_embd[t]) for t in tokens])  # [R, D] where the model computes
+            x = join_rows([place.to_device(self.token_embd[t]) for t in tokens])  # [R, D] where the model computes
             out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked)
         else:
             out, hidden = device.run(lambda rows: self.layers_pass(self.token_embd[rows.ids], states, rings, bounds,
@@ -260,16 +269,16 @@ class Model:
         for state, t in zip(states, tokens):
             state.pos += len(t)
         if to_host:
-            out, hidden = (kern.to_host(out) if out is not None else None), kern.to_host(hidden)
+            out, hidden = (place.to_host(out) if out is not None else None), place.to_host(hidden)
         return out, hidden, bounds
 
     def layers_pass(self, x, states: list[ModelState], rings: list, bounds: np.ndarray, rows=None,
                     logits: bool = True, chunked: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
         """forward_batch's device work: x [R, D] through every layer, the final norm and the output ->
         (logits [R, N] or None, hidden [R, D]), where the model computes. rows: a device pass's row map
-        (rowmap.RowViews) for the attention layers, or None (they read the caches' lengths on the host). With a
-        row map it changes nothing on the host (the caches were claimed, the states' arrays are written in
-        place), so a CUDA graph of it replays right (fast/cuda_pass.py)."""
+        (fast/rowmap.py's RowViews) for the attention layers, or None (they read the caches' lengths on the
+        host). With a row map it changes nothing on the host (the caches were claimed, the states' arrays are
+        written in place), so a CUDA graph of it replays right (fast/cuda_pass.py)."""
         cfg, kern = self.cfg, self.kernels
         for i, (w, recurrent) in enumerate(zip(self.layers, cfg.recurrent)):
             u = kern.rms_norm(x, w["attn_norm.weight"], cfg.rms_eps)

@@ -24,7 +24,8 @@ depend on the other rows (batch invariance, as ops.linear's).
     groups  experts [U] the distinct chosen experts,  offsets [U + 1]: pairs order[offsets[i]:offsets[i+1]]
             chose experts[i]; U, the pass's expert union, is what its FFN reads (fast/expert_union.py counts it)
 
-Where routing runs: Kernels.route_experts (kernels.py). The oracle's is route_experts below, route then
+Where routing runs: Kernels.route_experts (kernels.py, which imports this module for its default: the layers
+here take their `kern` and never import it). The oracle's is route_experts below, route then
 group_by_expert on the host. The cuda backend routes and groups on the device (fast/cuda_moe.py: the same
 bits, no host sync): its groups list every expert (U = E, empty groups too, host experts = 0..E-1) with device
 offsets [E + 1], so no count has to come back, and each projection is one grouped launch over them.
@@ -42,12 +43,9 @@ Does NOT include: the fused ffn_gate_up_exps layout (refused at load), expert_we
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .kernels import Kernels
 
 
 def route(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,27 +77,27 @@ def route_experts(router_logits: np.ndarray, k: int):
     return weights, order, distinct, offsets
 
 
-def experts_linear(x, w, experts: np.ndarray, offsets: np.ndarray, kern: Kernels):  # [P, in] -> [P, out]
+def experts_linear(x, w, experts: np.ndarray, offsets: np.ndarray, kern):  # [P, in] -> [P, out]
     """Rows grouped by expert times their expert: y[a:b] = x[a:b] @ w[experts[i]].T for a, b = offsets[i],
     offsets[i + 1]. w: [E, out, in] float32 (the oracle: kern.linear per expert), or a backend's packed expert
     tensor, which multiplies itself (backends.PackedExperts: one kernel call for all the experts; on the cuda
     backend offsets are a device array [E + 1], read only by its grouped launch)."""
-    if not isinstance(w, kern.xp.ndarray):
+    if not isinstance(w, np.ndarray):  # as ops.linear: a packed tensor (every expert tensor on the cuda backend)
         return w.experts_linear(x, experts, offsets)
-    y = kern.xp.empty((x.shape[0], w.shape[1]), np.float32)
+    y = np.empty((x.shape[0], w.shape[1]), np.float32)
     for i, e in enumerate(experts):
         y[offsets[i] : offsets[i + 1]] = kern.linear(x[offsets[i] : offsets[i + 1]], w[e])
     return y
 
 
-def moe_ffn(x: np.ndarray, w: Mapping[str, np.ndarray], n_used: int, kern: Kernels) -> np.ndarray:  # [T, D] -> [T, D]
+def moe_ffn(x: np.ndarray, w: Mapping[str, np.ndarray], n_used: int, kern) -> np.ndarray:  # [T, D] -> [T, D]
     """The module docstring's FFN for T rows: routed experts grouped by expert, then the shared expert."""
     T, D = x.shape
     weights, order, distinct, offsets = kern.route_experts(kern.linear(x, w["ffn_gate_inp.weight"]), n_used)
     xs = x[order // n_used]  # [T k, D]: each pair's row, in expert order
     h = kern.silu(experts_linear(xs, w["ffn_gate_exps.weight"], distinct, offsets, kern)) * \
         experts_linear(xs, w["ffn_up_exps.weight"], distinct, offsets, kern)  # [T k, F_e]
-    y = kern.xp.empty((T * n_used, D), np.float32)
+    y = np.empty_like(x, dtype=np.float32, shape=(T * n_used, D))  # on x's device
     y[order] = experts_linear(h, w["ffn_down_exps.weight"], distinct, offsets, kern)
     y = y.reshape(T, n_used, D)  # y[t, j]: row t's j-th chosen expert's output
     out = y[:, 0] * weights[:, :1]

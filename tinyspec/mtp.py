@@ -47,7 +47,7 @@ class MTPHead:
             raise ModelError(f"MTP block is missing tensors: {', '.join(missing)}")
         check_ffn(model.tensors, prefix, cfg)  # dense, or qwen35moe's experts
         self.w = {n[len(prefix):]: t for n, t in model.tensors.items() if n.startswith(prefix)}
-        self.model = model  # its kernels: the functions, array module and host/device copies the head uses
+        self.model = model  # its kernels (the functions the head uses) and placement (array module, copies)
         self.embed_tokens = self.w.get("nextn.embed_tokens.weight", model.token_embd)
         self.head_norm = self.w.get("nextn.shared_head_norm.weight", model.output_norm)
         self.head = self.w.get("nextn.shared_head_head.weight", model.output)
@@ -75,34 +75,33 @@ class MTPHead:
         tokens[b] are host ids or device ids (a greedy draft's argmax: model.embed_rows); hidden_prev rows may be
         host or device arrays (the target's, where it left them); to_host=False leaves logits and h_mtp where
         the head computes, as Model.forward does."""
-        cfg, kern = self.cfg, self.model.kernels
+        cfg, place = self.cfg, self.model.placement
         sizes = [len(t) for t in tokens]
         for n, h in zip(sizes, hidden_prev):
             if h.shape != (n, cfg.n_embd):
                 raise ValueError(f"hidden_prev has shape {h.shape}, expected {(n, cfg.n_embd)}")
-        xp = kern.xp
         # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
-        tokens = [checked_ids(t, cfg.n_vocab, xp) for t in tokens]
+        tokens = [checked_ids(t, cfg.n_vocab, place.xp) for t in tokens]
         bounds = np.cumsum([0] + sizes)
-        hidden_prev = join_rows([kern.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
+        hidden_prev = join_rows([place.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
         # a device pass (the cuda backend's): the block reads its rows from one map, replayed from a CUDA graph
-        # (kernels.py, Kernels.device_pass); None: the host path
-        device = kern.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits)
+        # (placement.py, Placement.device_pass); None: the host path
+        device = place.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits)
         if device is None:
-            e = join_rows([kern.to_device(self.embed_tokens[t]) for t in tokens])  # [R, D]
+            e = join_rows([place.to_device(self.embed_tokens[t]) for t in tokens])  # [R, D]
             out, h_mtp = self.block(e, hidden_prev, caches, bounds, None, logits)
         else:
             out, h_mtp = device.run(lambda rows, h_prev: self.block(self.embed_tokens[rows.ids], h_prev, caches,
                                                                     bounds, rows, logits), hidden_prev)
         if to_host:
-            out, h_mtp = (kern.to_host(out) if out is not None else None), kern.to_host(h_mtp)
+            out, h_mtp = (place.to_host(out) if out is not None else None), place.to_host(h_mtp)
         return out, h_mtp, bounds
 
     def block(self, e, hidden_prev, caches: list, bounds: np.ndarray, rows=None,
               logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """forward_batch's device work: the token rows e [R, D] and hidden_prev [R, D] through the block ->
         (logits [R, N] or None, h_mtp [R, D]) where the head computes. rows: a device pass's row map
-        (rowmap.RowViews) for the attention, or None (it reads the caches' lengths on the host)."""
+        (fast/rowmap.py's RowViews) for the attention, or None (it reads the caches' lengths on the host)."""
         cfg, w, kern = self.cfg, self.w, self.model.kernels
         e = kern.rms_norm(e, w["nextn.enorm.weight"], cfg.rms_eps)  # [R, D]
         h = kern.rms_norm(hidden_prev, w["nextn.hnorm.weight"], cfg.rms_eps)

@@ -141,7 +141,7 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
 
 def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every row's angles, [T] positions -> [T, n_rot/2] float32 each, on the host: what a pass
-    computes once for all its rows (rowmap.py packs them into the pass's one upload on a device backend)."""
+    computes once for all its rows (fast/rowmap.py packs them into the pass's one upload on a device backend)."""
     half = n_rot // 2
     inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]
     angle = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]

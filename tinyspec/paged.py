@@ -334,7 +334,7 @@ class PagedKVCache:
         self.n = n
 
     def claim(self, T: int) -> None:
-        """Positions n .. n+T-1 will be written by a device pass (rowmap.claim): blocks reserved and checked
+        """Positions n .. n+T-1 will be written by a device pass (fast/rowmap.py claim): blocks reserved and checked
         writable as append does, n advanced, nothing written."""
         self.table.reserve(self.n + T)
         self.table.check_writable(self.n, self.n + T)

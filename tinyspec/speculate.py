@@ -37,7 +37,7 @@ greedy acceptance is an equality test. Sampled output has exactly the target's l
 
 Where the numbers are, decided once a pass (Pass): all greedy, the logits and hidden rows stay where the model
 computes (a GPU on the cuda backend): the drafters leave their drafts there (Draft.ids), the verify pass is fed
-from there, and the model's accept_greedy runs every sequence's rule there and brings back every run and its
+from there, and the model's Placement.accept_greedy runs every sequence's rule there and brings back every run and its
 drafts in one transfer. A sampled sequence reads its laws on the host, so a pass that holds one brings the
 logits there for every rule, and keeps each sequence's hidden rows where its solo run keeps them.
 
@@ -237,7 +237,7 @@ class Engine:
             p.logits = self.model.to_host(p.logits)
         verify_s = clock.lap("verify" if p.seqs else "prefill")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own next token
-        runs = accept(p, self.model.kernels.accept_greedy) if p.seqs else []
+        runs = accept(p, self.model.placement.accept_greedy) if p.seqs else []
         clock.lap("accept")
         for i, (b, s, (n_accepted, token, draft)) in enumerate(zip(p.slots, p.seqs, runs)):
             fed_b = [s.pending] + draft.tokens

@@ -29,7 +29,7 @@ reruns the j <= k kept tokens (a base read and a state written per layer: the me
 replaces), and only when a draft was rejected. The scan writes its result into the ring's spare buffer and
 the two buffers swap (the state's old memory becomes the ring's base), so keeping the pre-pass state costs
 no copy either. The cpu backend uses it
-(its Kernels say rollback="replay", and Model.new_ring follows them; `bench --rollback` picks either); the
+(its Placement says rollback="replay", and Model.new_ring follows it; `bench --rollback` picks either); the
 oracle and cuda keep SnapshotRing (on a GPU the copies are cheap and a replay would add launches to a
 rejection). LESSONS.md 15 measures both rings (docs/performance-log.md, old 25, the history). Both share
 RollbackRing: the entry bookkeeping, the range checks, and the one interface a GDN layer writes through
@@ -87,7 +87,8 @@ class KVCache:
             self.k, self.v = self._grown(self.k, capacity), self._grown(self.v, capacity)
 
     def claim(self, T: int) -> None:
-        """Positions n .. n+T-1 will be written by a device pass (rowmap.claim): room made, n advanced, no write."""
+        """Positions n .. n+T-1 will be written by a device pass (fast/rowmap.py claim): room made, n advanced, no
+        write."""
         self.reserve(self.n + T)
         self.n += T
 

@@ -45,7 +45,7 @@ def count(kinds=KINDS) -> dict:
         out = {}
         for kind in kinds:
             for graphs in (False, True):
-                model = loaded.with_kernels(backends.cuda_kernels(graphs=graphs))
+                model = loaded.with_placement(backends.cuda_placement(graphs=graphs))
                 drafter = None if kind == "plain" else DRAFTERS[kind](model, folder)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -13,7 +13,7 @@ timed-out or skipped step is recorded and the next one still runs):
              checked against NumPy
   ties       cupy.argmax on a 248,320-wide row with tied maxima: the first index, as NumPy's
   rule       the greedy rule on the device (fast/cuda_accept.DeviceGreedyRule), graphs on and off, against the
-             oracle's (kernels.accept_greedy) for k = 0..8 on 248,320-wide rows whose maxima are tied, drafts
+             oracle's (placement.accept_greedy) for k = 0..8 on 248,320-wide rows whose maxima are tied, drafts
              given as host ints and as device ids, a rejected draft being a LATER copy of the row's maximum (so
              only the first-index rule accepts the oracle's prefix); and four sequences' rows in one call
   parity     greedy output of the shipped models on cuda equals the oracle's plain greedy output, token for
@@ -202,7 +202,7 @@ def tied_case(rng, k: int, n_vocab: int) -> tuple[np.ndarray, list[int]]:
 
 def rule(cp, n_vocab: int = WIDE_VOCAB, trials: int = 3) -> dict:
     from tinyspec.fast.cuda_accept import DeviceGreedyRule
-    from tinyspec.kernels import accept_greedy
+    from tinyspec.placement import accept_greedy
 
     rng = np.random.default_rng(0)
     out = {"cases": 0, "wrong": [], "graphs": None}
@@ -236,9 +236,9 @@ def rule(cp, n_vocab: int = WIDE_VOCAB, trials: int = 3) -> dict:
 
 def cuda_model(path: Path, graphs: bool):
     """The file on the cuda backend, its greedy rule replayed from CUDA graphs or launched plainly."""
-    from tinyspec.backends import cuda_kernels, load_model
+    from tinyspec.backends import cuda_placement, load_model
 
-    return load_model(path, "cuda").with_kernels(cuda_kernels(graphs=graphs))
+    return load_model(path, "cuda").with_placement(cuda_placement(graphs=graphs))
 
 
 def parity(quick: bool, max_new: int) -> dict:
@@ -277,7 +277,7 @@ def parity(quick: bool, max_new: int) -> dict:
                 if seq.tokens != want[i]:
                     out["mismatches"].append({"graphs": graphs, "spec": spec, "batch": True, "prompt": i,
                                               "want": want[i], "got": seq.tokens, "error": seq.error})
-        out["graphs"][f"graphs_{'on' if graphs else 'off'}"] = m.kernels.graph_counts()
+        out["graphs"][f"graphs_{'on' if graphs else 'off'}"] = m.placement.graph_counts()
     on = out["graphs"]["graphs_on"]
     forward = on.get("by_use", {}).get("forward", {})  # the forward passes' graphs (fast/cuda_pass.py)
     out["ok"] = not out["mismatches"] and on["captured"] > 0 and not on["failed"] and forward.get("captured", 0) > 0

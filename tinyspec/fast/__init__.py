@@ -5,11 +5,14 @@ objects the core defines, never by patching it:
 
     kernels     tinyspec.kernels.Kernels, built by tinyspec.backends: the Numba leaves (numba_ops: fused
                 dequant-matmul over the GGUF bytes; numba_attention; numba_gdn) and the CUDA leaves
-                (cuda_ops, cuda_rows), each with the name, arguments and contract of the NumPy oracle
-                function it replaces (numba_ops.quant_linear is tinyspec.ops.quant_linear), each tested
-                against it; simd.py (the instructions they inline) and kernel_cache.py (drops stale
-                compiled kernels)
-    policy      adaptive.AdaptiveDraftLength: a draft-length policy (speculate.DraftPolicy) that picks k
+                (cuda_ops, cuda_rows, cuda_attention, cuda_moe), each with the name, arguments and contract
+                of the NumPy oracle function it replaces (numba_ops.quant_linear is tinyspec.ops.quant_linear),
+                each tested against it; simd.py (the instructions they inline) and kernel_cache.py (drops
+                stale compiled kernels)
+    placement   tinyspec.placement.Placement, built by tinyspec.backends: where the cuda backend's numbers
+                live, and what only a device needs: the device pass (cuda_pass, over rowmap's one row map),
+                the greedy rule on the device (cuda_accept) and the CUDA graphs they replay (cuda_graphs)
+    policy      adaptive.AdaptiveDraftLength: a draft-length policy (drafting.DraftPolicy) that picks k
                 per step from measured acceptance and step costs
     drafter     synthetic.SyntheticDrafter: a drafter with a dialled acceptance rate, for speed work
     vocabulary  draft_vocab.DraftVocab (a sampling.DraftVocabulary): a frequency-ranked draft vocabulary a

@@ -3,7 +3,7 @@
     decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
     verify_cost_ratio  median time of a verify pass of T tokens (with the model's ring) / a one-token pass, keyed
                        by T = k + 1 (the pending token and k drafts): T = 1, 2, 4, 8 are k = 0, 1, 3, 7 drafts
-    rollback           which ring the verify passes use (Model.kernels.rollback: snapshot or replay, state.py)
+    rollback           which ring the verify passes use (Model.placement.rollback: snapshot or replay, state.py)
     weight_gb_s        bytes of weights a decode step reads / its median time (a MoE layer: n_expert_used experts)
     copy_gb_s          np.copyto of a 256 MB buffer where the weights live (the GPU's memory for the cuda
                        backend, 1 GB there), the memory bandwidth this machine gives right now
@@ -17,7 +17,7 @@
                        is the mean number of distinct experts such a pass reads per MoE layer (expert_union.py),
                        uniform_union[T] what independent uniform routing gives (random synth routers come close;
                        a trained router shares experts between neighbours and reads fewer)
-    graphs             (cuda) what the CUDA graphs did over the whole run (Kernels.graph_counts: captured keys,
+    graphs             (cuda) what the CUDA graphs did over the whole run (Placement.graph_counts: captured keys,
                        failed ones with their reasons, replays, plain calls, evicted graphs), summed, and by_use:
                        "rule" (the greedy rule, fast/cuda_accept.py) and "forward" (the forward passes,
                        fast/cuda_pass.py) each on its own; null on numpy and cpu, which capture none. A failed
@@ -429,7 +429,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
                            "sends neighbouring tokens to shared experts, so a real pass reads fewer"}
     wb = weight_bytes(model)
     report = {"model": str(model.path or ""), "backend": model.backend,
-              "rollback": model.kernels.rollback,
+              "rollback": model.placement.rollback,
               "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
               "weight_bytes": wb, "prompt_tokens": len(prompt),
               "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1, "decode_ms_range": [1e3 * v for v in spread(decode)],
@@ -440,7 +440,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
               "spec": {k: v for k, v in spec.items() if k != "plain"},
               "plain_tok_s": spec["plain"]["tok_s"] if spec else None,
               "plain_tok_s_range": spec["plain"]["tok_s_range"] if spec else None,
-              "graphs": model.kernels.graph_counts()}
+              "graphs": model.placement.graph_counts()}
     report["checks"] = checks(report)
     if experts:
         report["experts"] = experts

@@ -50,7 +50,7 @@ def greedy_run(logits, drafts):  # [k+1, N], [k] int64, where the logits are -> 
 
 
 class DeviceGreedyRule:
-    """Kernels.accept_greedy for the array module xp (CuPy): (logits [R, N] on the device for B sequences' rows,
+    """Placement.accept_greedy for the array module xp (CuPy): (logits [R, N] on the device for B sequences' rows,
     bounds [B+1] host ints, drafts: per sequence k_b host ints or a [k_b] int64 device array) -> per sequence
     (n_accepted, token, drafts as host ints), with ONE transfer for all of them: each sequence's run
     (greedy_run on its rows), with its drafts when they came as device ids (host drafts are known: returned as

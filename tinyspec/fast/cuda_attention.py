@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..rowmap import row_map, split  # the host side of the map (tinyspec/rowmap.py): built, checked, viewed
+from .rowmap import row_map, split  # the host side of the map (fast/rowmap.py): built, checked, viewed
 
 THREADS, TILE = 128, 32  # block shape and key tile: fixed, so a row's reduction order never depends on the call
 MAX_SHARED = 48 * 1024  # bytes of shared memory a block may take without opting in

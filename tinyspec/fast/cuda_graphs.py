@@ -27,7 +27,7 @@ current stream (so it runs in order with the eager work around it) on every late
 cannot be captured (it syncs, say) raises during capture: the key is marked and runs as plain launches from
 then on (the fallback), as does every call with graphs off. A fallback is never silent: it warns once per key
 (GraphCaptureWarning, with the reason), and stats() counts what was captured, what failed and how many calls
-were replays; the owner passes the counts on (DeviceGreedyRule.graph_counts -> Kernels.graph_counts -> the
+were replays; the owner passes the counts on (DeviceGreedyRule.graph_counts -> Placement.graph_counts -> the
 "graphs" entry of `bench --json`), so a GPU run whose captures all fail says so instead of only running slower.
 
 What a graph bakes in cannot be seen by comparing tokens, so tests re-run fn at each replay: check (a
@@ -35,7 +35,7 @@ constructor argument, None on a GPU) is called with the graph and a function tha
 graph's inputs; the fake CuPy's check_replay (tests/fake_cupy.py) runs it and raises if any launch now gets
 a host scalar (a length, a position, an offset, an eps) other than the one the capture recorded.
 
-Captured today (two users, each its own GraphedCall; Kernels.graph_counts reports both, by_use):
+Captured today (two users, each its own GraphedCall; Placement.graph_counts reports both, by_use):
     rule     the greedy rule of a verify step or a decode step (cuda_accept.greedy_run: argmax per row, compare,
              kept prefix, gather; about 10 launches -> 1, plus the copies into its inputs), one graph per (T, N, k)
     forward  the trunk's forward pass (fast/cuda_pass.py, issue 35 item 5): every layer reads positions, rope

@@ -1,16 +1,16 @@
 """The whole forward pass on the GPU from one row map, replayed from a CUDA graph: the cuda backend's
-Kernels.device_pass (issue 35, item 5).
+Placement.device_pass.
 
 A forward pass is hundreds of launches (the tests' 4-layer model: 161 a decode step, counted through the fake by
 tools/count_cuda_steps.py; the 0.8B shape has 24 layers of projections, norms, the conv, the scan, attention and
-the FFN), and until now each attention layer also uploaded its own positions, rope angles and row map. At decode
+the FFN), and each attention layer would otherwise upload its own positions, rope angles and row map. At decode
 sizes the host's Python and driver time per launch, not the GPU, sets the pace. So a pass is split in two, the
 host's part first:
 
-    host    check the host ids (model.check_ids); claim the KV rows the pass writes (rowmap.claim: room made,
-            blocks reserved, each cache's n advanced); build the pass's row map (rowmap.pack: ids, KV rows,
-            attention's map, rope's angles) and upload it in ONE copy into a buffer kept per map size; copy a
-            drafter's device ids in, device to device
+    host    the host ids come checked (model.checked_ids); claim the KV rows the pass writes (rowmap.claim: room
+            made, blocks reserved, each cache's n advanced) and build the pass's row map (rowmap.pack: ids, KV
+            rows, attention's map, rope's angles), both rowmap.plan; upload it in ONE copy into a buffer kept per
+            map size; copy a drafter's device ids in, device to device
     device  Model.layers_pass(embedding rows of rows.ids, ..., rows): every layer reads the map, writes the
             states in place (the scan's memory, the conv window, the KV rows at rows.dest, the ring's per-token
             states) and changes nothing on the host
@@ -36,7 +36,7 @@ replay (the MTP drafter keeps hidden rows).
 
 The MTP head's passes are device passes too (MTPHead.forward_batch hands its block and its one cache; the
 hidden rows it reads are an input, copied into the graph's own buffer). What is not a device pass
-(Kernels.device_pass returns None, and the layers run the host path): a chunked prefill; several sequences each
+(Placement.device_pass returns None, and the layers run the host path): a chunked prefill; several sequences each
 with a cache of its own; another model's several layers in a pool (paged.ViewTable: ids per layer, a draft model
 in the batch engine); a head too wide for the attention kernel (cuda_attention.MAX_GD).
 
@@ -54,7 +54,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import rowmap
+from . import rowmap
 from ..state import GDNState, KVCache, SnapshotRing
 from .cuda_attention import MAX_GD, MAX_SHARED, shared_bytes
 from .cuda_graphs import GraphedCall
@@ -104,7 +104,7 @@ class DevicePass:
 
 
 class DevicePasses:
-    """Kernels.device_pass for CuPy (module docstring): (cfg, tokens, layers, bounds, rings, logits) -> a DevicePass,
+    """Placement.device_pass for CuPy (module docstring): (cfg, tokens, layers, bounds, rings, logits) -> a DevicePass,
     or None for the host path. graphs=False: the same device passes, never captured. check: GraphedCall's
     check (tests: fake_cupy.check_replay)."""
 

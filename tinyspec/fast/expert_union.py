@@ -58,14 +58,14 @@ class TalliedExperts:
     """An expert tensor that records, on each grouped matmul, how many distinct experts it multiplies, then
     multiplies them as the tensor it wraps would (moe.experts_linear: packed or float)."""
 
-    def __init__(self, inner, layer: int, tally: ExpertTally, kernels):
-        self.inner, self.layer, self.tally, self.kernels = inner, layer, tally, kernels
+    def __init__(self, inner, layer: int, tally: ExpertTally, kernels, to_host):
+        self.inner, self.layer, self.tally, self.kernels, self.to_host = inner, layer, tally, kernels, to_host
         self.shape, self.nbytes = tuple(inner.shape), inner.nbytes
 
     def experts_linear(self, x, experts: np.ndarray, offsets: np.ndarray):
         # the non-empty groups: all of them on the host; the cuda backend's list every expert (U = E, device
         # offsets), so its count comes back here, one sync a call: a measurement, not the model's path
-        self.tally.calls.append((self.layer, int(np.count_nonzero(np.diff(self.kernels.to_host(offsets))))))
+        self.tally.calls.append((self.layer, int(np.count_nonzero(np.diff(self.to_host(offsets))))))
         return experts_linear(x, self.inner, experts, offsets, self.kernels)
 
 
@@ -78,8 +78,8 @@ def tallied(model: Model) -> tuple[Model, ExpertTally]:
     tensors = dict(model.tensors)
     for name, t in model.tensors.items():
         if name.endswith(".ffn_gate_exps.weight"):
-            tensors[name] = TalliedExperts(t, int(name.split(".")[1]), tally, model.kernels)
-    return Model(model.cfg, tensors, model.metadata, model.kernels, model.source, model.path), tally
+            tensors[name] = TalliedExperts(t, int(name.split(".")[1]), tally, model.kernels, model.to_host)
+    return Model(model.cfg, tensors, model.metadata, model.kernels, model.placement, model.source, model.path), tally
 
 
 def expert_union(model: Model, prompt: list[int], sizes=range(1, 10), repeats: int = 3, seed: int = 0) -> dict[int, float]:

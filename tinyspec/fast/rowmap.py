@@ -1,17 +1,17 @@
-"""A pass's row map: where every row of one forward pass sits, packed in ONE int32 array.
+"""A pass's row map: where every row of one forward pass sits, packed in ONE int32 array (a device pass's host part).
 
 A backend that computes on a device needs each row's position (rope), the cache row its key and value go to (the
 KV append) and what each row may attend to (attention's lengths and block tables). Made on the host per layer,
 those are uploads in every attention layer; and a CUDA graph cannot hold an upload, and bakes in every host
-number a launch was given. So a device pass (Kernels.device_pass) builds them ONCE, on the host, here, and
+number a launch was given. So a device pass (Placement.device_pass) builds them ONCE, on the host, here, and
 uploads them in one copy into a buffer the whole pass reads: every layer, and every replay of a graph of it
 (then only the buffer's contents change from pass to pass; fast/cuda_pass.py).
 
 For B sequences and R rows (sequence b: rows bounds[b] .. bounds[b+1]-1, row r at position
 p = n_past[b] + r - bounds[b]), the layout of the array, in this order:
 
-    ids     [R]          the token each row feeds: host ids, checked here (model.check_ids); a drafter's device
-                         ids are copied in by the backend, where they are
+    ids     [R]          the token each row feeds: host ids, checked before the pass (model.checked_ids); a
+                         drafter's device ids are copied in by the backend, where they are
     dest    [R]          where row r's key and value go in its layer's pool seen flat [n_blocks * bs, H_kv, d]:
                          tables[tab0[b] + p // bs] * bs + p % bs (bs: the block size; a contiguous cache is one
                          block as long as its capacity)
@@ -35,9 +35,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .ops import rope_angles
-from .paged import BlockTable, PagedKVCache
-from .state import KVCache
+from ..ops import rope_angles
+from ..paged import BlockTable, PagedKVCache
+from ..state import KVCache
 
 
 def row_map(tables, n_pasts, bounds, block_size: int, n_blocks: int) -> tuple[np.ndarray, int, int]:
@@ -203,7 +203,7 @@ def plan(cfg, ids: np.ndarray, layers: list, bounds: np.ndarray) -> tuple[PassMa
 
 
 def host_pass(cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
-    """Kernels.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
+    """Placement.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
     (fast/cuda_pass.py) without the upload or the graph. Its use: the oracle's layers run the device path's code
     (attention.attend_rows_own, the map's rope angles) and must give the host path's bits (tests/test_rowmap.py).
     tokens: host ids only (the oracle's device is the host)."""
