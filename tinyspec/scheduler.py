@@ -219,6 +219,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- admission
     def _join(self) -> None:
+        """Free slots take preempted sequences (oldest first), then waiting ones in order, while the pool holds them;
+        a run that could never fit the whole pool is refused (its SeqResult.error) and the next one is tried."""
         pool = self.pool
         for b in range(self.options.slots):
             while b not in self.active and (self.preempted or self.waiting):
@@ -290,10 +292,10 @@ class Scheduler:
         for b, s in self.active.items():
             rows = chunks.get(b, 0) if s.prefilling else s.room(self.k_max) + 1
             need += s.state.table.blocks_to_hold(s.state.pos + rows)
-            if not s.prefilling and s.room(self.k_max):
-                need += self._drafter_blocks(b, s.state.pos + s.room(self.k_max))
-            elif s.state.pos + rows == len(s.history):
+            if s.prefilling and s.state.pos + rows == len(s.history):  # its drafter starts after this chunk
                 need += self._drafter_blocks(b, len(s.history))
+            elif not s.prefilling and s.room(self.k_max):  # its drafter drafts k <= room
+                need += self._drafter_blocks(b, s.state.pos + s.room(self.k_max))
         return need
 
     def _preempt(self, b: int) -> None:

@@ -169,9 +169,10 @@ class Engine:
         self.policy = policy or policy_for(0 if drafter is None else None, None)
         self.k_max = self.policy.k_max
         self.pool = options.make_pool(model, drafter, self.k_max)
-        self.drafters = None if drafter is None else \
-            [drafter] + [drafter.another() for _ in range(options.slots - 1)] if self.pool is None else \
-            [drafter.another(self.pool) for _ in range(options.slots)]  # a slot's drafter keeps its KV in the pool
+        self.drafters = None  # one per slot; with a pool, each keeps its KV in the pool's blocks
+        if drafter is not None:
+            self.drafters = [drafter.another(self.pool) for _ in range(options.slots)] if self.pool is not None \
+                else [drafter] + [drafter.another() for _ in range(options.slots - 1)]
         self.scheduler = Scheduler(model, options, self.pool, self.drafters, self.k_max)
         self.rings = [model.new_ring(self.k_max + 1) for _ in range(options.slots)]  # per slot, allocated once
         self.finished: list[Running] = []
@@ -180,11 +181,14 @@ class Engine:
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.clock = PhaseClock(self.phase_s)
 
-    # what a caller reads between steps: the options, and where the scheduler has the sequences
-    slots, chunk = property(lambda self: self.options.slots), property(lambda self: self.options.chunk)
+    # what a caller reads between steps: the options, and where the scheduler holds the sequences
+    slots = property(lambda self: self.options.slots)
+    chunk = property(lambda self: self.options.chunk)
     active = property(lambda self: self.scheduler.active)  # slot -> Running
-    waiting, preempted = property(lambda self: self.scheduler.waiting), property(lambda self: self.scheduler.preempted)
-    preemptions, prefix_cache = property(lambda self: self.scheduler.preemptions), property(lambda self: self.scheduler.cache)
+    waiting = property(lambda self: self.scheduler.waiting)  # Running, never admitted yet
+    preempted = property(lambda self: self.scheduler.preempted)  # Running, resumed first
+    preemptions = property(lambda self: self.scheduler.preemptions)
+    prefix_cache = property(lambda self: self.scheduler.cache)
 
     def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator,
             params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None) -> None:
@@ -233,7 +237,7 @@ class Engine:
         chunked = self.options.chunked_prefill and not p.seqs
         p.logits, p.hidden, p.bounds = self.model.forward_batch(fed, p.states, rings, to_host=p.all_host,
                                                                 chunked=chunked)
-        if p.host_logits and not p.all_host:
+        if p.host_logits and not p.all_host:  # greedy and sampled mixed: only the logits come to the host
             p.logits = self.model.to_host(p.logits)
         verify_s = clock.lap("verify" if p.seqs else "prefill")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own next token

@@ -72,6 +72,9 @@ class DeviceGreedyRule:
 
     def __call__(self, logits, bounds, drafts: list) -> list[tuple[int, int, list[int]]]:
         on_device = [isinstance(d, self.xp.ndarray) for d in drafts]
+        if not any(on_device) and not any(len(d) for d in drafts):  # a plain step: one row a sequence, its argmax
+            tops = self.to_host(np.argmax(logits[: len(drafts)], axis=-1))  # the step's one sync, 8 bytes a sequence
+            return [(0, int(token), []) for token in tops]
         ids = [d if dev else self.xp.asarray(np.asarray(d, dtype=np.int64)) for d, dev in zip(drafts, on_device)]
         spans = list(zip(bounds[:-1], bounds[1:]))
         if len(drafts) == 1:  # one sequence: the whole verify pass's rows, the graphed rule
