@@ -244,6 +244,19 @@ def _transfer(kind: str, nbytes: int, what: str) -> None:
             ledger.transfers.append(t)
 
 
+CONCAT_THRESHOLD = 1 << 20  # bytes per array under which CuPy joins more than 8 arrays in one kernel
+
+
+def _pointer_table(arrays) -> None:
+    """CuPy's concatenate of more than 8 arrays of one dtype and under CONCAT_THRESHOLD bytes each on average runs
+    one kernel that reads a table of their pointers, which it uploads first (core.array(ptrs), in
+    cupy/_core/_routines_manipulation.pyx, _concatenate_single_kernel): an upload, refused inside a capture."""
+    arrays = list(arrays)
+    if len(arrays) > 8 and len({a.dtype for a in arrays}) == 1 and \
+            sum(a.nbytes for a in arrays) < CONCAT_THRESHOLD * len(arrays):
+        _transfer("upload", 8 * len(arrays), f"cupy.concatenate of {len(arrays)} arrays (its pointer table)")
+
+
 def _launched(n: int = 1) -> None:
     if _capturing:  # captured work is recorded, not launched
         return
@@ -372,6 +385,8 @@ class ndarray(NDArrayOperatorsMixin):
         call = lambda: func(*raw[0], **raw[1])
         if func in _SYNCING:
             _transfer("sync", 8, f"np.{func.__name__} of a device array (its size comes from the data)")
+        if func is np.concatenate:
+            _pointer_table(raw[0][0] if raw[0] else raw[1].get("arrays", ()))
         what, scalars = f"np.{func.__name__}", _scalars(raw)
         if _writes(func, kwargs):
             _run(call, makes=False, what=what, scalars=scalars)

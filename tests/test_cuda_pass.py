@@ -103,6 +103,20 @@ def test_a_batch_in_a_pool_is_graphed_and_exact(cuda):
     assert any("B=3" in s for s in counts["shapes"]), counts["shapes"]
 
 
+def test_a_batch_of_more_than_eight_sequences_is_graphed(cuda):
+    """The bug (issue 45, fault 2): the ragged GDN layers join B sequences' rows with one concatenate, and CuPy joins
+    more than 8 small arrays with a kernel that reads their pointers from a table it uploads first; a capture
+    refuses the upload, so every forward pass of 9 or more sequences failed to capture (and retried at every new
+    state). ops.join_rows now joins at most 8 arrays a call."""
+    model = cuda_model()
+    prompts = [list(range(1 + 3 * i, 9 + 3 * i)) for i in range(9)]
+    result = batch_generate(model, prompts, 6, options=EngineOptions(slots=9, block_size=8))
+    assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 6) for p in prompts]
+    counts = model.placement.graph_counts()["by_use"]["forward"]
+    assert counts["failed"] == 0 and counts["replays"] > 0, counts
+    assert any("B=9" in s for s in counts["shapes"]), counts["shapes"]
+
+
 # ------------------------------------------------------------------------------------------ 4. what is not graphed
 def test_a_replay_ring_runs_the_device_pass_without_a_graph(cuda, tmp_path):
     model = cuda_model(rollback="replay")

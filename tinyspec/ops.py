@@ -10,7 +10,7 @@
     quant_linear_q8(x, raw, type, shape)  quant_linear(x rounded to Q8_K for K-quants and IQ4_XS, to Q8_0
                                           for Q8_0, Q4_0, Q5_0, IQ4_NL)   the cpu backend's contract
     get_rows(raw, type, shape, ids)     dequantize(raw)[ids]         embedding lookup without the whole table
-    join_rows(parts)                    np.concatenate(parts), one part as it is
+    join_rows(parts)                    np.concatenate(parts) (at most 8 at a time), one part as it is
     rope_neox(x, positions, n_rot, base)   rotate dims (i, i + n_rot/2) of the first n_rot dims
                                         (rope_angles on the host, then rope_rows where x is)
 
@@ -122,10 +122,21 @@ def asarray_like(a: np.ndarray, x):
     return sys.modules[type(x).__module__.split(".")[0]].asarray(a)
 
 
+JOIN_AT_ONCE = 8  # arrays one concatenate joins at most (below)
+
+
 def join_rows(parts: list) -> np.ndarray:  # [T_b, ...] each -> [sum T_b, ...]
     """The parts stacked along the first axis, as np.concatenate, but one part is returned as it is (no copy):
-    a layer's per-sequence results joined back into the packed rows, for one sequence or many."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    a layer's per-sequence results joined back into the packed rows, for one sequence or many.
+
+    At most JOIN_AT_ONCE arrays a concatenate (more: joined in groups, then the groups; the same numbers). CuPy
+    joins more than 8 small arrays with one kernel that reads their addresses from a table it uploads first, and
+    a CUDA graph capture refuses that upload: a pass of 9 or more sequences could never be captured."""
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) <= JOIN_AT_ONCE:
+        return np.concatenate(parts)
+    return join_rows([join_rows(parts[i : i + JOIN_AT_ONCE]) for i in range(0, len(parts), JOIN_AT_ONCE)])
 
 
 def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..ops import join_rows
+
 
 def greedy_run(logits, drafts):  # [k+1, N], [k] int64, where the logits are -> [2 + k]: (n, token, d_1..d_k)
     """The greedy rule on the logits' device: (n, top[n]) followed by the drafts, one integer array, no transfer."""
@@ -82,7 +84,7 @@ class DeviceGreedyRule:
         else:
             runs = [greedy_run(logits[lo:hi], d) for (lo, hi), d in zip(spans, ids)]  # [2 + k_b] each
         wanted = [run if dev else run[:2] for run, dev in zip(runs, on_device)]  # host drafts: not fetched
-        together = wanted[0] if len(wanted) == 1 else np.concatenate(wanted)  # dispatches (NEP 18)
+        together = join_rows(wanted)  # dispatches (NEP 18); at most 8 at a time (ops.join_rows)
         fetched = [int(v) for v in self.to_host(together)]  # the step's one sync
         out, at = [], 0
         for d, dev in zip(drafts, on_device):
