@@ -13,6 +13,8 @@ import pytest
 
 from tinyspec.demo import DRAFT, TARGET
 
+REPO = TARGET.parents[2]  # the checkout: tinyspec/assets/tiny-target.gguf
+
 
 @pytest.mark.skipif(not TARGET.is_file() or not DRAFT.is_file(), reason="the shipped models are not built yet")
 def test_rule_and_parity_steps_run_through_the_fake(monkeypatch, tmp_path, load_tool):
@@ -75,3 +77,44 @@ def test_says_so_without_a_gpu(monkeypatch, tmp_path, capsys, load_tool):
     assert "no CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a wrong step name is an argument error, GPU or not
         load_tool("gpu_check").main([str(tmp_path), "--steps", "nonsense"])
+
+
+def test_the_tests_step_runs_without_pytest_xdist(load_tool):
+    """The bug (issue 45, fault 3): pyproject's addopts carry `-n auto --dist worksteal`, pytest-xdist's flags, and
+    the tests step ran `pytest -n0 ...`; on a machine without pytest-xdist (the GPU machine need not have it) pytest
+    refuses them and exits 4 before a single test runs. Here xdist is switched off as if it were not installed."""
+    import subprocess
+
+    cmd = load_tool("gpu_check").tests_command() + ["-p", "no:xdist", "--collect-only"]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode in (0, 5), run.stdout[-2000:] + run.stderr[-2000:]  # 5: nothing collected (no GPU tests)
+
+
+def test_a_bench_whose_file_is_not_written_in_time_is_skipped_not_failed(monkeypatch, tmp_path, load_tool):
+    """The bug (issue 45, fault 3): bench_9b waits for its synth file, written on the CPU in the background; when the
+    step's limit ran out first it reported FAILED, and the whole check exited 1 on a GPU that worked."""
+    import subprocess
+
+    tool = load_tool("gpu_check")
+
+    class StillWriting:  # a synth process that has not finished
+        returncode = None
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            raise subprocess.TimeoutExpired("synth", timeout)
+
+    log = tool.Log(tmp_path / "gpu_check.log")
+    try:
+        out = tool.bench_step("9b", StillWriting(), tmp_path / "synth-9b.gguf", [], tmp_path, 1.0, log)
+    finally:
+        log.close()
+    assert "skipped" in out and "not written" in out["skipped"], out
+    fake_cupy.install(monkeypatch)
+    monkeypatch.setattr(tool, "bench_step", lambda *a, **kw: {"skipped": "the 9b synth file was not written"})
+    monkeypatch.setattr(tool, "start_synth", lambda *a, **kw: None)
+    assert tool.main([str(tmp_path), "--steps", "bench_9b"]) == 0
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == {"bench_9b": "skipped"}
+
