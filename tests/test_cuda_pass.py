@@ -117,6 +117,30 @@ def test_a_batch_of_more_than_eight_sequences_is_graphed(cuda):
     assert any("B=9" in s for s in counts["shapes"]), counts["shapes"]
 
 
+def test_scratch_a_graph_was_captured_with_outlives_a_larger_call(monkeypatch):
+    """The bug (issue 45, fault 1): the tensor-core linear keeps one pair of scratch buffers and replaced them with
+    larger ones when a call needed more; the old pair went back to CuPy's pool while graphs captured with it still
+    wrote its addresses at every replay, into memory the pool could have handed to a live array. The real
+    cuda_ops module, run on the fake CuPy: the replaced pair stays alive, and the sizes double."""
+    import gc
+    import importlib.util
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module())
+    path = Path(tinyspec.__file__).parent / "fast" / "cuda_ops.py"
+    spec = importlib.util.spec_from_file_location("tinyspec.fast._cuda_ops_under_the_fake", path)
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)  # its own module-level scratch, apart from any other test's
+    old_u32, old_f32 = real._scratch(64, 8)  # what a graph captured at this size writes at every replay
+    held = sys.getrefcount(old_u32), sys.getrefcount(old_f32)  # ours, and the module's
+    large = real._scratch(1000, 100)
+    assert large[0].size >= 1000 and large[1].size >= 100 and large[0] is not old_u32
+    gc.collect()
+    assert (sys.getrefcount(old_u32), sys.getrefcount(old_f32)) == held, \
+        "the module let go of the scratch a graph was captured with when a larger call replaced it"
+    assert real._scratch(1001, 10)[0].size >= 2000  # at least doubled: few pairs are ever retired
+
+
 # ------------------------------------------------------------------------------------------ 4. what is not graphed
 def test_a_replay_ring_runs_the_device_pass_without_a_graph(cuda, tmp_path):
     model = cuda_model(rollback="replay")

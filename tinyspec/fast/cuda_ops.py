@@ -941,17 +941,25 @@ def _mma_ok(qtype: GGMLType, n_in: int) -> bool:
 
 
 _scratch_bufs: dict = {}  # device -> (uint32 array, float32 array): mma_prep_x's output, grown on demand
+_retired_scratch: list = []  # every smaller pair _scratch replaced: kept, never freed (below)
 
 
 def _scratch(n_u32: int, n_f32: int):
     """Reused buffers for x in fragment order (no allocation per call, so calls can be graph-captured).
-    One per device: calls on one device run in stream order, like every kernel here."""
+    One per device: calls on one device run in stream order, like every kernel here.
+
+    A CUDA graph captured with a pair writes those addresses at every replay. When a larger call needs larger
+    buffers, the old pair is retired, not freed: freed, CuPy's pool could hand its memory to a live array (a
+    grown KV cache, a drafter's rows) that a replay of an older graph would then overwrite. The sizes at least
+    double, so what is retired stays under what is in use."""
     dev = cp.cuda.runtime.getDevice()
     bufs = _scratch_bufs.get(dev)
     if bufs is None or bufs[0].size < n_u32 or bufs[1].size < n_f32:
         old = bufs or (cp.empty(0, cp.uint32), cp.empty(0, cp.float32))
-        bufs = _scratch_bufs[dev] = (cp.empty(max(n_u32, old[0].size), cp.uint32),
-                                     cp.empty(max(n_f32, old[1].size), cp.float32))
+        if bufs is not None:
+            _retired_scratch.append(bufs)
+        bufs = _scratch_bufs[dev] = (cp.empty(max(n_u32, 2 * old[0].size), cp.uint32),
+                                     cp.empty(max(n_f32, 2 * old[1].size), cp.float32))
     return bufs
 
 
