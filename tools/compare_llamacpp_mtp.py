@@ -153,6 +153,12 @@ def llamacpp_run(build: Path, model: Path, spec: str, draft_model: Path | None, 
     log = run.stdout + run.stderr  # the debug lines are on stderr, the text (two newlines, prompt, output) on stdout
     if run.returncode != 0:
         raise RuntimeError(f"llama-speculative-simple failed ({run.returncode}): {log[-2000:]}")
+    return parse_log(log) | {"text": run.stdout[2 + len(text):]}
+
+
+def parse_log(log: str) -> dict:
+    """llama-speculative-simple's debug log -> its verify steps (drafts, kept, the target's last token, the
+    drafter's candidates) and the totals it reports itself."""
     steps, passes, reverify = [], [], False
     for line in log.splitlines():
         if (m := CAND.search(line)) is not None:
@@ -180,7 +186,7 @@ def llamacpp_run(build: Path, model: Path, spec: str, draft_model: Path | None, 
             steps.append({"drafts": [c[0][0] for c in cands][:m_], "accepted": n, "last": int(m[3]),
                           "candidates": cands[:m_]})
     totals = dict((name, int(v)) for name, v in SUMMARY.findall(log))  # what llama.cpp itself reports
-    return {"steps": steps, "text": run.stdout[2 + len(text):], "drafted": sum(len(s["drafts"]) for s in steps),
+    return {"steps": steps, "drafted": sum(len(s["drafts"]) for s in steps),
             "accepted": sum(s["accepted"] for s in steps),
             "reported": {"drafted": totals.get("drafted"), "accepted": totals.get("accept")}}
 
