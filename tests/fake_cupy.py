@@ -921,19 +921,86 @@ rows.softplus = _row(ops.softplus)
 # So a module that launches its own RawKernel (fast/cuda_attention.py) runs its real Python side here: its checks,
 # its uploads and allocations (counted as any), its grid and its argument list, which the stand-in reads.
 
+# A kernel parameter's C type -> the dtype CuPy's launch must be handed: an array of it for a pointer, a NumPy
+# scalar of it otherwise (CuPy passes a Python int or float by its own rules, so tinyspec hands every scalar typed)
+C_TYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned int": np.uint32,
+           "long long": np.int64, "int64_t": np.int64, "unsigned char": np.uint8, "uint8_t": np.uint8,
+           "unsigned short": np.uint16, "uint16_t": np.uint16, "uint32_t": np.uint32, "__half": np.float16,
+           "half": np.float16}
+MAX_THREADS, MAX_SHARED = 1024, 48 * 1024  # a block's threads, and its shared memory without opting in
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+def kernel_signature(code: str, name: str) -> tuple[list[tuple[str, bool]], int | None]:
+    """The parameters of `extern "C" __global__ void name(...)` in code, as (C base type, is a pointer), and its
+    __launch_bounds__ (None if it declares none; a #define'd name is looked up in the source)."""
+    import re
+
+    m = re.search(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s+)?' + re.escape(name)
+                  + r"\s*\(([^)]*)\)", code)
+    if m is None:
+        raise ValueError(f"fake cupy: no extern \"C\" __global__ kernel {name!r} in its source")
+    bound = m[1]
+    if bound is not None and not bound.strip().isdigit():
+        define = re.search(r"#define\s+" + re.escape(bound.strip()) + r"\s+(\d+)", code)
+        bound = define[1] if define else None
+    params = []
+    for decl in m[2].split(","):
+        words = [w for w in decl.replace("*", " * ").split() if w not in ("const", "__restrict__", "volatile")]
+        pointer = "*" in words
+        base = " ".join(w for w in words[:-1] if w != "*")  # the last word is the parameter's name
+        if base not in C_TYPES:
+            raise ValueError(f"fake cupy: kernel {name!r}: parameter type {base!r} not known (add it to C_TYPES)")
+        params.append((base, pointer))
+    return params, None if bound is None else int(bound)
+
+
+def check_launch(name: str, signature, grid, block, args, shared_mem: int) -> None:
+    """Refuse a launch a GPU would refuse or misread: the argument count, each argument's kind and dtype against
+    the C parameter (a device array for a pointer, a typed scalar otherwise), the grid and block limits and the
+    kernel's __launch_bounds__, the shared memory a block may take without opting in."""
+    params, bound = signature
+    if len(args) != len(params):
+        raise TypeError(f"fake cupy: kernel {name} takes {len(params)} arguments, the launch gives {len(args)}")
+    for i, ((base, pointer), a) in enumerate(zip(params, args)):
+        want = np.dtype(C_TYPES[base])
+        if pointer:
+            if not isinstance(a, ndarray):
+                raise TypeError(f"fake cupy: kernel {name} argument {i} ({base}*) needs a device array, got "
+                                f"{type(a).__name__}")
+            if a.dtype != want:
+                raise TypeError(f"fake cupy: kernel {name} argument {i} ({base}*) is {a.dtype}: the kernel would "
+                                f"read its bytes as {want}")
+        elif not isinstance(a, np.generic) or a.dtype != want:
+            raise TypeError(f"fake cupy: kernel {name} argument {i} ({base}) needs a numpy {want} scalar, got "
+                            f"{type(a).__name__}")
+    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    threads = int(np.prod(block))
+    if any(int(g) < 1 or int(g) > most for g, most in zip(grid, MAX_GRID)) or min(block) < 1 \
+            or threads > MAX_THREADS or block[2] > 64:
+        raise ValueError(f"fake cupy: kernel {name}: grid {grid} / block {block} outside CUDA's limits")
+    if bound is not None and threads > bound:
+        raise ValueError(f"fake cupy: kernel {name}: {threads} threads a block, its __launch_bounds__ is {bound}")
+    if not 0 <= shared_mem <= MAX_SHARED:
+        raise ValueError(f"fake cupy: kernel {name}: {shared_mem} bytes of shared memory (at most {MAX_SHARED} "
+                         "without opting in)")
+
+
 class RawKernel:
-    """cupy.RawKernel(code, name, options=()): nothing is compiled. kernel(grid, block, args, shared_mem=0) runs
-    RAW_KERNELS[name](grid, block, *args) on the arguments' arrays (a host array is refused: a kernel's pointer
-    is device memory), as one launch, recorded and not run while a graph captures (a replay then reads the
-    device arrays as they are at the replay, as the kernel would)."""
+    """cupy.RawKernel(code, name, options=()): nothing is compiled, but the source's signature of `name` is read
+    (kernel_signature). kernel(grid, block, args, shared_mem=0) is checked against it (check_launch), then runs
+    RAW_KERNELS[name](grid, block, *args) on the arguments' arrays, as one launch, recorded and not run while a
+    graph captures (a replay then reads the device arrays as they are at the replay, as the kernel would)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
                  enable_cooperative_groups=False, jitify=False):
         if name not in RAW_KERNELS:
             raise NotImplementedError(f"fake cupy: no stand-in for the kernel {name!r} (add one to RAW_KERNELS)")
         self.name, self.code, self.options = name, code, options
+        self.signature = kernel_signature(code, name)
 
     def __call__(self, grid, block, args, *, shared_mem=0):
+        check_launch(self.name, self.signature, grid, block, args, shared_mem)
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
         stand_in = RAW_KERNELS[self.name]

@@ -170,3 +170,33 @@ def test_a_capture_traces_the_host_scalars_it_bakes_in():
         y[...] = 7
         graph = stream.end_capture()
     assert graph.trace == [("ndarray[]", (1, 3)), ("ndarray.sum", (0,)), ("ndarray[]=", (7,))]
+
+
+def test_a_raw_kernel_launch_is_checked_against_its_c_signature():
+    """Issue 45, fault 5: the fake's RawKernel ran its stand-in on whatever it was handed. A GPU reads a kernel's
+    arguments by its C signature: a missing argument, a float64 array where it reads float*, a Python int where
+    it reads int, a block over 1024 threads or its __launch_bounds__, or shared memory past 48 KB without opting
+    in is a wrong answer or a launch failure there. The fake now reads the signature from the source and refuses
+    each, as the real cuda_attention launch (tests/test_cuda_attention.py) passes."""
+    from tinyspec.fast import cuda_attention
+
+    cp = fake_cupy.module()
+    params, bound = fake_cupy.kernel_signature(cuda_attention.SOURCE, "attend_rows")
+    assert bound == cuda_attention.THREADS and len(params) == 14
+    assert params[0] == ("float", True) and params[3] == ("int", True) and params[-1] == ("float", False)
+    kernel = cp.RawKernel(cuda_attention.SOURCE, "attend_rows", options=cuda_attention.OPTIONS)
+    f32, i32 = cp.zeros((1, 1, 1, 4), dtype=np.float32), cp.zeros(1, dtype=np.int32)
+    pool = cp.zeros((1, 4, 1, 4), dtype=np.float32)
+    good = [f32, pool, pool, i32, i32, i32, i32, i32, cp.zeros((1, 1, 1, 4), dtype=np.float32),
+            np.int32(1), np.int32(1), np.int32(4), np.int32(4), np.float32(0.5)]
+    bad = {"an argument missing": (good[:-1], (1,), (128,), 0),
+           "a float64 array for float*": ([cp.zeros((1, 1, 1, 4), dtype=np.float64)] + good[1:], (1,), (128,), 0),
+           "a host array for int*": (good[:3] + [np.zeros(1, np.int32)] + good[4:], (1,), (128,), 0),
+           "a Python int for int": (good[:9] + [1] + good[10:], (1,), (128,), 0),
+           "past __launch_bounds__": (good, (1,), (256,), 0),
+           "over 1024 threads": (good, (1,), (32, 64), 0),
+           "shared memory past 48 KB": (good, (1,), (128,), 64 * 1024)}
+    for why, (args, grid, block, shared) in bad.items():
+        with pytest.raises((TypeError, ValueError)):
+            kernel(grid, block, tuple(args), shared_mem=shared)
+    fake_cupy.check_launch("attend_rows", (params, bound), (1,), (128,), good, 1024)  # the right launch passes
