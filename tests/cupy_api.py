@@ -205,4 +205,5 @@ CUDA = {
 
 # cupy.<name> that is not a function: the classes and the dtypes (NumPy's own scalar types, re-exported)
 NAMES = frozenset({"ndarray", "cuda", "ufunc", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                   "uint8", "uint16", "uint32", "uint64", "bool_", "RawKernel"})
+                   "uint8", "uint16", "uint32", "uint64", "bool_", "RawKernel", "RawModule",
+                   "ElementwiseKernel"})

@@ -27,10 +27,11 @@ run it: the fake must not hide an API the cuda backend would first miss on a GPU
 
 `ndarray` wraps a NumPy array; every NumPy function and ufunc on it runs NumPy on the wrapped arrays and wraps
 the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, bind_experts, gdn_scan: the
-NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do), `rows` for
-tinyspec.fast.cuda_rows and `moe_kernels` for tinyspec.fast.cuda_moe (moe.route_experts on the device).
-`RawKernel` runs a stand-in (the oracle) for a kernel it knows by name (RAW_KERNELS: cuda_attention's
-attend_rows), so that module's own Python side runs here.
+NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do). The other cuda modules
+(cuda_rows, cuda_moe, cuda_attention, cuda_accept, cuda_graphs, cuda_pass) run their own Python here: `RawKernel`
+(and `RawModule.get_function`) reads a kernel's C signature from its source, checks every launch against it
+(check_launch) and runs a stand-in, the oracle, for a kernel it knows by name (RAW_KERNELS); `ElementwiseKernel`
+does the same for the elementwise kernels it knows (ELEMENTWISE).
 What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
 tools/check_cuda_kernels.py without one).
 
@@ -768,7 +769,7 @@ argmax, cumprod, take, concatenate = (_by_dispatch(n) for n in ("argmax", "cumpr
 _EXPORTS = ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full", "arange",
             "empty_like", "zeros_like", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
             "uint16", "uint32", "uint64", "bool_", "cuda", "argmax", "cumprod", "take", "concatenate",
-            "RawKernel")
+            "RawKernel", "RawModule", "ElementwiseKernel")
 
 
 def _module_getattr(name):
@@ -879,44 +880,6 @@ def _bind_experts(raw, ggml_type, shape):
 kernels.quant_linear, kernels.bind, kernels.get_rows, kernels.gdn_scan = _quant_linear, _bind, _get_rows, _gdn_scan
 kernels.bind_experts = _bind_experts
 
-# --- tinyspec.fast.cuda_moe: moe.route_experts on device arrays, its groups over all E, no sync
-moe_kernels = types.ModuleType("tinyspec.fast.cuda_moe")
-
-
-def _route_experts(router_logits, k):
-    """As cuda_moe.route_experts: two launches (route_k, group_k), outputs on the device, experts = 0..E-1."""
-    za = _device(router_logits, "router logits")
-    E = za.shape[1]
-    chosen, weights = _run(lambda: moe.route(za, k), makes=True)  # route_k
-
-    def group():  # group_k: the oracle's grouping, its offsets spread over every expert
-        order, distinct, starts = moe.group_by_expert(chosen)
-        counts = np.zeros(E, np.int64)
-        counts[distinct] = np.diff(starts)
-        return order.astype(np.int64), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    order, offsets = _run(group, makes=True)
-    return ndarray(weights), ndarray(order), np.arange(E), ndarray(offsets)
-
-
-moe_kernels.route_experts = _route_experts
-
-# --- tinyspec.fast.cuda_rows: the oracle's row functions, one call each
-rows = types.ModuleType("tinyspec.fast.cuda_rows")
-
-
-def _row(fn):
-    return lambda x, *args: ndarray(_run(lambda: fn(_device(x, "x"), *[_device(a, "w") if isinstance(a, ndarray)
-                                                                          else a for a in args]), makes=True,
-                                         what=fn.__name__, scalars=_scalars(args)))
-
-
-rows.rms_norm = lambda x, w, eps: _row(ops.rms_norm)(x, w, eps)
-rows.l2_norm = lambda x, eps: _row(ops.l2_norm)(x, eps)
-rows.sigmoid = _row(ops.sigmoid)
-rows.silu = _row(ops.silu)
-rows.softplus = _row(ops.softplus)
-
-
 # --- cupy.RawKernel: a kernel the fake knows by name runs its stand-in, the oracle; its CUDA source is never run.
 # So a module that launches its own RawKernel (fast/cuda_attention.py) runs its real Python side here: its checks,
 # its uploads and allocations (counted as any), its grid and its argument list, which the stand-in reads.
@@ -936,6 +899,7 @@ def kernel_signature(code: str, name: str) -> tuple[list[tuple[str, bool]], int 
     __launch_bounds__ (None if it declares none; a #define'd name is looked up in the source)."""
     import re
 
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", code, flags=re.S)  # comments, which may sit among the parameters
     m = re.search(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s+)?' + re.escape(name)
                   + r"\s*\(([^)]*)\)", code)
     if m is None:
@@ -1004,8 +968,13 @@ class RawKernel:
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
         stand_in = RAW_KERNELS[self.name]
-        _run(lambda: stand_in(tuple(grid), tuple(block), *raw), makes=False, what=self.name,
+        launch = lambda: stand_in(tuple(grid), tuple(block), *raw)  # noqa: E731
+        _run(launch, makes=False, what=self.name,
              scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
+        if _capturing:  # also now, on whatever its inputs hold: a capture's later host-side steps (the fake
+            with np.errstate(all="ignore"), contextlib.suppress(Exception):  # computes the arrays they make
+                launch()  # at once) then index with these outputs, not with never-written memory. Every stood-in
+                # kernel overwrites its outputs from its inputs alone, so running it again at a replay is the same
 
 
 def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables, o, H_kv, G, d, bs, scale):
@@ -1019,7 +988,84 @@ def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables
     attention.attend_rows(q, k_pool, v_pool, seq, row0, n_past, tab0, tables, np.float32(scale), out=o)
 
 
-RAW_KERNELS = {"attend_rows": _attend_rows}
+def _norm_rows(grid, block, x, w, y, n, eps, mean, has_w):
+    """cuda_rows' norm_rows kernel, one block a row: the oracle's rms_norm (mean) or l2_norm of each row into y."""
+    rows = x.reshape(-1, int(n))
+    assert grid == (rows.shape[0],) and block == (128,) and y.shape == x.shape, (grid, block, x.shape, y.shape)
+    out = ops.rms_norm(rows, w[: int(n)] if has_w else np.ones(int(n), np.float32), np.float32(eps)) if mean \
+        else ops.l2_norm(rows, np.float32(eps))
+    np.copyto(y, out.reshape(y.shape))
+
+
+def _route_k(grid, block, logits, T, E, k, probs, chosen, weights):
+    """cuda_moe's route_k kernel: the oracle's routing (moe.route) of each of the T rows into chosen and weights."""
+    assert logits.shape == (T, E) and chosen.shape == weights.shape == (T, k), (logits.shape, chosen.shape)
+    c, w = moe.route(logits, int(k))
+    np.copyto(chosen, c.astype(np.int32))
+    np.copyto(weights, w.astype(np.float32))
+
+
+def _group_k(grid, block, chosen, P, E, offsets, order):
+    """cuda_moe's group_k kernel: the oracle's grouping by expert (moe.group_by_expert), offsets over all E."""
+    assert chosen.size == P and offsets.shape == (E + 1,) and order.shape == (P,), (chosen.shape, P, E)
+    o, distinct, starts = moe.group_by_expert(chosen)
+    counts = np.zeros(int(E), np.int64)
+    counts[distinct] = np.diff(starts)
+    np.copyto(order, o.astype(np.int64))
+    np.copyto(offsets, np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+
+
+RAW_KERNELS = {"attend_rows": _attend_rows, "norm_rows": _norm_rows, "route_k": _route_k, "group_k": _group_k}
+
+
+class RawModule:
+    """cupy.RawModule(code=..., options=()): get_function(name) is a RawKernel of that source (checked the same)."""
+
+    def __init__(self, code=None, path=None, options=(), backend="nvrtc", translate_cucomplex=False, *,
+                 enable_cooperative_groups=False, name_expressions=None, jitify=False):
+        self.code, self.options = code, options
+
+    def get_function(self, name):
+        return RawKernel(self.code, name, self.options)
+
+
+ELEMENTWISE = {"tinyspec_sigmoid": ops.sigmoid, "tinyspec_silu": ops.silu, "tinyspec_softplus": ops.softplus}
+
+
+class ElementwiseKernel:
+    """cupy.ElementwiseKernel(in_params, out_params, operation, name): a kernel the fake knows by name (ELEMENTWISE)
+    runs the oracle's function on a float32 device array, one launch, into a new array."""
+
+    def __init__(self, in_params, out_params, operation, name="kernel", reduce_dims=True, preamble="",
+                 no_return=False, return_tuple=False, loop_prep="", after_loop="", options=()):
+        if name not in ELEMENTWISE:
+            raise NotImplementedError(f"fake cupy: no stand-in for the elementwise kernel {name!r} (add it)")
+        if (in_params, out_params) != ("float32 x", "float32 y"):
+            raise NotImplementedError(f"fake cupy: elementwise {name}: only float32 x -> float32 y is emulated")
+        self.name, self.fn = name, ELEMENTWISE[name]
+
+    def __call__(self, x):
+        a = _device(x, f"the input of {self.name}")
+        if a.dtype != np.float32:
+            raise TypeError(f"fake cupy: elementwise {self.name} takes float32 x, got {a.dtype}")
+        return ndarray(_run(lambda: self.fn(a).astype(np.float32), makes=True, inputs=a, what=self.name))
+
+
+REAL_MODULES = ("cuda_rows", "cuda_moe")  # the cuda modules whose own Python runs here, their kernels stood in
+
+
+def real_module(name: str) -> types.ModuleType:
+    """A fresh copy of tinyspec.fast.<name> imported against the `cupy` now in sys.modules (this fake): its
+    checks, allocations and launches run here, only its kernels are stood in (RAW_KERNELS, ELEMENTWISE)."""
+    import importlib.util
+
+    import tinyspec.fast
+
+    spec = importlib.util.spec_from_file_location(f"tinyspec.fast.{name}",
+                                                  os.path.join(os.path.dirname(tinyspec.fast.__file__), f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def install(monkeypatch) -> None:
@@ -1029,7 +1075,8 @@ def install(monkeypatch) -> None:
     from tinyspec import backends
 
     monkeypatch.setitem(sys.modules, "cupy", module())
-    for name, stand_in in (("cuda_ops", kernels), ("cuda_rows", rows), ("cuda_moe", moe_kernels)):
+    real = {name: real_module(name) for name in REAL_MODULES}  # their own Python, on this fake
+    for name, stand_in in (("cuda_ops", kernels), *real.items()):
         monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
         monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
