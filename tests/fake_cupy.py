@@ -59,6 +59,11 @@ would bake in the staging buffer's address). Allocations are allowed, as in CuPy
 mode, and counted on the graph (g.n_allocs): the graph keeps them alive, as a graph-private pool must (PyTorch's
 CUDA graphs keep one per graph; with CuPy's shared pool a freed intermediate could be handed to other work).
 
+Memory a replay writes (issue 45). A graph holds no Python reference to the arrays its work touches: CuPy's pool
+takes an allocation back when its last array is gone, whatever a graph baked in. The fake counts the device arrays
+that view each allocation; what a capture allocates is the graph's (its private pool); a launch whose graph touches
+an allocation it did not make and nobody holds any more raises ("freed after its capture").
+
 What a replay bakes in (issue 35, item 4). Replaying the record cannot tell that the code would now pass a launch
 a different host scalar (a position the host advanced, a length closed over): the record holds the old one,
 as a GPU's graph does, and the tokens may even come out right on a test's inputs. So every call made while
@@ -265,11 +270,15 @@ def _launched(n: int = 1) -> None:
         ledger.launches += n
 
 
-def _allocated(n: int = 1) -> None:
+def _allocated(n: int = 1, arrays=()) -> None:
+    """n device allocations made (arrays: them, where the caller has them): counted; during a capture they come from
+    the graph's own pool, so the graph keeps them."""
     for ledger in _ledgers:
         ledger.allocs += n
     if _capturing:
         _capturing[-1].n_allocs += n
+        for a in arrays:
+            _capturing[-1].owned.add(id(_root(a)))
 
 
 def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
@@ -285,6 +294,8 @@ def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
     it is only recorded, not run (a GPU does not run captured work)."""
     if _capturing:
         _capturing[-1].trace.append((what, scalars))
+        for x in _arrays(inputs):
+            _capturing[-1].touched[id(_root(x))] = _root(x)
     if not makes:
         _launched()
         if _capturing:
@@ -301,7 +312,7 @@ def _run(fn, makes: bool, inputs=(), what: str = "", scalars: tuple = ()):
     fresh = [isinstance(a, np.ndarray) and not any(np.may_share_memory(a, x) for x in flat) for a in outs]
     if any(fresh):
         _launched()
-        _allocated(sum(fresh))
+        _allocated(sum(fresh), [a for a, f in zip(outs, fresh) if f])  # during a capture: the graph's own
         if _capturing:
             def again(fn=fn, outs=outs, fresh=fresh):
                 new = fn()
@@ -356,14 +367,40 @@ _SYNCING = (np.nonzero, np.flatnonzero, np.argwhere, np.unique, np.compress, np.
 _MUTATING_METHODS = ("fill", "put", "sort", "partition")
 
 
-class ndarray(NDArrayOperatorsMixin):
-    """A device array: a NumPy array that NumPy will not take back implicitly."""
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array whose memory `a` views (itself if it owns it): one device allocation."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
-    __slots__ = ("_a",)
+
+_holders: dict[int, int] = {}  # id(allocation) -> device arrays (ndarray objects) that view it, alive now
+_freed: set[int] = set()  # allocations whose last device array is gone: CuPy's pool may hand their memory out again
+
+
+def _released(root_id: int) -> None:
+    _holders[root_id] -= 1
+    if not _holders[root_id]:
+        del _holders[root_id]
+        _freed.add(root_id)
+
+
+class ndarray(NDArrayOperatorsMixin):
+    """A device array: a NumPy array that NumPy will not take back implicitly. Each one counts as a holder of the
+    allocation it views (_holders): when the last is gone the memory is free, as CuPy's pool would have it."""
+
+    __slots__ = ("_a", "_root")
 
     def __init__(self, a: np.ndarray):
         assert isinstance(a, np.ndarray), type(a)
         self._a = a
+        self._root = id(_root(a))
+        _holders[self._root] = _holders.get(self._root, 0) + 1
+        _freed.discard(self._root)
+
+    def __del__(self):
+        if _released is not None:  # (at interpreter exit the module's globals may be gone)
+            _released(self._root)
 
     # --- what CuPy refuses
     def __array__(self, dtype=None, copy=None):
@@ -375,7 +412,7 @@ class ndarray(NDArrayOperatorsMixin):
         call = lambda: getattr(ufunc, method)(*raw[0], **raw[1])
         what, scalars = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}"), _scalars(raw)
         if method == "at" or kwargs.get("out") is not None:  # in place: x += y, np.add(x, y, out=...)
-            _run(call, makes=False, what=what, scalars=scalars)
+            _run(call, makes=False, inputs=raw, what=what, scalars=scalars)
             out = kwargs.get("out")
             return None if method == "at" else out[0] if isinstance(out, tuple) and len(out) == 1 else out
         return _wrap(_run(call, makes=True, inputs=raw, what=what, scalars=scalars))
@@ -390,7 +427,7 @@ class ndarray(NDArrayOperatorsMixin):
             _pointer_table(raw[0][0] if raw[0] else raw[1].get("arrays", ()))
         what, scalars = f"np.{func.__name__}", _scalars(raw)
         if _writes(func, kwargs):
-            _run(call, makes=False, what=what, scalars=scalars)
+            _run(call, makes=False, inputs=raw, what=what, scalars=scalars)
             return kwargs.get("out")
         return _wrap(_run(call, makes=True, inputs=raw, what=what, scalars=scalars))
 
@@ -424,7 +461,8 @@ class ndarray(NDArrayOperatorsMixin):
                 _transfer("sync", 8, ".nonzero() of a device array")
             what, scalars = f"ndarray.{name}", _scalars(raw)
             if name in _MUTATING_METHODS:
-                return _run(lambda: attr(*raw[0], **raw[1]), makes=False, what=what, scalars=scalars)
+                return _run(lambda: attr(*raw[0], **raw[1]), makes=False, inputs=(self._a, raw), what=what,
+                            scalars=scalars)
             return _wrap(_run(lambda: attr(*raw[0], **raw[1]), makes=True, inputs=(self._a, raw), what=what,
                               scalars=scalars))
         return method
@@ -443,8 +481,8 @@ class ndarray(NDArrayOperatorsMixin):
         if isinstance(value, np.ndarray):  # under an index array CuPy converts the value (core.array): an upload
             _transfer("upload", value.nbytes, "dev[...] = host array")
         raw_value = _unwrap(value, strict=False)
-        _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False, what="ndarray[]=",
-             scalars=_scalars((raw_key, raw_value)))
+        _run(lambda: self._a.__setitem__(raw_key, raw_value), makes=False, inputs=(self._a, raw_key, raw_value),
+             what="ndarray[]=", scalars=_scalars((raw_key, raw_value)))
 
     # --- conversions, as core.pyx has them: len() and iteration read the host's shape (no sync; TypeError on a
     # 0-d array); int(), float(), bool() bring the value back (a sync). No __index__: a device array is no index.
@@ -498,7 +536,7 @@ class ndarray(NDArrayOperatorsMixin):
             raise RuntimeError("Cannot set to non-contiguous array")
         _transfer("upload", arr.nbytes, "dev.set(host array)")
         a = np.array(arr)
-        _run(lambda: np.copyto(self._a, a), makes=False, what="ndarray.set")
+        _run(lambda: np.copyto(self._a, a), makes=False, inputs=(self._a,), what="ndarray.set")
 
     def __repr__(self):
         return f"fake_cupy.ndarray({self._a!r})"
@@ -579,8 +617,9 @@ def asnumpy(x):
 def _alloc(fn, launches: bool):
     def make(*args, **kwargs):
         if not launches:  # cupy.empty: memory from the pool, nothing written
-            _allocated()
-            return ndarray(fn(*args, **kwargs))
+            a = fn(*args, **kwargs)
+            _allocated(1, [a])
+            return ndarray(a)
         return ndarray(_run(lambda: fn(*args, **kwargs), makes=True, what=f"cupy.{fn.__name__}",
                             scalars=_scalars((args, kwargs))))
     return make
@@ -596,8 +635,9 @@ bool_ = np.bool_
 
 @_cupy("empty_like")
 def empty_like(x, dtype=None, shape=None):
-    _allocated()
-    return ndarray(np.empty_like(x._a, dtype=dtype, shape=shape))
+    a = np.empty_like(x._a, dtype=dtype, shape=shape)
+    _allocated(1, [a])
+    return ndarray(a)
 
 
 @_cupy("zeros_like")
@@ -618,6 +658,8 @@ class _Device:
 class _Capture:
     def __init__(self):
         self.work, self.n_allocs = [], 0
+        self.touched: dict[int, np.ndarray] = {}  # allocations the recorded work reads or writes (by id)
+        self.owned: set[int] = set()  # allocations made during the capture: the graph's own pool keeps them
         self.trace: list[tuple[str, tuple]] = []  # (call, its host scalars) for every call made while capturing
 
 
@@ -625,12 +667,17 @@ class Graph:
     """cupy.cuda.Graph: the work a capture recorded; launch() reruns it in order on the same arrays. trace: each
     captured call with the host scalars it baked in (what check_replay compares)."""
 
-    def __init__(self, work: list, n_allocs: int, trace: list | None = None):
+    def __init__(self, work: list, n_allocs: int, trace: list | None = None, borrowed: dict | None = None):
         self.work, self.n_allocs, self.trace = work, n_allocs, trace or []
+        self.borrowed = borrowed or {}  # allocations made before the capture that its work reads or writes
 
     def launch(self, stream=None):
         if _capturing:
             raise RuntimeError("fake cupy: a graph launched inside a capture (not emulated)")
+        freed = [a for i, a in self.borrowed.items() if i in _freed]
+        if freed:  # CUDA would replay into memory the pool may have handed to another array since
+            raise RuntimeError(f"fake cupy: a graph replays into {len(freed)} allocation(s) freed after its capture "
+                               f"(shapes {[a.shape for a in freed][:4]}): keep them alive while the graph lives")
         _launched()  # one cudaGraphLaunch, whatever the graph holds
         for fn in self.work:
             fn()
@@ -666,7 +713,8 @@ class Stream:
             raise RuntimeError("fake cupy: end_capture without begin_capture")
         _capturing.remove(self._capture)
         capture, self._capture = self._capture, None
-        return Graph(capture.work, capture.n_allocs, capture.trace)
+        return Graph(capture.work, capture.n_allocs, capture.trace,
+                     {i: a for i, a in capture.touched.items() if i not in capture.owned})
 
     def is_capturing(self) -> bool:
         return self._capture is not None
@@ -811,8 +859,8 @@ def _quant_linear(x, raw, ggml_type, shape, out=None):
         return ndarray(_run(lambda: ops.quant_linear(xa, wa, ggml_type, shape), makes=True, what="quant_linear",
                             scalars=_scalars((ggml_type, shape))))
     oa = _device(out, "out")
-    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False, what="quant_linear",
-         scalars=_scalars((ggml_type, shape)))
+    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False, inputs=(xa, wa, oa),
+         what="quant_linear", scalars=_scalars((ggml_type, shape)))
     return out
 
 
@@ -840,11 +888,11 @@ def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
     ring = _device(states_out, "the ring") if states_out is not None else None
     final = _device(out_state, "out_state") if out_state is not None else np.empty_like(args[5])
     o = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    _allocated(1 + (out_state is None))
+    _allocated(1 + (out_state is None), [o] if out_state is not None else [o, final])
 
     def scan():  # one launch: o and the final state (and the ring) written in place
         o[...] = gdn.gdn_scan(*args, states_out=ring, out=final)[0]
-    _run(scan, makes=False, what="gdn_scan")
+    _run(scan, makes=False, inputs=(args, ring, final, o), what="gdn_scan")
     return ndarray(o), (out_state if out_state is not None else ndarray(final))
 
 
@@ -969,7 +1017,7 @@ class RawKernel:
                for i, a in enumerate(args)]
         stand_in = RAW_KERNELS[self.name]
         launch = lambda: stand_in(tuple(grid), tuple(block), *raw)  # noqa: E731
-        _run(launch, makes=False, what=self.name,
+        _run(launch, makes=False, inputs=raw, what=self.name,
              scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
         if _capturing:  # also now, on whatever its inputs hold: a capture's later host-side steps (the fake
             with np.errstate(all="ignore"), contextlib.suppress(Exception):  # computes the arrays they make

@@ -200,3 +200,42 @@ def test_a_raw_kernel_launch_is_checked_against_its_c_signature():
         with pytest.raises((TypeError, ValueError)):
             kernel(grid, block, tuple(args), shared_mem=shared)
     fake_cupy.check_launch("attend_rows", (params, bound), (1,), (128,), good, 1024)  # the right launch passes
+
+
+def test_a_graph_that_replays_into_memory_freed_after_its_capture_is_refused():
+    """Issue 45, fault 5: the fake's memory pool did nothing, so a graph writing an array its capture did not own,
+    replayed after the array was dropped, ran on as if the memory were still there; on a GPU the pool may have
+    handed it to another array by then (fault 1 was that: a replaced scratch buffer). The fake now counts the
+    device arrays that view each allocation; a replay touching a freed one that the graph did not allocate itself
+    raises. Arrays made during the capture are the graph's (its private pool) and never count as freed."""
+    import gc
+
+    cp = fake_cupy.module()
+    scratch = {"buf": cp.zeros(4, dtype=np.float32)}  # the pattern of fault 1: module-level scratch
+    x = cp.asarray(np.arange(4, dtype=np.float32))
+
+    def work():
+        np.multiply(x, 2, out=scratch["buf"])  # into the scratch the capture sees
+        return scratch["buf"] + 1  # a new array: the graph's own
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out = work()
+        graph = stream.end_capture()
+    graph.launch()
+    assert np.array_equal(cp.asnumpy(out), [1, 3, 5, 7])
+    scratch["buf"] = cp.zeros(8, dtype=np.float32)  # a larger call replaces the scratch; nothing holds the old
+    gc.collect()
+    with pytest.raises(RuntimeError, match="freed after its capture"):
+        graph.launch()
+    kept = cp.zeros(4, dtype=np.float32)  # the fix: the old buffer kept alive while a graph may replay it
+    scratch["buf"] = kept
+    with stream:
+        stream.begin_capture()
+        work()
+        graph = stream.end_capture()
+    retired = [scratch["buf"]]
+    scratch["buf"] = cp.zeros(8, dtype=np.float32)
+    graph.launch()  # the retired buffer is alive: the replay is sound
+    assert retired[0] is kept
