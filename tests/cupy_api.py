@@ -189,7 +189,7 @@ NDARRAY_METHODS = {
 }
 # dev.<attribute>: core.pxd (readonly size, dtype) and core.pyx's properties
 NDARRAY_ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "size", "nbytes", "strides", "itemsize", "flags", "T",
-                                "real", "imag"})
+                                "real", "imag", "data"})  # data: its MemoryPointer (.ptr, .device_id)
 
 # cupy.cuda.<name> the fake defines (cupy/cuda/__init__.py in both versions), and their members
 CUDA = {

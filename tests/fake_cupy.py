@@ -26,12 +26,12 @@ CuPy's own takes. Anything else raises NotInCuPy, naming what is missing, even w
 run it: the fake must not hide an API the cuda backend would first miss on a GPU.
 
 `ndarray` wraps a NumPy array; every NumPy function and ufunc on it runs NumPy on the wrapped arrays and wraps
-the result. `kernels` stands in for tinyspec.fast.cuda_ops (quant_linear, get_rows, bind, bind_experts, gdn_scan: the
-NumPy oracles on the wrapped arrays, taking device arrays only, as the real kernels do). The other cuda modules
-(cuda_rows, cuda_moe, cuda_attention, cuda_accept, cuda_graphs, cuda_pass) run their own Python here: `RawKernel`
-(and `RawModule.get_function`) reads a kernel's C signature from its source, checks every launch against it
-(check_launch) and runs a stand-in, the oracle, for a kernel it knows by name (RAW_KERNELS); `ElementwiseKernel`
-does the same for the elementwise kernels it knows (ELEMENTWISE).
+the result. The cuda modules run their own Python here (`install`: fresh copies of cuda_ops, cuda_rows and
+cuda_moe on this fake; cuda_attention, cuda_accept, cuda_graphs and cuda_pass import it as they are): their checks,
+scratch buffers, padding, allocations and launches. Only the kernels are stood in. `RawKernel` (and
+`RawModule.get_function`, template instances included) reads a kernel's C signature from its source, checks every
+launch against it (check_launch) and runs a stand-in, the oracle, for a kernel it knows by name (RAW_KERNELS,
+TEMPLATE_KERNELS); `ElementwiseKernel` does the same for the elementwise kernels it knows (ELEMENTWISE).
 What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
 tools/check_cuda_kernels.py without one).
 
@@ -435,6 +435,7 @@ class ndarray(NDArrayOperatorsMixin):
         return NotImplemented
 
     # --- what CuPy allows
+    data = property(lambda self: types.SimpleNamespace(ptr=self._a.ctypes.data, device_id=0))  # a MemoryPointer
     shape = property(lambda self: self._a.shape)
     dtype = property(lambda self: self._a.dtype)
     ndim = property(lambda self: self._a.ndim)
@@ -838,95 +839,11 @@ def module() -> types.ModuleType:
     return m
 
 
-# --- tinyspec.fast.cuda_ops: the oracles on device arrays, device arrays only. Each stand-in hands _run its
-# name and its host scalars (_scalars of every argument that is not an array: a type, a shape, an eps, n_past),
-# so that a capture traces what the real kernel's launch would bake in (check_replay).
-
 def _device(x, what: str) -> np.ndarray:
     if not isinstance(x, ndarray):
         raise _leak(f"{what} handed to a CUDA kernel as a host {type(x).__name__}")
     return x._a
 
-
-kernels = types.ModuleType("tinyspec.fast.cuda_ops")
-kernels.SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K,
-                     GGMLType.Q6_K)
-
-
-def _quant_linear(x, raw, ggml_type, shape, out=None):
-    xa, wa = _device(x, "x"), _device(raw, "a weight")
-    if out is None:
-        return ndarray(_run(lambda: ops.quant_linear(xa, wa, ggml_type, shape), makes=True, what="quant_linear",
-                            scalars=_scalars((ggml_type, shape))))
-    oa = _device(out, "out")
-    _run(lambda: np.copyto(oa, ops.quant_linear(xa, wa, ggml_type, shape)), makes=False, inputs=(xa, wa, oa),
-         what="quant_linear", scalars=_scalars((ggml_type, shape)))
-    return out
-
-
-def _bind(raw, ggml_type, shape):
-    return lambda x, out=None: _quant_linear(x, raw, ggml_type, shape, out)
-
-
-def _get_rows(raw, ggml_type, shape, ids, checked=True):
-    """As cuda_ops.get_rows: host ids are checked on the host and uploaded; device ids are checked with one
-    small reduction brought to the host (`bool(... .any())`: a sync), or with checked=False not at all."""
-    if isinstance(ids, ndarray):
-        if checked:
-            _transfer("sync", 1, "get_rows: the range check of device ids")
-        ia = ids._a.reshape(-1)
-    else:
-        ia = np.asarray(ids, dtype=np.int64).reshape(-1)
-        _transfer("upload", ia.nbytes, "get_rows: host ids")
-    wa = _device(raw, "a weight")
-    return ndarray(_run(lambda: ops.get_rows(wa, ggml_type, shape, ia), makes=True, what="get_rows",
-                        scalars=_scalars((ggml_type, shape))))
-
-
-def _gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out_state=None):
-    args = [_device(a, n) for a, n in zip((q, k, v, log_decay, beta, state), ("q", "k", "v", "g", "beta", "state"))]
-    ring = _device(states_out, "the ring") if states_out is not None else None
-    final = _device(out_state, "out_state") if out_state is not None else np.empty_like(args[5])
-    o = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    _allocated(1 + (out_state is None), [o] if out_state is not None else [o, final])
-
-    def scan():  # one launch: o and the final state (and the ring) written in place
-        o[...] = gdn.gdn_scan(*args, states_out=ring, out=final)[0]
-    _run(scan, makes=False, inputs=(args, ring, final, o), what="gdn_scan")
-    return ndarray(o), (out_state if out_state is not None else ndarray(final))
-
-
-def _bind_experts(raw, ggml_type, shape):
-    """As cuda_ops.bind_experts: x grouped by expert times each expert's bytes, one launch; device offsets
-    [E + 1] read where they are (the kernel's), host groups spread over all E and uploaded."""
-    E, n_out, n_in = shape
-    wa = _device(raw, "a weight").reshape(E, -1)
-
-    def experts_linear(x, experts, offsets, out=None):
-        xa = _device(x, "x")
-        if isinstance(offsets, ndarray):
-            if len(experts) != E or offsets.shape != (E + 1,):
-                raise ValueError(f"fake cuda_ops: device offsets must be [E + 1] = [{E + 1}] over every expert")
-            oa = offsets._a
-        else:
-            counts = np.zeros(E, np.int64)
-            counts[np.asarray(experts)] = np.diff(offsets)
-            oa = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-            _transfer("upload", oa.nbytes, "bind_experts: host offsets")
-
-        def grouped():
-            y = np.empty((xa.shape[0], n_out), np.float32)
-            for e in range(E):
-                a, b = int(oa[e]), int(oa[e + 1])
-                y[a:b] = ops.quant_linear(xa[a:b], wa[e], ggml_type, (n_out, n_in))
-            return y
-        return ndarray(_run(grouped, makes=True))
-
-    return experts_linear
-
-
-kernels.quant_linear, kernels.bind, kernels.get_rows, kernels.gdn_scan = _quant_linear, _bind, _get_rows, _gdn_scan
-kernels.bind_experts = _bind_experts
 
 # --- cupy.RawKernel: a kernel the fake knows by name runs its stand-in, the oracle; its CUDA source is never run.
 # So a module that launches its own RawKernel (fast/cuda_attention.py) runs its real Python side here: its checks,
@@ -935,7 +852,8 @@ kernels.bind_experts = _bind_experts
 # A kernel parameter's C type -> the dtype CuPy's launch must be handed: an array of it for a pointer, a NumPy
 # scalar of it otherwise (CuPy passes a Python int or float by its own rules, so tinyspec hands every scalar typed)
 C_TYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned int": np.uint32,
-           "long long": np.int64, "int64_t": np.int64, "unsigned char": np.uint8, "uint8_t": np.uint8,
+           "long long": np.int64, "int64_t": np.int64, "unsigned char": np.uint8, "uint8_t": np.uint8, "u8": np.uint8,
+           "uint2": np.uint32,  # (a pair of uint32: handed as a uint32 array)
            "unsigned short": np.uint16, "uint16_t": np.uint16, "uint32_t": np.uint32, "__half": np.float16,
            "half": np.float16}
 MAX_THREADS, MAX_SHARED = 1024, 48 * 1024  # a block's threads, and its shared memory without opting in
@@ -948,11 +866,12 @@ def kernel_signature(code: str, name: str) -> tuple[list[tuple[str, bool]], int 
     import re
 
     code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", code, flags=re.S)  # comments, which may sit among the parameters
-    m = re.search(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s+)?' + re.escape(name)
-                  + r"\s*\(([^)]*)\)", code)
+    base = name.split("<")[0].strip()  # a template instance ("quant_linear_k<2, 16, 2>"): its template's parameters
+    m = re.search(r'(?:extern\s+"C"\s+)?__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s+)?'
+                  + re.escape(base) + r"\s*\(([^)]*)\)", code)
     if m is None:
-        raise ValueError(f"fake cupy: no extern \"C\" __global__ kernel {name!r} in its source")
-    bound = m[1]
+        raise ValueError(f"fake cupy: no __global__ kernel {base!r} in its source")
+    bound = m[1] and m[1].split(",")[0]  # __launch_bounds__(threads[, min blocks])
     if bound is not None and not bound.strip().isdigit():
         define = re.search(r"#define\s+" + re.escape(bound.strip()) + r"\s+(\d+)", code)
         bound = define[1] if define else None
@@ -977,6 +896,8 @@ def check_launch(name: str, signature, grid, block, args, shared_mem: int) -> No
     for i, ((base, pointer), a) in enumerate(zip(params, args)):
         want = np.dtype(C_TYPES[base])
         if pointer:
+            if isinstance(a, np.ndarray):
+                raise _leak(f"a host array as argument {i} ({base}*) of the kernel {name}")
             if not isinstance(a, ndarray):
                 raise TypeError(f"fake cupy: kernel {name} argument {i} ({base}*) needs a device array, got "
                                 f"{type(a).__name__}")
@@ -1000,29 +921,39 @@ def check_launch(name: str, signature, grid, block, args, shared_mem: int) -> No
 
 class RawKernel:
     """cupy.RawKernel(code, name, options=()): nothing is compiled, but the source's signature of `name` is read
-    (kernel_signature). kernel(grid, block, args, shared_mem=0) is checked against it (check_launch), then runs
-    RAW_KERNELS[name](grid, block, *args) on the arguments' arrays, as one launch, recorded and not run while a
-    graph captures (a replay then reads the device arrays as they are at the replay, as the kernel would)."""
+    (kernel_signature). kernel(grid, block, args, shared_mem=0) is checked against it (check_launch), then runs its
+    stand-in on the arguments' arrays, as one launch, recorded and not run while a graph captures (a replay then
+    reads the device arrays as they are at the replay, as the kernel would): RAW_KERNELS[name](grid, block, *args),
+    or for a template instance ("quant_linear_k<2, 16, 2>") TEMPLATE_KERNELS[its template]((2, 16, 2), grid, ...)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
                  enable_cooperative_groups=False, jitify=False):
-        if name not in RAW_KERNELS:
+        base = name.split("<")[0].strip()
+        if base in TEMPLATE_KERNELS and "<" in name:
+            targs = tuple(int(t) for t in name[name.index("<") + 1 : name.rindex(">")].split(","))
+            self.stand_in = functools.partial(TEMPLATE_KERNELS[base], targs)
+        elif name in RAW_KERNELS:
+            self.stand_in = RAW_KERNELS[name]
+        else:
             raise NotImplementedError(f"fake cupy: no stand-in for the kernel {name!r} (add one to RAW_KERNELS)")
-        self.name, self.code, self.options = name, code, options
+        self.name, self.base, self.code, self.options = name, base, code, options
         self.signature = kernel_signature(code, name)
 
     def __call__(self, grid, block, args, *, shared_mem=0):
         check_launch(self.name, self.signature, grid, block, args, shared_mem)
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
-        stand_in = RAW_KERNELS[self.name]
+        stand_in = self.stand_in
         launch = lambda: stand_in(tuple(grid), tuple(block), *raw)  # noqa: E731
         _run(launch, makes=False, inputs=raw, what=self.name,
              scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
-        if _capturing:  # also now, on whatever its inputs hold: a capture's later host-side steps (the fake
-            with np.errstate(all="ignore"), contextlib.suppress(Exception):  # computes the arrays they make
-                launch()  # at once) then index with these outputs, not with never-written memory. Every stood-in
-                # kernel overwrites its outputs from its inputs alone, so running it again at a replay is the same
+        if _capturing and self.base not in IN_PLACE:  # also now, on whatever its inputs hold: a capture's later
+            with np.errstate(all="ignore"), contextlib.suppress(Exception):  # host-side steps (the fake computes
+                launch()  # the arrays they make at once) then index with these outputs, not never-written memory.
+                # Such a kernel overwrites its outputs from its inputs alone: the replay computes the same again.
+
+
+IN_PLACE = {"gdn_scan_k"}  # kernels that update an input in place: run at a replay only, never twice
 
 
 def _attend_rows(grid, block, q, k_pool, v_pool, seq, row0, n_past, tab0, tables, o, H_kv, G, d, bs, scale):
@@ -1063,17 +994,65 @@ def _group_k(grid, block, chosen, P, E, offsets, order):
     np.copyto(offsets, np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
 
 
-RAW_KERNELS = {"attend_rows": _attend_rows, "norm_rows": _norm_rows, "route_k": _route_k, "group_k": _group_k}
+def _quant_linear_k(targs, grid, block, x, ldx, T, raw, row_bytes, n_out, n_in, vec, S, y):
+    """cuda_ops' float kernel on one tile of T rows of x (padded to ldx): the oracle's quant_linear of those rows."""
+    qtype, nt, _ = targs
+    assert T <= nt and x.shape[0] >= T and y.shape == (T, n_out), (targs, x.shape, y.shape)
+    np.copyto(y, ops.quant_linear(x[:T, : int(n_in)], raw, GGMLType(qtype), (int(n_out), int(n_in))))
+
+
+def _quant_linear_grouped_k(targs, grid, block, x, ldx, offsets, E, raw, expert_bytes, row_bytes, n_out, n_in, vec,
+                            S, y):
+    """cuda_ops' grouped kernel: expert e's rows offsets[e] .. offsets[e+1]-1 times its bytes, by the oracle."""
+    qtype = GGMLType(targs[0])
+    experts = raw.reshape(int(E), -1)
+    for e in range(int(E)):
+        a, b = int(offsets[e]), int(offsets[e + 1])
+        if b > a:
+            y[a:b] = ops.quant_linear(x[a:b, : int(n_in)], experts[e], qtype, (int(n_out), int(n_in)))
+
+
+def _mma_prep_x(grid, block, x, ldx, T, n_steps, xb, xsum):
+    """cuda_ops' tensor-core prologue (x in fragment order): here x's float32 bits, as they are, into xb."""
+    n_in = 16 * int(n_steps)
+    xb.view(np.float32)[: int(T) * n_in] = x[: int(T), :n_in].reshape(-1)
+
+
+def _mma_linear_k(targs, grid, block, xb, xsum, T, raw, row_bytes, n_out, n_in, S, y):
+    """cuda_ops' tensor-core kernel: the oracle's quant_linear of the x _mma_prep_x left in xb."""
+    x = xb.view(np.float32)[: int(T) * int(n_in)].reshape(int(T), int(n_in))
+    np.copyto(y, ops.quant_linear(x, raw, GGMLType(targs[0]), (int(n_out), int(n_in))))
+
+
+def _get_rows_k(targs, grid, block, raw, row_bytes, n_rows, n_in, vec, ids, out):
+    """cuda_ops' get_rows kernel: the oracle's rows (negative ids from the end)."""
+    np.copyto(out, ops.get_rows(raw, GGMLType(targs[0]), (int(n_rows), int(n_in)), ids))
+
+
+def _gdn_scan_k(targs, grid, block, q, k, v, log_decay, beta, state_in, state_out, o, ring, has_ring, T, HV, V):
+    """cuda_ops' delta-rule scan: the oracle's gdn_scan from state_in into state_out (it may be state_in: in
+    place), o and, with has_ring, the ring."""
+    o[...] = gdn.gdn_scan(q, k, v, log_decay, beta, state_in, states_out=ring if has_ring else None,
+                          out=state_out)[0]
+
+
+RAW_KERNELS = {"attend_rows": _attend_rows, "norm_rows": _norm_rows, "route_k": _route_k, "group_k": _group_k,
+               "mma_prep_x": _mma_prep_x}
+TEMPLATE_KERNELS = {"quant_linear_k": _quant_linear_k, "quant_linear_grouped_k": _quant_linear_grouped_k,
+                    "mma_linear_k": _mma_linear_k, "get_rows_k": _get_rows_k, "gdn_scan_k": _gdn_scan_k}
 
 
 class RawModule:
-    """cupy.RawModule(code=..., options=()): get_function(name) is a RawKernel of that source (checked the same)."""
+    """cupy.RawModule(code=..., options=(), name_expressions=...): get_function(name) is a RawKernel of that source
+    (checked the same); a template instance must be among the name_expressions, as CuPy requires."""
 
     def __init__(self, code=None, path=None, options=(), backend="nvrtc", translate_cucomplex=False, *,
                  enable_cooperative_groups=False, name_expressions=None, jitify=False):
-        self.code, self.options = code, options
+        self.code, self.options, self.names = code, options, tuple(name_expressions or ())
 
     def get_function(self, name):
+        if "<" in name and name not in self.names:
+            raise KeyError(f"fake cupy: {name!r} is not among the module's name_expressions")
         return RawKernel(self.code, name, self.options)
 
 
@@ -1099,7 +1078,7 @@ class ElementwiseKernel:
         return ndarray(_run(lambda: self.fn(a).astype(np.float32), makes=True, inputs=a, what=self.name))
 
 
-REAL_MODULES = ("cuda_rows", "cuda_moe")  # the cuda modules whose own Python runs here, their kernels stood in
+REAL_MODULES = ("cuda_ops", "cuda_rows", "cuda_moe")  # the cuda modules whose own Python runs here, their kernels stood in
 
 
 def real_module(name: str) -> types.ModuleType:
@@ -1124,7 +1103,7 @@ def install(monkeypatch) -> None:
 
     monkeypatch.setitem(sys.modules, "cupy", module())
     real = {name: real_module(name) for name in REAL_MODULES}  # their own Python, on this fake
-    for name, stand_in in (("cuda_ops", kernels), *real.items()):
+    for name, stand_in in real.items():
         monkeypatch.setitem(sys.modules, f"tinyspec.fast.{name}", stand_in)
         monkeypatch.setattr(tinyspec.fast, name, stand_in, raising=False)
     monkeypatch.setattr(backends, "cuda_available", lambda: True)

@@ -40,7 +40,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture
 def cuda(monkeypatch):
-    """`import cupy` and the cuda kernel modules resolve to the stand-ins while a test runs."""
+    """`import cupy` resolves to the stand-in while a test runs, and the cuda modules to fresh copies run on it."""
     fake_cupy.install(monkeypatch)
 
 
@@ -48,10 +48,15 @@ def on_device(x) -> bool:
     return isinstance(x, fake_cupy.ndarray)
 
 
-def test_the_stand_in_refuses_what_cupy_refuses():
+def test_the_stand_in_refuses_what_cupy_refuses(cuda):
+    from tinyspec.fast.cuda_rows import NORM_SOURCE  # the real module, on the fake
+
     dev, host = fake_cupy.asarray(np.ones(3, np.float32)), np.ones(3, np.float32)
+    norm_rows = fake_cupy.RawKernel(NORM_SOURCE, "norm_rows")  # a kernel's pointer is device memory
     for leak in (lambda: np.asarray(dev), lambda: np.ascontiguousarray(dev), lambda: dev + host,
-                 lambda: np.concatenate([dev, host]), lambda: fake_cupy.kernels.gdn_scan(*[host] * 6)):
+                 lambda: np.concatenate([dev, host]), lambda: norm_rows((1,), (128,), (host, host, dev, np.int32(3),
+                                                                                np.float32(1e-6), np.int32(1),
+                                                                                np.int32(1)))):
         with pytest.raises(TypeError, match="host/device leak"):
             leak()
     assert on_device(dev * np.float32(2)) and float(np.sum(dev)) == 3.0 and fake_cupy.asnumpy(dev).sum() == 3
