@@ -5,7 +5,8 @@
 
 llama.cpp's side is its own example, `llama-speculative-simple` (built from the llama.cpp sources the docs name,
 `cmake --build BUILD --target llama-speculative-simple`), run greedy (`--temp 0`) with `--spec-type draft-mtp`
-(or `-md` for a draft model) and its debug log on (`-v`): per draft position the drafter's three best candidates
+(or `--spec-type draft-simple -md` for a draft model), its debug log on (`-v`) and its weights not repacked (`-nr`:
+ggml's AMX kernels stop with SIGILL on a VM that lists AMX but does not allow it): per draft position the drafter's three best candidates
 with their probabilities (common/speculative.cpp: renormalised over the sampler's top 10), and per verify step
 "accepted n/m draft tokens, the last target token is: (id)". tinyspec's side runs the same model, prompts and k
 through its engine (generate.speculative_generate, greedy, a fixed k) with a drafter that records the same top
@@ -23,8 +24,11 @@ so the two runs verify different windows of the same text: every step's drafts s
 the acceptance rates differ although each drafter and target computes the same numbers. "tinyspec as llama.cpp
 starts" runs tinyspec's engine from llama.cpp's phase: the prompt but its last token is the history and the
 last token is the first pending one (the state a resumed sequence starts from, scheduler.py), with llama.cpp's
-cap on drafts (n_predict - generated - 1). That run is compared with llama.cpp's step by step: the first step
-whose drafts or kept count differ is reported with both sides' candidates.
+cap on drafts (n_predict - generated - 1), and with a draft model llama.cpp's checkpoint path played (Steps). That
+run is compared with llama.cpp's step by step: the first step whose drafts or kept count differ is reported with
+both sides' candidates and its reason (why): llama.cpp drafting past its -n budget, the two targets' greedy texts
+parting at a near tie (the target's top-2 logit gap, by tinyspec's model), or the drafters' near tie
+(docs/llamacpp-speculation.md).
 
 Needs: a llama.cpp build with llama-speculative-simple (--llama-build or $TINYSPEC_LLAMA_BUILD). Writes nothing.
 """
