@@ -171,6 +171,26 @@ def test_a_graph_store_of_one_evicts_and_stays_exact(cuda, tmp_path, monkeypatch
     counts = model.placement.graph_counts()["by_use"]["forward"]
     assert len(counts["shapes"]) <= 1 and counts["evicted"] >= 1 and counts["failed"] == 0, counts
     assert len(model.placement.device_pass.graphs.eager) <= 4  # the keys seen once are bounded too
+    assert counts["pools"] <= counts["captured"], counts
+
+
+def test_an_evicted_graphs_pool_serves_the_next_capture_on_one_stream(cuda):
+    """Issue 45, fault 4 (in part): each capture made a new memory pool and a new stream, and an eviction dropped
+    the evicted graph's pool, whose cudaFree waits for the whole device. Now one side stream serves every capture
+    and an evicted graph's pool the next one: three shapes through a store of one make two pools, not three."""
+    from tinyspec.fast.cuda_graphs import GraphedCall
+
+    cp = fake_cupy
+    call = GraphedCall(lambda x: x * 2 + 1, cp, max_graphs=1, check=fake_cupy.check_replay)
+    streams = []
+    for n in (3, 4, 5):
+        x = cp.asarray(np.arange(n, dtype=np.float32))
+        for _ in range(3):  # a plain warm-up, the capture, a replay
+            assert np.array_equal(cp.asnumpy(call(x)), np.arange(n) * 2 + 1)
+        streams.append(call.stream)
+    stats = call.stats()
+    assert stats["captured"] == 3 and stats["evicted"] == 2 and stats["pools"] == 2, stats
+    assert streams[0] is streams[1] is streams[2] is not None
 
 
 def test_a_moe_pass_is_graphed_and_exact(cuda, tmp_path):

@@ -17,8 +17,9 @@ What a graph captures, and so what must be static for a replay to be right:
     shapes     a CuPy call sizes its launch from the shapes: the key holds every input's shape and dtype
     memory     intermediates allocated during capture are written by every replay: they must stay the
                graph's. CuPy's pool would hand a freed block to other work, so the capture allocates from a
-               pool of its own (cupy.cuda.MemoryPool, kept with the graph and never allocated from again;
-               PyTorch's graphs keep a private pool for the same reason)
+               pool of its own (cupy.cuda.MemoryPool, kept with the graph and allocated from by no other live
+               graph; PyTorch's graphs keep a private pool for the same reason). An evicted graph's pool is
+               kept for the next capture rather than freed (freeing it would wait for the whole device)
     no host    a sync (int(), asnumpy, a boolean mask) or an upload inside a capture is an error: captured
                work does not run during capture, and a host copy would bake in a staging buffer
 How it is used: a key (the inputs' shapes) is first run eagerly once (compiles the kernels, warms the pool),
@@ -97,12 +98,17 @@ class GraphedCall:
         self.replays = self.plain = 0  # calls answered by a graph launch (the capturing call's included) / by
         # plain launches (warm-ups, fallbacks)
         self.evicted = 0  # graphs dropped to stay within max_graphs
+        self.spare_pools: list = []  # the pools of evicted graphs, for the next captures (below)
+        self.pools_made = 0
+        self.stream = None  # the side stream every capture runs on (made at the first)
 
     def stats(self) -> dict:
-        """{captured, failed, replays, plain, evicted: counts; shapes: the captured keys; reasons: {key: why it
-        failed}}, keys as text (((T, N), dtype), ((k,), dtype)): what a report carries."""
+        """{captured, failed, replays, plain, evicted, pools (memory pools made: evicted graphs' are reused): counts;
+        shapes: the captured keys; reasons: {key: why it failed}}, keys as text (((T, N), dtype), ((k,), dtype)):
+        what a report carries."""
         return {"captured": len(self.graphs) + self.evicted, "failed": len(self.failed), "replays": self.replays,
-                "plain": self.plain, "evicted": self.evicted, "shapes": [str(k) for k in self.graphs],
+                "plain": self.plain, "evicted": self.evicted, "pools": self.pools_made,
+                "shapes": [str(k) for k in self.graphs],
                 "reasons": {str(k): why for k, why in self.failed.items()}}
 
     def __call__(self, *inputs):
@@ -140,14 +146,25 @@ class GraphedCall:
         self.replays += 1
         return entry.outputs
 
+    def _pool(self):
+        """A memory pool for a new graph: an evicted graph's, else a new one. An evicted graph's pool is not dropped:
+        dropping it frees its blocks (cudaFree, which waits for the whole device), and its memory, no graph's any
+        more, serves the next capture's intermediates without a cudaMalloc each."""
+        if self.spare_pools:
+            return self.spare_pools.pop()
+        self.pools_made += 1
+        return self.cp.cuda.MemoryPool()
+
     def _capture(self, key, fn, inputs, keep) -> _Entry | None:
         cp = self.cp
-        pool = cp.cuda.MemoryPool()
+        pool = self._pool()
         with cp.cuda.using_allocator(pool.malloc):
             static = tuple(cp.empty(a.shape, a.dtype) for a in inputs)
         for s, a in zip(static, inputs):
             s[...] = a
-        stream = cp.cuda.Stream(non_blocking=True)
+        if self.stream is None:  # one side stream for every capture (a stream is a driver object: made once)
+            self.stream = cp.cuda.Stream(non_blocking=True)
+        stream = self.stream
         try:
             with stream, cp.cuda.using_allocator(pool.malloc):
                 stream.begin_capture()
@@ -156,13 +173,15 @@ class GraphedCall:
                 finally:
                     graph = stream.end_capture()
         except Exception as exc:  # a sync or a host copy inside fn: plain launches for this key from now on
+            self.spare_pools.append(pool)
             why = self.failed[key] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"CUDA graph capture of {fn!r} failed for {key}: {why}; that key runs as plain "
                           "launches from now on", GraphCaptureWarning, stacklevel=3)
             return None
         entry = self.graphs[key] = _Entry(graph, static, outputs, pool, tuple(keep))
         if self.max_graphs is not None and len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)  # the least recently launched graph, its pool and what it kept
+            _, old = self.graphs.popitem(last=False)  # the least recently launched graph and what it kept
+            self.spare_pools.append(old.pool)  # its arrays go back to its pool as they are dropped: the pool stays
             self.evicted += 1
         return entry
 
@@ -171,7 +190,7 @@ def merged_counts(**calls: GraphedCall) -> dict:
     """Several GraphedCalls' stats() as one report: the counts summed, the shapes and reasons joined, and each
     call's own stats under "by_use", by the name it was given (e.g. rule=..., forward=...)."""
     each = {name: call.stats() for name, call in calls.items()}
-    out = {k: sum(s[k] for s in each.values()) for k in ("captured", "failed", "replays", "plain", "evicted")}
+    out = {k: sum(s[k] for s in each.values()) for k in ("captured", "failed", "replays", "plain", "evicted", "pools")}
     out["shapes"] = [k for s in each.values() for k in s["shapes"]]
     out["reasons"] = {k: v for s in each.values() for k, v in s["reasons"].items()}
     out["by_use"] = each
