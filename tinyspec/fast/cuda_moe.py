@@ -158,11 +158,17 @@ def kernel_names() -> list[str]:
     return ["route_k", "group_k"]
 
 
+_functions: dict = {}  # (device, name) -> the loaded kernel: looked up once, not at every launch
+
+
 def _kernel(name: str):
     dev = cp.cuda.runtime.getDevice()
-    if dev not in _modules:
-        _modules[dev] = cp.RawModule(code=_SOURCE, options=("--fmad=false",))
-    return _modules[dev].get_function(name)
+    fn = _functions.get((dev, name))
+    if fn is None:
+        if dev not in _modules:
+            _modules[dev] = cp.RawModule(code=_SOURCE, options=("--fmad=false",))
+        fn = _functions[(dev, name)] = _modules[dev].get_function(name)
+    return fn
 
 
 def route_experts(router_logits, k: int):
