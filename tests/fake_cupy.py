@@ -860,6 +860,7 @@ MAX_THREADS, MAX_SHARED = 1024, 48 * 1024  # a block's threads, and its shared m
 MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_signature(code: str, name: str) -> tuple[list[tuple[str, bool]], int | None]:
     """The parameters of `extern "C" __global__ void name(...)` in code, as (C base type, is a pointer), and its
     __launch_bounds__ (None if it declares none; a #define'd name is looked up in the source)."""
@@ -883,7 +884,7 @@ def kernel_signature(code: str, name: str) -> tuple[list[tuple[str, bool]], int 
         if base not in C_TYPES:
             raise ValueError(f"fake cupy: kernel {name!r}: parameter type {base!r} not known (add it to C_TYPES)")
         params.append((base, pointer))
-    return params, None if bound is None else int(bound)
+    return tuple(params), None if bound is None else int(bound)
 
 
 def check_launch(name: str, signature, grid, block, args, shared_mem: int) -> None:
