@@ -257,3 +257,41 @@ def test_a_new_sequence_replays_from_its_first_pass_and_a_prefill_is_never_captu
     assert after["plain"] == before["plain"] and after["replays"] > before["replays"], (before, after)
     assert len(PROMPT) > cuda_pass.MAX_GRAPH_ROWS
     assert not any(s.startswith(f"(PassMap(R={len(PROMPT)},") for s in after["shapes"])
+
+
+def test_a_slots_graphs_outlive_its_sequence(cuda):
+    """Issue 45 item 4: a slot's state is made once and reset for each sequence it holds (ModelState.reset, in the
+    same arrays), so the graphs captured for the first sequences replay for every later one: as many requests
+    again capture no graph more (before: each new sequence's states used to be new arrays, so a new key and a capture)."""
+    def serve(n_requests: int) -> dict:
+        model = cuda_model()
+        prompts = [list(range(1 + 7 * i, 9 + 7 * i)) for i in range(n_requests)]  # equal lengths: equal shapes
+        result = batch_generate(model, prompts, 6, options=EngineOptions(slots=2, block_size=8))
+        assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 6) for p in prompts]
+        return model.placement.graph_counts()["by_use"]["forward"]
+
+    four, eight = serve(4), serve(8)  # (the second pair's prefill is the first capture of the prefill shape)
+    assert four["failed"] == eight["failed"] == 0 and eight["evicted"] == 0, (four, eight)
+    assert eight["captured"] == four["captured"] == 2, (four["shapes"], eight["shapes"])
+    assert eight["replays"] > four["replays"], (four, eight)
+
+
+def test_a_reset_state_is_a_fresh_state_in_the_same_arrays():
+    """ModelState.reset: the GDN windows and memories zeroed in place, every KV block back to the pool, position 0;
+    a pass from it computes what a pass from a new state does."""
+    from tinyspec.paged import BlockPool
+
+    model = load_model(ASSETS / "tiny-target.gguf", "numpy")
+    pool = BlockPool(model.cfg, 16, 8)
+    state = model.new_state(pool)
+    arrays = [a for layer in state.layers if hasattr(layer, "ssm") for a in (layer.conv, layer.ssm)]
+    model.forward(np.arange(1, 20), state)
+    assert pool.available < 16
+    state.reset()
+    assert state.pos == 0 and pool.available == 16
+    assert [a for layer in state.layers if hasattr(layer, "ssm") for a in (layer.conv, layer.ssm)] == arrays
+    assert all(id(a) == id(b) for a, b in zip(arrays, [a for layer in state.layers if hasattr(layer, "ssm")
+                                                       for a in (layer.conv, layer.ssm)]))
+    again, _ = model.forward(np.arange(30, 40), state)
+    fresh, _ = model.forward(np.arange(30, 40), model.new_state(pool))
+    assert again.tobytes() == fresh.tobytes()

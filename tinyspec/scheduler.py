@@ -162,6 +162,7 @@ class Scheduler:
     active: dict = field(default_factory=dict)  # slot -> Running
     admitted: int = 0  # sequences admitted so far (Running.order)
     preemptions: int = 0
+    states: dict = field(default_factory=dict)  # slot -> its ModelState, made once and reset for each sequence
 
     def __post_init__(self):
         if self.options.prefix_cache:
@@ -254,7 +255,7 @@ class Scheduler:
             idle_adopted = 0 if match is None else pool.idle_among(match.blocks)
             if self._blocks_needed(self._chunks()) + own > pool.available - idle_adopted:
                 return False
-        s.state, s.hidden_rows, s.save_at, s.order = self.model.new_state(pool), [], [], self.admitted
+        s.state, s.hidden_rows, s.save_at, s.order = self._fresh_state(b), [], [], self.admitted
         self.admitted += 1
         if match is not None:
             cache.start(s.state, match)
@@ -264,6 +265,18 @@ class Scheduler:
             s.save_at = cache.save_points(len(s.history), len(match.blocks), match.matched)
         self.active[b] = s
         return True
+
+    def _fresh_state(self, b: int):
+        """Slot b's state, fresh: made at the slot's first sequence, then reset in place (ModelState.reset) for each
+        next one. So the device arrays of a slot's GDN layers are the same for every sequence it holds, and a CUDA
+        graph captured for a pass over these slots replays for the sequences that come after (fast/cuda_pass.py keys
+        a graph by the arrays it writes). A finished sequence's state is its slot's: the next admission reuses it."""
+        state = self.states.get(b)
+        if state is None:
+            state = self.states[b] = self.model.new_state(self.pool)
+        else:
+            state.reset()
+        return state
 
     def _chunks(self) -> dict[int, int]:
         """Prefill rows this step per joining slot: the chunk budget shared in admission order, each chunk ending

@@ -169,6 +169,16 @@ class ModelState:
         to give; it forgets its positions)."""
         self.truncate_kv(0)
 
+    def reset(self) -> None:
+        """Begin again as a fresh state, in the same arrays: every KV block given back (release), every GDN layer's
+        window and memory zeroed in place. A slot's next sequence reuses its state this way, so the device arrays a
+        CUDA graph baked in stay the slot's (fast/cuda_pass.py: a slot's graphs outlive its sequence)."""
+        self.release()
+        for layer in self.layers:
+            if isinstance(layer, GDNState):
+                layer.conv.fill(0)
+                layer.ssm.fill(0)
+
     def gdn_copy(self) -> list[tuple]:
         """A copy of every GDN layer's (conv window [C, w-1], memory [HV, K, V]): what a prefix cache saves."""
         return [(layer.conv.copy(), layer.ssm.copy()) for layer in self.layers if isinstance(layer, GDNState)]
