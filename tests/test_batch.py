@@ -22,6 +22,7 @@ tiny_models.py for the law test.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -36,7 +37,7 @@ import tinyspec
 from tinyspec.backends import load_model, numba_available
 from tinyspec.batch import batch_generate
 from tinyspec.draft import DraftModelDrafter
-from tinyspec.drafting import FixedDraftLength, Plan
+from tinyspec.drafting import FixedDraftLength, Plan, policy_for
 from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
@@ -48,7 +49,8 @@ from tinyspec.speculate import Engine
 from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
-BACKENDS = ["numpy", pytest.param("cpu", marks=pytest.mark.skipif(not numba_available(), reason="needs numba"))]
+NEEDS_NUMBA = pytest.mark.skipif(not numba_available(), reason="needs numba")
+BACKENDS = ["numpy", pytest.param("cpu", marks=NEEDS_NUMBA)]
 DRAFTERS = ("none", "lookup", "mtp", "draft")
 
 # prompts of different lengths, some repetitive (so lookup finds matches); 5 of them: more than any slot count here
@@ -75,8 +77,18 @@ def one_numba_thread():
 
 @functools.cache
 def models(backend: str) -> tuple[Model, Model]:
-    """(target, draft model) on `backend`: loaded once per test run."""
+    """(target, draft model) on `backend`: loaded once per test run. "numpy+pad": the oracle with Placement.pad_rows,
+    so the MTP head pads its first pass of a drafting to k + 2 rows as the cuda backend does with graphs."""
+    if backend == "numpy+pad":
+        target, draft = models("numpy")
+        return target.with_placement(dataclasses.replace(target.placement, pad_rows=True)), draft
     return load_model(ASSETS / "tiny-target.gguf", backend), load_model(ASSETS / "tiny-draft.gguf", backend)
+
+
+# the random schedules' (backend, drafter) pairs: every drafter on each backend, and the MTP head on the padded oracle
+SCHEDULE_CASES = ([pytest.param("numpy", k, id=f"{k}-numpy") for k in DRAFTERS]
+                  + [pytest.param("cpu", k, marks=NEEDS_NUMBA, id=f"{k}-cpu") for k in DRAFTERS]
+                  + [pytest.param("numpy+pad", "mtp", id="mtp-numpy-padded")])
 
 
 _SOLO: dict = {}
@@ -465,8 +477,7 @@ def engine_for(model: Model, draft: Model, kind: str, sch: dict, policy, params=
     return Engine(model, drafter, policy, options, on_finish=on_finish)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("backend, kind", SCHEDULE_CASES)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sch=schedules())
 @example(sch=HEAVY)
@@ -593,8 +604,7 @@ def solo_sampled(backend: str, kind: str, prompt, max_new: int, k: int, seed: in
     return _SOLO_SAMPLED[key]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("backend, kind", SCHEDULE_CASES)
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sch=schedules())
 @example(sch=PREFIXED)
@@ -792,3 +802,38 @@ def test_a_run_the_pool_can_never_hold_is_reported_and_the_others_run(backend):
     for i in (0, 2, 3):
         assert seqs[i].error is None and seqs[i].tokens == solo_greedy(backend, prompts[i], 6)
     assert result.stats["kv_blocks_peak"] <= 5
+
+
+def test_padded_head_passes_draft_what_unpadded_ones_do():
+    """Placement.pad_rows: the MTP head's first pass of a drafting runs k + 2 rows, filler after its own, whose KV is
+    dropped after the pass. The drafts are the unpadded head's, bit for bit: the same accepted and rejected drafts at
+    every step (marks), so the same tokens and the same head cache, for k = 1 and 3."""
+    plain, padded = models("numpy")[0], models("numpy+pad")[0]
+    prompt = [5, 6, 5, 6, 5, 6, 7, 8, 9, 10, 11]
+    for k in (1, 3):
+        runs = [speculative_generate(m, MTPDrafter(m), prompt, 24, draft_n=k) for m in (plain, padded)]
+        assert runs[0].tokens == runs[1].tokens == solo_greedy("numpy", prompt, 24)
+        assert runs[0].marks == runs[1].marks and runs[0].stats.accepted_per_position == runs[1].stats.accepted_per_position, k
+
+
+def test_padded_head_passes_stay_within_the_drafter_budget_rule(monkeypatch):
+    """drafting.Drafter's rule, which the scheduler budgets a drafter's pool blocks by: during a drafting of k its KV
+    holds at most its sequence's positions + k + 2. The padded first pass reaches exactly that after a start (1 own
+    row: pos + 1 - 1 held before, k + 2 rows) and stays under it after a verify (2 .. k + 2 own rows)."""
+    model = models("numpy+pad")[0]
+    engine = Engine(model, MTPDrafter(model), policy_for(3, None), EngineOptions())
+    over = []
+    real = MTPHead.forward_batch
+
+    def watched(self, tokens, hidden_prev, caches, logits=True, to_host=True):
+        out = real(self, tokens, hidden_prev, caches, logits, to_host)
+        over.append(caches[0].n - engine.active[0].state.pos - 3)
+        return out
+
+    monkeypatch.setattr(MTPHead, "forward_batch", watched)
+    seq = SeqResult(0, [5, 6, 5, 6, 5, 6, 7, 8, 9])
+    engine.add(seq, 20, np.random.default_rng(0))
+    while not engine.done():
+        engine.step()
+    assert seq.tokens == solo_greedy("numpy", seq.prompt_tokens, 20)
+    assert max(over) == 2, over

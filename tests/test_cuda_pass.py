@@ -295,3 +295,24 @@ def test_a_reset_state_is_a_fresh_state_in_the_same_arrays():
     again, _ = model.forward(np.arange(30, 40), state)
     fresh, _ = model.forward(np.arange(30, 40), model.new_state(pool))
     assert again.tobytes() == fresh.tobytes()
+
+
+def test_padded_head_passes_make_few_shapes(cuda):
+    """Issue 45 item 4: the MTP head's first pass of a drafting feeds the last verify's kept tokens and the pending one
+    (1 .. k + 2 rows per sequence), so a batch's passes had as many shapes as combinations of acceptances, each a
+    first call that runs plainly. Padded to k + 2 rows (Placement.pad_rows, on with graphs) they are one shape per
+    batch size: fewer plain passes, more replays, the same tokens. (tools/count_cuda_steps.py --serving counts a
+    longer run, where the captures fall too.)"""
+    prompts = [list(range(1 + 5 * i, 12 + 5 * i)) for i in range(6)]
+
+    def serve(pad: bool) -> dict:
+        model = cuda_model(pad_rows=pad)
+        result = batch_generate(model, prompts, 16, drafter=MTPDrafter(model), draft_n=3,
+                                options=EngineOptions(slots=3, block_size=8))
+        assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 16) for p in prompts]
+        return model.placement.graph_counts()["by_use"]["forward"]
+
+    unpadded, padded = serve(False), serve(True)
+    assert padded["failed"] == unpadded["failed"] == 0
+    assert padded["plain"] < unpadded["plain"], (unpadded, padded)
+    assert padded["replays"] > unpadded["replays"], (unpadded, padded)

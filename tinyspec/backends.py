@@ -360,7 +360,8 @@ def cuda_placement(graphs: bool = True, check_graphs: Callable | None = None) ->
     """CuPy arrays for activations, state, caches and the snapshot ring; a forward pass as a device pass
     (fast/cuda_pass.py: one row map uploaded, the layer loop replayed from a CUDA graph per key with
     graphs=True); the greedy rule on the device (fast/cuda_accept.py: two ints back per step, replayed from a
-    CUDA graph per verify length with graphs=True); graph_counts says what both captured (fast/cuda_graphs.py).
+    CUDA graph per verify length with graphs=True); graph_counts says what both captured (fast/cuda_graphs.py);
+    with graphs, a drafter's passes padded to few shapes (Placement.pad_rows).
     check_graphs: each replay's check (tests: fake_cupy.check_replay; None on a GPU)."""
     import cupy
 
@@ -370,7 +371,7 @@ def cuda_placement(graphs: bool = True, check_graphs: Callable | None = None) ->
     rule = cuda_accept.DeviceGreedyRule(cupy, cupy.asnumpy, graphs, check_graphs)  # two ints back per step
     passes = cuda_pass.DevicePasses(cupy, graphs, check_graphs)  # one map upload a pass, a graph per key
     return Placement(xp=cupy, to_device=cupy.asarray, to_host=cupy.asnumpy, device_pass=passes, accept_greedy=rule,
-                     graph_counts=lambda: merged_counts(rule=rule.graphs, forward=passes.graphs))
+                     graph_counts=lambda: merged_counts(rule=rule.graphs, forward=passes.graphs), pad_rows=graphs)
 
 
 def load_model(path: str | os.PathLike, backend: str | None = None,

@@ -121,7 +121,8 @@ class Drafter(Protocol):
     The KV a drafter keeps (the MTP head's, a draft model's) is memory like the target's: with a pool it takes
     the pool's blocks, and the engine budgets them as it budgets the target's, through kv_table alone. What makes
     that possible is one rule every drafter keeps: its KV holds at most the positions its sequence's target state
-    holds, plus k during a drafting of k (it is fed the same kept tokens, then the pending one and k - 1 drafts).
+    holds, plus k + 2 during a drafting of k (it is fed the same kept tokens, then the pending one and k - 1
+    drafts: plus k; the two more are room for the MTP head's filler rows, mtp.HeadPass.pad_to).
     """
 
     stops_by_confidence: bool

@@ -34,6 +34,10 @@ the default, is the oracle's: the host is the device, so every copy is the ident
     graph_counts  no_graphs              () -> None, or what the backend's CUDA graphs did so far: {captured, failed,
                                          replays, plain, shapes, reasons} (fast/cuda_graphs.py); `bench --json`
                                          reports it as "graphs"
+    pad_rows      False                  True: a drafter pads a pass whose row count varies step to step to a fixed
+                                         one (the MTP head's first pass of a drafting of k: k + 2 rows, mtp.py), so
+                                         a CUDA graph per shape is captured for few shapes; False where padded
+                                         rows would only cost time (no graphs: the oracle, cpu, cuda graphs off)
 
 A variant is `dataclasses.replace(placement, rollback="replay")` handed to `model.with_placement`. This module
 imports NumPy and spec_sampling only: the core reads and runs without the wing (tests/test_kernels.py).
@@ -91,6 +95,7 @@ class Placement:
     accept_greedy: Callable = accept_greedy
     rollback: str = "snapshot"
     graph_counts: Callable[[], dict | None] = no_graphs
+    pad_rows: bool = False
 
     def __post_init__(self):
         if self.rollback not in ROLLBACKS:

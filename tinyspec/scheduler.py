@@ -307,8 +307,8 @@ class Scheduler:
             need += s.state.table.blocks_to_hold(s.state.pos + rows)
             if s.prefilling and s.state.pos + rows == len(s.history):  # its drafter starts after this chunk
                 need += self._drafter_blocks(b, len(s.history))
-            elif not s.prefilling and s.room(self.k_max):  # its drafter drafts k <= room
-                need += self._drafter_blocks(b, s.state.pos + s.room(self.k_max))
+            elif not s.prefilling and s.room(self.k_max):  # its drafter drafts k <= room (+ 2: drafting.Drafter)
+                need += self._drafter_blocks(b, s.state.pos + s.room(self.k_max) + 2)
         return need
 
     def _preempt(self, b: int) -> None:
