@@ -65,7 +65,8 @@ def test_the_report_has_every_configuration_the_goals_and_checks(backend):
     for name, c in report["configs"].items():
         assert set(c) >= {"ttft_ms", "ttft_ms_median_range", "ttft_steps", "ttft_rows", "tok_s", "tok_s_range",
                           "prefill_rows", "full_prefills", "wait_rows_max", "running_pass_rows_max", "step_ms",
-                          "memory_peak", "kv_blocks_peak", "saved_state_bytes_peak"}
+                          "memory_peak", "kv_blocks_peak", "saved_state_bytes_peak", "graphs"}
+        assert c["graphs"] is None  # (numpy and cpu capture no CUDA graph)
         assert set(c["ttft_ms"]) == {"median", "p90", "min", "max"} and c["ttft_ms"]["min"] <= c["ttft_ms"]["p90"]
         assert c["ttft_steps"]["min"] >= 1 and c["tok_s"] > 0
         m = c["memory_peak"]
@@ -82,6 +83,27 @@ def test_the_report_has_every_configuration_the_goals_and_checks(backend):
     assert goals["running_slot_delay"]["met"] and isinstance(report["checks"], list)
     text = serving_text(report)
     assert "goal: prefill rows" in text and "goal: first token" in text and "goal: running slots" in text
+
+
+def test_the_report_counts_the_cuda_graphs_of_each_configuration(monkeypatch):
+    """Issue 45 item 4, through the fake CuPy: bench --serving --backend cuda reports what the forward graphs did in
+    each configuration's last round (captured, evicted, failed, replayed, plain); none failed, some replayed, and a
+    run's captures stay under the graph store's bound (cuda_pass.MAX_GRAPHS). (Each run is an Engine with new state
+    arrays, so the earlier runs' graphs are evicted, least recently replayed first, as later runs capture theirs.)"""
+    import fake_cupy
+
+    from tinyspec.backends import load_model
+    from tinyspec.fast.cuda_pass import MAX_GRAPHS
+
+    fake_cupy.install(monkeypatch)
+    target = load_model(models("numpy")[0].path, "cuda")
+    sc = Scenario(requests=4, prefix=8, own=2, max_new=6, gap=2, slots=2, chunk=4, block_size=4, drafter="mtp")
+    report = serving(target, sc)
+    for name, c in report["configs"].items():
+        g = c["graphs"]
+        assert set(g) == {"captured", "evicted", "failed", "replays", "plain"}, name
+        assert g["failed"] == 0 and g["replays"] > 0 and g["captured"] <= MAX_GRAPHS, (name, g)
+    assert "CUDA graphs in cache+chunk's last round" in serving_text(report)
 
 
 def consistent() -> dict:

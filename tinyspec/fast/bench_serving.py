@@ -21,7 +21,11 @@ Per configuration: tok_s (tokens generated / seconds from the first arrival to t
 prompt); wait_rows_max, the most prefill rows in a pass that also carried running slots' rows (what a running
 slot waited through while prompts joined) and the step times in ms beside it; and memory at its peak pass: KV
 blocks held (in use, or idle but cached), saved GDN states, the running sequences' own GDN states and the
-pass's logits ([R, N] float32: a whole prompt in one pass is R rows of logits, every one computed).
+pass's logits ([R, N] float32: a whole prompt in one pass is R rows of logits, every one computed); graphs (the
+cuda backend; null elsewhere): what its CUDA graphs did in the configuration's last round, captured, evicted and
+failed graphs, passes replayed and run plainly. Each run is an Engine of its own, whose slot states and pool are
+new arrays, so it captures its graphs anew: within one engine (a server) the captures are bounded by the pass
+shapes it meets (a slot's state outlives its sequences, the MTP head's passes are padded: fast/cuda_pass.py).
 
 The goals (cache+chunk against baseline): prefill rows <= 1/8; median time to first token >= 4x lower; no
 running slot's step delayed by more than one chunk (wait_rows_max <= chunk: exact; in ms a timing). Timings are
@@ -109,6 +113,19 @@ class Run:
     pass_prefill_rows: list[int] = field(default_factory=list)  # the joining prompts' chunk rows
     memory: dict = field(default_factory=dict)  # the peak pass's memory, by part
     counts: dict = field(default_factory=dict)  # exact: prefill rows, full prefills, hits, preemptions, blocks
+    graphs: dict | None = None  # what the CUDA graphs did during this run (graph_delta); None: a backend without
+    # graphs
+
+
+GRAPH_COUNTS = ("captured", "evicted", "failed", "replays", "plain")
+
+
+def graph_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What the CUDA graphs did between two Placement.graph_counts() (None where the backend captures none): graphs
+    captured and evicted, captures failed, passes replayed and passes run plainly, over the interval."""
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in GRAPH_COUNTS}
 
 
 def gdn_state_bytes(model: Model) -> int:
@@ -134,6 +151,7 @@ def run(model: Model, sc: Scenario, prompts: list[list[int]], prefix_cache: bool
     pool, cache = engine.pool, engine.prefix_cache
     per_state, per_block, row_bytes = gdn_state_bytes(model), pool.bytes_per_block(), 4 * model.cfg.n_vocab
     step, arrived, peak, saved_peak = 0, 0, -1, 0
+    graphs_before = model.placement.graph_counts()
     t_first = time.perf_counter()
     while arrived < len(seqs) or not engine.done():
         while arrived < len(seqs) and arrived * sc.gap <= step:
@@ -158,6 +176,7 @@ def run(model: Model, sc: Scenario, prompts: list[list[int]], prefix_cache: bool
             saved_peak = max(saved_peak, memory["saved_states"])
         step += 1
     out.wall_s = time.perf_counter() - t_first
+    out.graphs = graph_delta(graphs_before, model.placement.graph_counts())
     bounds = np.cumsum([0] + [d + p for d, p in zip(out.pass_decode_rows, out.pass_prefill_rows)])
     for i, seq in enumerate(seqs):
         out.tokens.append(seq.tokens)
@@ -219,7 +238,7 @@ def config_report(runs: list[Run], chunk: int | None) -> dict:
             "step_ms": {"running_alone_median": statistics.median(alone) if alone else None,
                         "longest_with_running_slots": 1e3 * max((s for s, _ in running), default=0.0),
                         "full_chunk_pass_median": statistics.median(full_chunk) if full_chunk else None},
-            "memory_peak": last.memory}
+            "memory_peak": last.memory, "graphs": last.graphs}
 
 
 def goals(configs: dict, runs: dict, chunk: int) -> dict:
@@ -342,6 +361,11 @@ def serving_text(report: dict) -> str:
                f"{ms(d['running_alone_step_ms'])}, a pass of one full chunk {ms(d['full_chunk_pass_ms'])})")
     if sc["rounds"] == 1:
         out.append("note            one round: spreads are over requests, not rounds (--spec-repeats 3 for those)")
+    for name, c in report["configs"].items():
+        if c["graphs"] is not None:  # (the cuda backend: one Engine a run, its states and pool new, so its keys too)
+            g = c["graphs"]
+            out.append(f"  CUDA graphs in {name}'s last round: {g['captured']} captured, {g['evicted']} evicted, "
+                       f"{g['failed']} failed; {g['replays']} passes replayed, {g['plain']} plain")
     for check in report["checks"]:
         out.append(f"CHECK           {check}")
     if not report["checks"]:
