@@ -117,23 +117,19 @@ class MTPHead:
         rows into its own cache, then only each ask's last row scored against its `scores` (asks that share
         the scores weight share one product). -> per ask (h_mtp of its last row [1, D], its scores [n]), both
         where the head computes (a greedy draft is an argmax there: one int comes back, not [n] scores)."""
-        kern, xp = self.model.kernels, self.model.xp
-        tokens, rows, ends = [], [], []
-        for a in asks:  # an ask padded to pad_to rows: filler rows after its own (token 0, zero hidden rows)
-            n, pad = len(a.tokens), max(0, a.pad_to - len(a.tokens))
-            tokens.append(list(a.tokens) + [0] * pad if pad else a.tokens)
-            rows.append(xp.concatenate([a.rows, xp.zeros((pad, a.rows.shape[1]), np.float32)]) if pad else a.rows)
-            ends.append(a.cache.n + n)  # where its cache ends without the filler
-        _, h_mtp, bounds = self.forward_batch(tokens, rows, [a.cache for a in asks], logits=False, to_host=False)
+        kern = self.model.kernels
+        ends = [a.cache.n + len(a.tokens) - a.filler for a in asks]  # where each cache ends without its filler
+        _, h_mtp, bounds = self.forward_batch([a.tokens for a in asks], [a.rows for a in asks],
+                                              [a.cache for a in asks], logits=False, to_host=False)
         for a, end in zip(asks, ends):
             if a.cache.n > end:  # the filler's KV rows: gone again, so the next pass writes where it would have
                 a.cache.truncate(end)
-        last = h_mtp[bounds[:-1] + [len(a.tokens) - 1 for a in asks]]  # [B, D]: each sequence's own last row, the
-        # one that predicts its next draft (a padded ask's filler rows come after it and are read by nobody)
+        last = join_rows([h_mtp[i - a.filler - 1 : i - a.filler] for i, a in zip(bounds[1:], asks)])
         scores = [None] * len(asks)
         for weight in {id(a.scores): a.scores for a in asks}.values():
             rows = [b for b, a in enumerate(asks) if a.scores is weight]
-            out = kern.linear(last[rows], weight)  # [b, n]
+            mine = last if len(rows) == len(asks) else join_rows([last[b : b + 1] for b in rows])
+            out = kern.linear(mine, weight)  # [b, n]
             for j, b in enumerate(rows):
                 scores[b] = out[j]
         return [(last[b : b + 1], scores[b]) for b in range(len(asks))]
@@ -142,15 +138,16 @@ class MTPHead:
 @dataclass(frozen=True)
 class HeadPass:
     """One head pass a drafting sequence asks for: tokens [T] with their h_{p-1} rows [T, D] into `cache`,
-    its last row scored against `scores` (the head, or a draft vocabulary's rows of it). pad_to > T: the pass
-    runs pad_to rows, T then filler ones (token 0, a zero hidden row) whose KV rows are dropped after the pass:
-    a pass whose row count varies step to step gets one shape, for a CUDA graph (Placement.pad_rows). The
-    filler changes none of the real rows (each attends to its own past only, and every kernel is batch-invariant)."""
+    its last own row scored against `scores` (the head, or a draft vocabulary's rows of it). filler: how many of
+    the rows at the end are not its own (token 0, a zero hidden row) but pad the pass to a fixed row count, so
+    that a pass whose row count varies step to step gets one shape, for a CUDA graph (Placement.pad_rows); their
+    KV rows are dropped after the pass. The filler changes none of the own rows (each attends to its own past
+    only, and every kernel is batch-invariant)."""
     tokens: list[int]
     rows: np.ndarray
     cache: KVCache
     scores: object
-    pad_to: int = 0
+    filler: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,6 +228,7 @@ class MTPDrafter(Proposing):
         if scores is None:
             scores = self.head.head if vocab is None else vocab.rows(self.head.head)
         self.scores = scores  # [N, D] or [n, D]
+        self.filler_rows: dict = {}  # n -> [n, D] zeros where the head computes (_zeros)
 
     def another(self, pool: BlockPool | None = None) -> "MTPDrafter":
         """A drafter for another sequence of the same batch: its own cache (in `pool`, if given) and queue, this
@@ -282,6 +280,13 @@ class MTPDrafter(Proposing):
         self.queue = []
         return window
 
+    def _zeros(self, n: int):
+        """n zero rows [n, D] where the head computes (a padded pass's filler hidden rows: read, never written),
+        made once per n."""
+        if n not in self.filler_rows:
+            self.filler_rows[n] = self.head.model.xp.zeros((n, self.head.cfg.n_embd), np.float32)
+        return self.filler_rows[n]
+
     @property
     def kv_table(self):
         """The head cache's table in the engine's pool (None without one): the engine budgets its blocks."""
@@ -316,16 +321,20 @@ class MTPDrafter(Proposing):
         self.queue = []
         n_kept = cache.n + len(fed)
         drafts, q_rows, probs, withdrawn = [], [], [], False
-        tokens, hs = fed + [pending], np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]])
         # the first pass's rows n (the kept tokens of the last verify, plus the pending one: 1 after a start, else
         # 2 .. k_last + 2) padded to k + 2 where the backend graphs its passes (Placement.pad_rows): one shape a step
         # for this k. Its filler's KV stays within the rule the engine budgets by (drafting.Drafter: <= the sequence's
         # positions pos + k + 2; the cache holds pos + 1 - n before the pass, pos + k + 3 - n after it) and is
         # dropped after the pass
-        pad = k + 2 if self.head.model.placement.pad_rows and len(tokens) <= k + 2 else 0
+        n = len(fed) + 1
+        filler = k + 2 - n if self.head.model.placement.pad_rows and n <= k + 2 else 0
+        tokens = fed + [pending] + [0] * filler
+        hs = np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]]
+                            + ([self._zeros(filler)] if filler else []))
         for _ in range(k):
-            h, logits = yield HeadPass(tokens, hs, cache, self.scores, pad)  # [1, D], [N] or [n], where the head computes
-            pad = 0
+            # h [1, D], logits [N] or [n], where the head computes
+            h, logits = yield HeadPass(tokens, hs, cache, self.scores, filler)
+            filler = 0
             if argmax_ids:  # [1] id where the head computes: no transfer
                 token, q_draft = np.argmax(logits).reshape(1), None
             else:  # a sampled draft reads the law on the host
