@@ -118,3 +118,35 @@ def test_a_bench_whose_file_is_not_written_in_time_is_skipped_not_failed(monkeyp
     assert tool.main([str(tmp_path), "--steps", "bench_9b"]) == 0
     assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == {"bench_9b": "skipped"}
 
+
+
+def test_the_serving_step_runs_bench_serving_and_reports_its_graphs(monkeypatch, tmp_path, load_tool):
+    """The serving step (issue 45 item 4): `bench --serving --backend cuda --spec mtp` on the shipped target, whose flags
+    the bench CLI accepts (checked by parsing them), and per configuration its tok/s and graph counts; a failed
+    capture fails the step. The command itself needs a GPU: here its output is a report of the same shape."""
+    from tinyspec.__main__ import build_parser
+
+    tool = load_tool("gpu_check")
+    args = build_parser().parse_args(["bench", "--model", "m.gguf", "--backend", "cuda", *tool.SERVING_FLAGS])
+    assert args.serving and args.drafters == "mtp" and args.json
+    seen = {}
+
+    def ran(cmd, limit, log, title, stdout=None):
+        seen["cmd"] = cmd
+        graphs = {"captured": 9, "evicted": 0, "failed": failed, "replays": 80, "plain": 20}
+        stdout.write_text(json.dumps({"configs": {name: {"tok_s": 50.0, "graphs": graphs}
+                                                  for name in ("baseline", "cache", "chunk", "cache+chunk")}}))
+        return {"returncode": 0, "seconds": 1.0, "tail": ""}
+
+    monkeypatch.setattr(tool, "run_command", ran)
+    log = tool.Log(tmp_path / "gpu_check.log")
+    try:
+        failed = 0
+        ok = tool.serving_step(tmp_path, 60.0, log)
+        failed = 1
+        bad = tool.serving_step(tmp_path, 60.0, log)
+    finally:
+        log.close()
+    assert "--serving" in seen["cmd"] and "cuda" in seen["cmd"] and str(tool.ASSETS / "tiny-target.gguf") in seen["cmd"]
+    assert ok["ok"] and ok["tok_s"]["cache+chunk"] == 50.0 and ok["graphs"]["baseline"]["replays"] == 80
+    assert not bad["ok"]

@@ -25,6 +25,9 @@ timed-out or skipped step is recorded and the next one still runs):
              from the start): decode, verify T = 1..9, MTP at --synth-len 2.95, --slots 1,4,8; its "graphs" counts
   bench_off  the 0.8B file again with `--graphs off` (decode and verify T = 1..9, every launch plain): beside
              bench's figures, what the CUDA graphs (the greedy rule's and the forward passes') save
+  serving    `bench --serving --backend cuda --spec mtp` on the shipped tiny target (a small scenario: SERVING_FLAGS):
+             every configuration's tokens equal, and what its CUDA graphs did (captured, evicted, failed, replayed,
+             plain): a card's captures of a batch engine's passes, with slots reused and the MTP head padded
   bench_9b   the same at the 9B shape, if its file was made and time remains (skipped otherwise, as is a bench
              step whose file the CPU did not finish writing within the step's limit)
   speed      (not in the default list) decode tokens/s of the shipped target, graphs on and off
@@ -57,15 +60,18 @@ PROMPTS = ["def fib(n):", "import os\nimport sys\n\n\ndef main():\n", "class Sta
            "for i in range(10):\n    print("]
 DRAFTERS = ("none", "mtp", "lookup", "draft")
 WIDE_VOCAB = 248320  # Qwen3.5's vocabulary: the width of a real verify row
-STEPS = ("versions", "capture", "ties", "rule", "parity", "tests", "bench", "bench_off", "bench_9b", "speed")
+STEPS = ("versions", "capture", "ties", "rule", "parity", "tests", "bench", "bench_off", "serving", "bench_9b", "speed")
 DEFAULT_STEPS = STEPS[:-1]
 LIMIT_S = {"versions": 30, "capture": 60, "ties": 30, "rule": 60, "parity": 120, "tests": 180, "bench": 170,
-           "bench_off": 60, "bench_9b": 300, "speed": 120}  # each step's own cap; the budget left cuts it further
-MIN_S = {"bench": 45, "bench_off": 30, "bench_9b": 90}  # a bench step with less time than this left is skipped, not started
+           "bench_off": 60, "serving": 60, "bench_9b": 300, "speed": 120}  # each step's own cap; the budget left
+# cuts it further
+MIN_S = {"bench": 45, "bench_off": 30, "serving": 20, "bench_9b": 90}  # a bench step with less time than this left is skipped, not started
 BENCH_FLAGS = ["--drafters", "", "--verify-sizes", "1..9", "--synth-len", "2.95", "--slots", "1,4,8",
                "--decode-n", "16", "--repeats", "3", "--spec-repeats", "2", "--max-new", "64", "--json"]
 BENCH_OFF_FLAGS = ["--graphs", "off", "--drafters", "", "--verify-sizes", "1..9", "--decode-n", "16", "--repeats",
                    "3", "--max-new", "16", "--json"]  # the same file, every launch plain: what the graphs save
+SERVING_FLAGS = ["--serving", "--spec", "mtp", "--requests", "8", "--prefix", "64", "--own", "8", "--max-new", "24",
+                 "--gap", "2", "--slots", "4", "--chunk", "32", "--block-size", "16", "--json"]
 BENCH_9B_FLAGS = ["--drafters", "", "--verify-sizes", "1..9", "--synth-len", "2.95", "--slots", "1,4",
                   "--decode-n", "8", "--repeats", "2", "--spec-repeats", "1", "--max-new", "32", "--json"]
 
@@ -371,6 +377,21 @@ def bench_step(shape: str, synth: subprocess.Popen | None, path: Path, flags: li
     return (out | bench_summary(json.loads(json_path.read_text()))) if out["ok"] else out
 
 
+def serving_step(outdir: Path, limit: float, log: Log) -> dict:
+    """`bench --serving --backend cuda` on the shipped target -> OUTDIR/bench-serving.json, and per configuration its
+    tok/s and CUDA graph counts; ok: it ran (bench --serving raises if a configuration changed a token) and no
+    capture failed."""
+    json_path = outdir / "bench-serving.json"
+    res = run_command([sys.executable, "-m", "tinyspec", "bench", "--model", str(ASSETS / "tiny-target.gguf"),
+                       "--backend", "cuda", *SERVING_FLAGS], limit, log, "serving", stdout=json_path)
+    if res["returncode"] != 0:
+        return res | {"ok": False}
+    configs = json.loads(json_path.read_text())["configs"]
+    graphs = {name: c["graphs"] for name, c in configs.items()}
+    return res | {"json": json_path.name, "tok_s": {name: round(c["tok_s"], 1) for name, c in configs.items()},
+                  "graphs": graphs, "ok": all(g is not None and g["failed"] == 0 for g in graphs.values())}
+
+
 def bench_summary(report: dict) -> dict:
     """The figures of a bench report (its full JSON is in its own file) and whether it holds: every speculative
     output identical to plain, the greedy rule's graphs reported (a cuda run) and none failed."""
@@ -422,7 +443,7 @@ def main(argv=None) -> int:
     steps = {"versions": lambda limit: versions(cp), "capture": lambda limit: capture(cp),
              "ties": lambda limit: ties(cp), "rule": lambda limit: rule(cp, trials=2 if args.quick else 3),
              "parity": lambda limit: parity(args.quick, args.max_new), "speed": lambda limit: speed(),
-             "tests": lambda limit: tests(limit, log),
+             "tests": lambda limit: tests(limit, log), "serving": lambda limit: serving_step(args.outdir, limit, log),
              "bench": lambda limit: bench_step("0.8b", synths.get("0.8b"), files["0.8b"], BENCH_FLAGS, args.outdir,
                                                limit, log),
              "bench_off": lambda limit: bench_step("0.8b", synths.get("0.8b"), files["0.8b"], BENCH_OFF_FLAGS,
