@@ -28,8 +28,11 @@ launch (cuda_graphs.GraphedCall.run). The key holds everything a graph bakes in:
 
 A new state's pass of a shape already run is captured at its first call (the shape, the key without the arrays,
 warms every key under it: the kernels are compiled), a pass of more than MAX_GRAPH_ROWS rows (a prefill) is never
-captured, and graphs are kept for the last MAX_GRAPHS keys (a server's sequences come and go; each new state is
-a new key).
+captured, and graphs are kept for the last MAX_GRAPHS keys. What keeps the keys few in a server: a slot's state
+is made once and reset in place for each sequence it holds (scheduler.Scheduler._fresh_state, ModelState.reset),
+so its arrays, and the graphs keyed by them, outlive its sequences; and the MTP head pads the one pass whose rows
+vary step to step (a drafting's first: the kept tokens and the pending one) to k + 2 rows (Placement.pad_rows,
+mtp.HeadPass.filler). `python tools/count_cuda_steps.py --serving` counts what a stream of requests captures.
 A pass whose rings replay (state.ReplayRing swaps its buffers each pass) runs the same device code without a
 graph. Outputs (logits, hidden) are copied out of the graph's buffers, so a caller may keep them past the next
 replay (the MTP drafter keeps hidden rows).
