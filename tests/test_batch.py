@@ -314,6 +314,41 @@ ALPHABET = [1, 2, 3, 4, 5, 9, 11, 15, 220, 353]  # few distinct ids: repeats, so
 COMMON_OUT = [15, 7, 2, 11, 91, 30, 8, 6, 12, 220, 508]  # tokens the tiny target often emits after such prompts
 
 
+def drafter_positions(drafter) -> int:
+    """The positions a drafter's KV holds or has queued (0: one that keeps no KV)."""
+    if isinstance(drafter, MTPDrafter):
+        return drafter.fed_cache.n + sum(len(fed) for fed, _ in drafter.queue)
+    if isinstance(drafter, DraftModelDrafter):
+        return drafter.fed_state.pos + len(drafter.queue)
+    return 0
+
+
+def watch_drafting(engine: Engine) -> None:
+    """After every drafting pass, each decoding sequence's drafter holds at most its positions + room + 2, the most
+    the scheduler budgets its blocks for (drafting.Drafter's rule: + k + 2 during a drafting of k <= room). Checked
+    as the pass returns: for the MTP head inside draft_pass, before a padded pass's filler is dropped (the peak)."""
+    drafters = engine.drafters
+    if drafters is None:
+        return
+
+    def check():
+        for b, s in engine.active.items():
+            if not s.prefilling:
+                assert drafter_positions(drafters[b]) <= s.state.pos + s.room(engine.k_max) + 2, b
+
+    def checked(real):
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            check()
+            return out
+        return call
+
+    if isinstance(drafters[0], MTPDrafter):  # the drafters share one head, this engine's own
+        head = drafters[0].head
+        head.forward_batch = checked(head.forward_batch)
+    drafters[0].draft_pass = checked(drafters[0].draft_pass)  # (only the first drafter's makes passes: run_together)
+
+
 class Watch:
     """Everything the invariants compare against, recorded at setup: the rings (ReplayRing: every buffer that
     may legitimately be a spare), the pool's arrays; new_ring / new_state calls counted from then on."""
@@ -376,15 +411,13 @@ class Watch:
         tables = [s.state.table.blocks for s in engine.active.values()]
         for b, drafter in enumerate(engine.drafters or []):
             held = list(drafter.kv_table.blocks) if drafter.kv_table is not None else []
-            s, positions = engine.active.get(b), 0
+            s, positions = engine.active.get(b), drafter_positions(drafter)
             if s is None or s.prefilling:
                 assert not held, f"slot {b}'s drafter holds blocks while no sequence of its has started it"
             if isinstance(drafter, MTPDrafter):
                 assert len(held) == drafter.fed_cache.table.blocks_for(drafter.fed_cache.n)
-                positions = drafter.fed_cache.n + sum(len(fed) for fed, _ in drafter.queue)
             elif isinstance(drafter, DraftModelDrafter):
                 assert len(held) == drafter.fed_state.table.blocks_for(drafter.fed_state.pos)
-                positions = drafter.fed_state.pos + len(drafter.queue)
             if held and s is not None:  # the budget's rule (drafting.Drafter): never more than its sequence holds
                 assert positions <= s.state.pos, (positions, s.state.pos)
             tables.append(held)
@@ -549,6 +582,7 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
             return record
 
         drafter.start, drafter.release = start, release
+    watch_drafting(engine)
     watch = Watch(engine, model)
     results = [SeqResult(i, list(s["prompt"])) for i, s in enumerate(seqs)]
     last_arrival, step = max(s["arrive"] for s in seqs), 0
