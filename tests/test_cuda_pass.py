@@ -27,7 +27,7 @@ from tinyspec.backends import load_model
 from tinyspec.batch import batch_generate
 from tinyspec.scheduler import EngineOptions
 from tinyspec.fast import cuda_pass
-from tinyspec.generate import generate
+from tinyspec.generate import generate, speculative_generate
 from tinyspec.mtp import MTPDrafter
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
@@ -316,3 +316,60 @@ def test_padded_head_passes_make_few_shapes(cuda):
     assert padded["failed"] == unpadded["failed"] == 0
     assert padded["plain"] < unpadded["plain"], (unpadded, padded)
     assert padded["replays"] > unpadded["replays"], (unpadded, padded)
+
+
+def map_uploads(ledger) -> int:
+    return sum(1 for t in ledger.transfers if t.kind == "upload" and "cuda_pass.py" in t.where)
+
+
+def test_a_greedy_mtp_steps_head_maps_ride_one_upload(cuda, monkeypatch):
+    """Issue 45 item 4: the MTP head's k passes of a greedy drafting are one pass of its kept tokens (padded), then
+    k - 1 passes of one device id each, at positions known before the first: their maps are packed with the first
+    one's and uploaded with it (rowmap.plan_ahead), so a step uploads two maps, the verify pass's and the head's, not
+    k + 1. Every draft's probability under the head is the oracle's, bit for bit (a tiny p_min makes the drafter
+    read each one and stops nothing), graphs on and off, one sequence and a batch in a pool whose maps ahead cross
+    blocks."""
+    from tinyspec import mtp
+
+    seen = []
+    real = mtp.draft_probability
+    monkeypatch.setattr(mtp, "draft_probability", lambda *a: seen.append(real(*a)) or seen[-1])
+
+    def run(model, prompts, max_new, **options):
+        seen.clear()
+        if options:
+            result = batch_generate(model, prompts, max_new, drafter=MTPDrafter(model, p_min=1e-30), draft_n=3,
+                                    options=EngineOptions(**options))
+            return [s.tokens for s in result.sequences], list(seen)
+        return speculative_generate(model, MTPDrafter(model, p_min=1e-30), prompts[0], max_new, draft_n=3).tokens, \
+            list(seen)
+
+    numpy_model = load_model(ASSETS / "tiny-target.gguf", "numpy")
+    prompt = list(range(3, 40))
+    want = run(numpy_model, [prompt], 20)
+    for graphs in (False, True):
+        model = cuda_model(graphs=graphs)
+        marks = []
+        with fake_cupy.counting() as ledger:
+            seen.clear()
+            got = speculative_generate(model, MTPDrafter(model, p_min=1e-30), prompt, 20, draft_n=3,
+                                       on_emit=lambda tokens, kinds: marks.append(map_uploads(ledger))).tokens
+        assert (got, seen) == want, graphs
+        steps = [b - a for a, b in zip(marks, marks[1:])]
+        assert steps and set(steps) == {2}, steps
+    prompts = [list(range(1 + 5 * i, 14 + 5 * i)) for i in range(3)]
+    options = {"slots": 3, "block_size": 4}  # (blocks of 4: the maps ahead cross them)
+    assert run(cuda_model(), prompts, 12, **options) == run(numpy_model, prompts, 12, **options)
+
+
+def test_a_drafting_that_stops_early_leaves_its_announced_maps_unused(cuda):
+    """A drafting that stops before k (p_min: an unsure draft ends it) does not ask for the passes whose maps rode the
+    first upload: the next pass, the verify, finds no match and uploads its own map; the tokens are the oracle's."""
+    prompt = list(range(3, 30))
+    model = cuda_model()
+    drafter = MTPDrafter(model, p_min=0.6)
+    got = speculative_generate(model, drafter, prompt, 16, draft_n=3)
+    numpy_model = load_model(ASSETS / "tiny-target.gguf", "numpy")
+    want = speculative_generate(numpy_model, MTPDrafter(numpy_model, p_min=0.6), prompt, 16, draft_n=3)
+    assert got.tokens == want.tokens == oracle_tokens(prompt, 16) and got.marks == want.marks
+    assert sum(got.stats.drafted_per_position) < 3 * got.stats.steps  # some draftings did stop early

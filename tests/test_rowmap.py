@@ -34,6 +34,38 @@ def models() -> tuple[Model, Model]:
     return host, host.with_placement(dataclasses.replace(HOST, device_pass=rowmap.host_pass))
 
 
+def test_maps_planned_ahead_are_the_maps_the_passes_then_make(models):
+    """rowmap.plan_ahead (an MTP drafting's one-row passes, packed with its first pass's upload) against what each
+    pass's own plan makes when it comes: two head caches in a pool of blocks of 4, the first pass padded (filler
+    forgotten with rewind, its blocks kept), three passes ahead for one sequence and two for the other, crossing
+    blocks; then a contiguous cache of one sequence."""
+    from tinyspec.mtp import MTPHead
+
+    host, _ = models
+    head = MTPHead(host)
+    cfg = host.cfg
+    pool = BlockPool(cfg, 32, 4)
+    caches = [head.new_cache(pool), head.new_cache(pool)]
+    for c, n in zip(caches, (6, 3)):
+        c.claim(n)
+    own, filler, depths = [2, 4], [3, 1], [3, 2]
+    bounds = np.cumsum([0] + [o + f for o, f in zip(own, filler)])
+    assert rowmap.plan(cfg, np.zeros(bounds[-1], np.int64), [[c] for c in caches], bounds) is not None
+    starts = [c.n - f for c, f in zip(caches, filler)]
+    for c, start in zip(caches, starts):
+        c.rewind(start)
+    ahead = rowmap.plan_ahead(cfg, caches, starts, depths)
+    assert [seqs for _, _, seqs in ahead] == [[0, 1], [0, 1], [0]]
+    for layout, planned, seqs in ahead:
+        made = rowmap.plan(cfg, np.zeros(len(seqs), np.int64), [[caches[b]] for b in seqs], np.arange(len(seqs) + 1))
+        assert made[0] == layout and np.array_equal(made[1], planned)
+    one = head.new_cache()
+    one.claim(5)
+    (layout, planned, seqs), = rowmap.plan_ahead(cfg, [one], [5], [1])
+    made = rowmap.plan(cfg, np.zeros(1, np.int64), [[one]], np.arange(2))
+    assert made[0] == layout and np.array_equal(made[1], planned)
+
+
 # ------------------------------------------------------------------------------------------ 1. pack and views
 def test_pack_by_hand():
     """Two sequences of a pool of 10 blocks of 4: the first holds 5 positions and feeds 2 rows (positions 5, 6 in

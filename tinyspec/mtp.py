@@ -69,12 +69,13 @@ class MTPHead:
         return out, h_mtp
 
     def forward_batch(self, tokens: list, hidden_prev: list, caches: list, logits: bool = True,
-                      to_host: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+                      to_host: bool = True, ahead: list | None = None) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """forward for several sequences in one pass (each its own cache): rows packed as in
         Model.forward_batch, which bounds [B+1] locates; every row is the one that sequence computes alone.
         tokens[b] are host ids or device ids (a greedy draft's argmax: model.embed_rows); hidden_prev rows may be
         host or device arrays (the target's, where it left them); to_host=False leaves logits and h_mtp where
-        the head computes, as Model.forward does."""
+        the head computes, as Model.forward does. ahead: per sequence (its own rows, the one-row passes that will
+        follow), handed to the device pass (Placement.device_pass: their maps may ride this pass's upload)."""
         cfg, place = self.cfg, self.model.placement
         sizes = [len(t) for t in tokens]
         for n, h in zip(sizes, hidden_prev):
@@ -86,7 +87,7 @@ class MTPHead:
         hidden_prev = join_rows([place.to_device(h.astype(np.float32)) for h in hidden_prev])  # [R, D]
         # a device pass (the cuda backend's): the block reads its rows from one map, replayed from a CUDA graph
         # (placement.py, Placement.device_pass); None: the host path
-        device = place.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits)
+        device = place.device_pass(cfg, tokens, [[c] for c in caches], bounds, [None] * len(caches), logits, ahead)
         if device is None:
             e = join_rows([place.to_device(self.embed_tokens[t]) for t in tokens])  # [R, D]
             out, h_mtp = self.block(e, hidden_prev, caches, bounds, None, logits)
@@ -119,11 +120,12 @@ class MTPHead:
         where the head computes (a greedy draft is an argmax there: one int comes back, not [n] scores)."""
         kern = self.model.kernels
         ends = [a.cache.n + len(a.tokens) - a.filler for a in asks]  # where each cache ends without its filler
+        ahead = [(len(a.tokens) - a.filler, a.then) for a in asks] if any(a.then for a in asks) else None
         _, h_mtp, bounds = self.forward_batch([a.tokens for a in asks], [a.rows for a in asks],
-                                              [a.cache for a in asks], logits=False, to_host=False)
+                                              [a.cache for a in asks], logits=False, to_host=False, ahead=ahead)
         for a, end in zip(asks, ends):
-            if a.cache.n > end:  # the filler's KV rows: gone again, so the next pass writes where it would have
-                a.cache.truncate(end)
+            if a.cache.n > end:  # the filler's KV rows: forgotten, so the next pass writes where it would have (its
+                a.cache.rewind(end)  # blocks kept: the next passes' maps may have been made with them)
         last = join_rows([h_mtp[i - a.filler - 1 : i - a.filler] for i, a in zip(bounds[1:], asks)])
         scores = [None] * len(asks)
         for weight in {id(a.scores): a.scores for a in asks}.values():
@@ -142,12 +144,15 @@ class HeadPass:
     the rows at the end are not its own (token 0, a zero hidden row) but pad the pass to a fixed row count, so
     that a pass whose row count varies step to step gets one shape, for a CUDA graph (Placement.pad_rows); their
     KV rows are dropped after the pass. The filler changes none of the own rows (each attends to its own past
-    only, and every kernel is batch-invariant)."""
+    only, and every kernel is batch-invariant). then: how many one-row passes of device ids the drafting will ask
+    for after this one if it does not stop early (a greedy drafting's first pass: k - 1), so that a device pass
+    can upload their maps with this one's (Placement.device_pass's ahead)."""
     tokens: list[int]
     rows: np.ndarray
     cache: KVCache
     scores: object
     filler: int = 0
+    then: int = 0
 
 
 @dataclass(frozen=True)
@@ -331,10 +336,11 @@ class MTPDrafter(Proposing):
         tokens = fed + [pending] + [0] * filler
         hs = np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]]
                             + ([self._zeros(filler)] if filler else []))
+        then = k - 1 if argmax_ids else 0  # the next passes feed device ids: their maps can ride this one's upload
         for _ in range(k):
             # h [1, D], logits [N] or [n], where the head computes
-            h, logits = yield HeadPass(tokens, hs, cache, self.scores, filler)
-            filler = 0
+            h, logits = yield HeadPass(tokens, hs, cache, self.scores, filler, then)
+            filler = then = 0
             if argmax_ids:  # [1] id where the head computes: no transfer
                 token, q_draft = np.argmax(logits).reshape(1), None
             else:  # a sampled draft reads the law on the host

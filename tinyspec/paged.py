@@ -340,6 +340,14 @@ class PagedKVCache:
         self.table.check_writable(self.n, self.n + T)
         self.n += T
 
+    def rewind(self, n: int) -> None:
+        """Forget every position >= n but keep the blocks: a drafting that writes past n again before it ends (the
+        MTP head's padded first pass: its filler's positions are the next passes', whose maps were made with these
+        blocks, fast/rowmap.py plan_ahead). The drafting's final truncate gives them back."""
+        if not 0 <= n <= self.n:
+            raise ValueError(f"PagedKVCache.rewind({n}): cache holds {self.n} positions")
+        self.n = n
+
     def pools(self) -> tuple[np.ndarray, np.ndarray]:
         """This layer's pool arrays [n_blocks, block_size, H_kv, d], read through ids()."""
         return self.k_pool, self.v_pool

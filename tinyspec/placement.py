@@ -11,14 +11,18 @@ the default, is the oracle's: the host is the device, so every copy is the ident
     xp            numpy                  the array module that allocates state, KV caches and rings (cupy: on a GPU)
     to_device     identity               host arrays (token embeddings, token ids) -> where the model computes
     to_host       identity               logits and hidden rows -> NumPy, for the engine
-    device_pass   no_device_pass         (cfg, tokens, layers, bounds, rings, logits) -> None: the layers run the
+    device_pass   no_device_pass         (cfg, tokens, layers, bounds, rings, logits, ahead) -> None: the layers run the
                                          host path (lengths and positions read from the caches), as the oracle and
                                          cpu do; or a pass whose run(fn, *inputs) returns fn(rows, *inputs), rows
                                          the pass's row map (one map made and uploaded once, the KV rows claimed
                                          on the host first; layers[b]: sequence b's layer states; inputs: device
                                          arrays the pass reads), computed or replayed. Model.forward_batch and
                                          MTPHead.forward_batch hand it their layers. The cuda backend's is
-                                         fast/cuda_pass.py (its map: fast/rowmap.py; a CUDA graph per shape)
+                                         fast/cuda_pass.py (its map: fast/rowmap.py; a CUDA graph per shape).
+                                         ahead: None, or per sequence (own rows, then): the pass's last rows past
+                                         `own` are filler, and `then` one-row passes will follow over the same
+                                         caches (an MTP drafting's depths 2..k): their maps may ride this pass's
+                                         upload
     accept_greedy accept_greedy          (logits [R, N] where the model computes: B sequences' verify rows,
                                          bounds [B+1] where each sequence's rows start, drafts: per sequence k_b
                                          host ints or a [k_b] int64 array where the logits are) -> per sequence
@@ -68,7 +72,7 @@ def accept_greedy(logits: np.ndarray, bounds, drafts: list) -> list[tuple[int, i
     return out
 
 
-def no_device_pass(cfg, tokens, layers, bounds, rings, logits) -> None:
+def no_device_pass(cfg, tokens, layers, bounds, rings, logits, ahead=None) -> None:
     """The oracle's Placement.device_pass: none. Its layers read positions and lengths from the caches on the host."""
     return None
 

@@ -108,6 +108,8 @@ class KVCache:
             raise ValueError(f"KVCache.truncate({n}): cache holds {self.n} positions")
         self.n = n
 
+    rewind = truncate  # (paged.PagedKVCache.rewind keeps its blocks; a contiguous cache keeps its capacity anyway)
+
     def attend(self, kern, q: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
         """kern.attend over this cache (q [T, H_kv, G, d] -> [T, H_kv, G, d]); a paged cache reads its blocks
         instead (paged.PagedKVCache.attend): the cache says how its keys are read."""

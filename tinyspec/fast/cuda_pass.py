@@ -51,7 +51,7 @@ captures and what it saves.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -85,6 +85,24 @@ def state_arrays(layers: list, rings: list) -> list:
     return out
 
 
+def where_rows_go(cache) -> tuple:
+    """What a map's KV rows of this cache were computed from: its block ids (a paged cache), or its arrays' capacity
+    (a contiguous one)."""
+    return (cache.k.shape[0],) if isinstance(cache, KVCache) else tuple(int(i) for i in cache.ids())
+
+
+@dataclass
+class _Ahead:
+    """A one-row pass's map, uploaded with an earlier pass's into a staging buffer (DevicePasses._upload): for these
+    caches (ids), each holding exactly `positions` and the blocks `blocks` when it runs."""
+
+    caches: tuple
+    positions: list
+    blocks: list  # where_rows_go of each cache when the map was made
+    layout: rowmap.PassMap
+    staged: object  # its map in the staging buffer, copied into its size's buffer when its pass comes
+
+
 @dataclass
 class DevicePass:
     """One pass's device side: its row map in device memory (rows), and the key of its graph (None: no graph)."""
@@ -116,24 +134,23 @@ class DevicePasses:
         self.graphs = GraphedCall(None, cp, enabled=graphs, check=check,
                                   max_graphs=MAX_GRAPHS if max_graphs is None else max_graphs)
         self.buffers: OrderedDict[rowmap.PassMap, object] = OrderedDict()  # a map's size -> its device buffer
+        self.staging: OrderedDict[int, object] = OrderedDict()  # size -> a buffer several maps are uploaded into
+        self.ahead: deque[_Ahead] = deque()  # the maps of the one-row passes announced to follow (uploaded already)
 
-    def __call__(self, cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool):
+    def __call__(self, cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool,
+                 ahead: list | None = None):
         cp = self.cp
         G, d = cfg.n_head // cfg.n_head_kv, cfg.head_dim
         if shared_bytes(G, d) > MAX_SHARED or G * d > MAX_GD:
             return None  # the attention kernel declines this head: the host path's oracle computes it
         on_device = [isinstance(t, cp.ndarray) for t in tokens]
-        host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
-        planned = rowmap.plan(cfg, host_ids, layers, bounds)  # the KV rows claimed on the host, the map packed
-        if planned is None:
-            return None
-        layout, host = planned
-        buf = self._buffer(layout)
-        # the pass's one upload, on the current stream (CuPy refuses buf[...] = host: a non-scalar fill). Given a
-        # stream it is cudaMemcpyAsync, which stages pageable memory at once; the plain cudaMemcpy of older CuPy's
-        # set(stream=None) waits for the stream to drain first (CUDA's "API synchronization behavior")
-        buf.set(host, stream=cp.cuda.get_current_stream())
-        rows = layout.views(buf)
+        layout = self._announced(layers, on_device, bounds)  # a pass whose map rode an earlier upload
+        if layout is None:
+            self.ahead.clear()
+            layout = self._upload(cfg, tokens, on_device, layers, bounds, ahead)
+            if layout is None:
+                return None
+        rows = layout.views(self._buffer(layout))
         for t, dev, lo, hi in zip(tokens, on_device, bounds[:-1], bounds[1:]):
             if dev:  # a drafter's argmax ids, where they were made: a device-to-device copy
                 rows.ids[lo:hi] = t.reshape(-1)
@@ -144,12 +161,69 @@ class DevicePasses:
         shape = (layout, tuple(int(b) for b in bounds), bool(logits))  # what the kernels are compiled for
         return DevicePass(self, rows, shape + (tuple(id(a) for a in arrays),), tuple(arrays), shape)
 
+    def _upload(self, cfg, tokens, on_device, layers, bounds, ahead) -> rowmap.PassMap | None:
+        """Claim this pass's KV rows and pack its map into its buffer in ONE upload -> its PassMap (None: no device
+        pass). With `ahead`, the maps of the one-row passes that will follow (rowmap.plan_ahead) ride the same
+        upload, into a staging buffer; each is copied into its own size's buffer, device to device, when its pass
+        comes (_announced), so that every graph of a size still reads that size's one buffer."""
+        cp = self.cp
+        host_ids = np.concatenate([np.zeros(len(t), np.int64) if dev else t for t, dev in zip(tokens, on_device)])
+        planned = rowmap.plan(cfg, host_ids, layers, bounds)  # the KV rows claimed on the host, the map packed
+        if planned is None:
+            return None
+        layout, host = planned
+        # the upload, on the current stream (CuPy refuses buf[...] = host: a non-scalar fill). Given a stream it is
+        # cudaMemcpyAsync, which stages pageable memory at once; the plain cudaMemcpy of older CuPy's
+        # set(stream=None) waits for the stream to drain first (CUDA's "API synchronization behavior")
+        stream = cp.cuda.get_current_stream()
+        if ahead is None or not any(then for _, then in ahead):
+            self._buffer(layout).set(host, stream=stream)
+            return layout
+        caches = [seq[0] for seq in layers]
+        # each sequence's next row goes where its own rows end (the rest of this pass's rows are filler)
+        starts = [c.n - (hi - lo - own) for c, (own, _), lo, hi in zip(caches, ahead, bounds[:-1], bounds[1:])]
+        maps = [(layout, host, [])] + rowmap.plan_ahead(cfg, caches, starts, [then for _, then in ahead])
+        offsets = np.cumsum([0] + [m.size for m, _, _ in maps]).tolist()
+        staging = self._staging(offsets[-1])
+        staging.set(np.concatenate([h for _, h, _ in maps]), stream=stream)  # the drafting's one upload
+        self._buffer(layout)[...] = staging[: offsets[1]]
+        for j, ((m, _, seqs), lo, hi) in enumerate(zip(maps[1:], offsets[1:-1], offsets[2:]), start=1):
+            mine = [caches[b] for b in seqs]
+            self.ahead.append(_Ahead(tuple(id(c) for c in mine), [starts[b] + j - 1 for b in seqs],
+                                     [where_rows_go(c) for c in mine], m, staging[lo:hi]))
+        return layout
+
+    def _announced(self, layers, on_device, bounds) -> rowmap.PassMap | None:
+        """The next announced map, if this is its pass: the same caches in the same order, each holding exactly the
+        positions and blocks the map was made for, one device id each. Its rows are claimed here (the blocks were
+        reserved when it was made) and its map copied into its size's buffer -> its PassMap, or None."""
+        if not self.ahead or not all(on_device) or np.any(np.diff(bounds) != 1):
+            return None
+        nxt = self.ahead[0]
+        caches = [seq[0] if len(seq) == 1 else None for seq in layers]
+        if tuple(id(c) for c in caches) != nxt.caches or [c.n for c in caches] != nxt.positions \
+                or [where_rows_go(c) for c in caches] != nxt.blocks:  # (a block given back and taken again: stale)
+            return None
+        self.ahead.popleft()
+        for c in caches:
+            c.claim(1)
+        self._buffer(nxt.layout)[...] = nxt.staged  # device to device, in stream order before the pass
+        return nxt.layout
+
     def _buffer(self, layout: rowmap.PassMap):
         """The device buffer of maps of this size (one per size: the passes run in stream order, each copying its
         map in before it runs, so every graph of that size reads the one buffer)."""
         buf = self.buffers.get(layout)
         if buf is None:
             buf = self.buffers[layout] = self.cp.zeros(layout.size, np.int32)
+        return buf
+
+    def _staging(self, size: int):
+        """A device buffer of `size` int32 that a drafting's maps are uploaded into together (one per size: its
+        contents are copied out before the next upload into it, in stream order)."""
+        buf = self.staging.get(size)
+        if buf is None:
+            buf = self.staging[size] = self.cp.zeros(size, np.int32)
         return buf
 
     def graph_counts(self) -> dict:

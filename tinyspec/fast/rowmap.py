@@ -181,6 +181,33 @@ def claim(layers: list, bounds: np.ndarray) -> tuple | None:
     return [seq[0].ids() for seq in caches], n_pasts, first.table.block_size, first.k_pool.shape[0]
 
 
+def plan_ahead(cfg, caches: list, starts: list[int], depths: list[int]) -> list[tuple[PassMap, np.ndarray, list]]:
+    """The maps of the one-row passes that will follow a pass over these caches (an MTP drafting's depths 2..k),
+    packed now so that they ride that pass's upload. caches[b]: sequence b's one attention cache, which will be fed
+    one row a pass at positions starts[b], starts[b] + 1, ..., for depths[b] passes. The blocks (or the capacity)
+    all of them write are reserved now, nothing is claimed: each pass claims its row when it runs, and its map is
+    right if the cache then holds exactly the positions before it (fast/cuda_pass.py checks). Its ids are zeros
+    (the drafts are device ids, copied in). -> per depth j = 1 .. max(depths): (its PassMap, its host int32 map,
+    the sequences in it: those with depths[b] >= j)."""
+    for c, start, depth in zip(caches, starts, depths):
+        if type(c) is KVCache:
+            c.reserve(start + depth)
+        else:
+            c.table.reserve(start + depth)
+    out = []
+    for j in range(1, max(depths, default=0) + 1):
+        seqs = [b for b, depth in enumerate(depths) if depth >= j]
+        first = caches[seqs[0]]
+        if type(first) is KVCache:  # one sequence: one block as long as the capacity
+            tables, block_size, n_blocks = [np.zeros(1, np.int64)], first.k.shape[0], 1
+        else:
+            tables, block_size, n_blocks = [caches[b].ids() for b in seqs], first.table.block_size, first.k_pool.shape[0]
+        layout, host = pack(np.zeros(len(seqs), np.int64), tables, [starts[b] + j - 1 for b in seqs],
+                            np.arange(len(seqs) + 1), block_size, n_blocks, cfg.n_rot, cfg.rope_base)
+        out.append((layout, host, seqs))
+    return out
+
+
 @dataclass(frozen=True)
 class MappedPass:
     """A device pass whose map stays where it was built (host_pass): run(fn, *inputs) is fn(rows, *inputs)."""
@@ -202,10 +229,11 @@ def plan(cfg, ids: np.ndarray, layers: list, bounds: np.ndarray) -> tuple[PassMa
     return pack(ids, tables, n_pasts, bounds, block_size, n_blocks, cfg.n_rot, cfg.rope_base)
 
 
-def host_pass(cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool) -> MappedPass | None:
+def host_pass(cfg, tokens: list, layers: list, bounds: np.ndarray, rings: list, logits: bool,
+              ahead: list | None = None) -> MappedPass | None:
     """Placement.device_pass with the map built and read on the host: the same claim and map as the cuda backend's
     (fast/cuda_pass.py) without the upload or the graph. Its use: the oracle's layers run the device path's code
     (attention.attend_rows_own, the map's rope angles) and must give the host path's bits (tests/test_rowmap.py).
-    tokens: host ids only (the oracle's device is the host)."""
+    tokens: host ids only (the oracle's device is the host). ahead: ignored (a map on the host is never uploaded)."""
     planned = plan(cfg, np.concatenate(tokens), layers, bounds)
     return None if planned is None else MappedPass(planned[0].views(planned[1]))
