@@ -33,6 +33,13 @@ is made once and reset in place for each sequence it holds (scheduler.Scheduler.
 so its arrays, and the graphs keyed by them, outlive its sequences; and the MTP head pads the one pass whose rows
 vary step to step (a drafting's first: the kept tokens and the pending one) to k + 2 rows (Placement.pad_rows,
 mtp.HeadPass.filler). `python tools/count_cuda_steps.py --serving` counts what a stream of requests captures.
+
+One upload a drafting: the MTP head's passes 2..k of a greedy drafting feed one device id per sequence at positions
+known before the first, so the first pass is told (`ahead`: per sequence its own rows and how many passes follow)
+and their maps are packed with its own (rowmap.plan_ahead, their blocks reserved then) and uploaded together into
+a staging buffer; each is copied, device to device, into its size's buffer when its pass comes (_announced: the
+same caches, holding the positions and blocks it was made for; anything else, a drafting that stopped early, and
+the pass plans and uploads its own map as before).
 A pass whose rings replay (state.ReplayRing swaps its buffers each pass) runs the same device code without a
 graph. Outputs (logits, hidden) are copied out of the graph's buffers, so a caller may keep them past the next
 replay (the MTP drafter keeps hidden rows).
