@@ -78,17 +78,19 @@ def one_numba_thread():
 @functools.cache
 def models(backend: str) -> tuple[Model, Model]:
     """(target, draft model) on `backend`: loaded once per test run. "numpy+pad": the oracle with Placement.pad_rows,
-    so the MTP head pads its first pass of a drafting to k + 2 rows as the cuda backend does with graphs."""
+    so every verify pass's sequence feeds k_max + 1 rows and the MTP head pads its first pass of a drafting to k + 2
+    rows, as the cuda backend does with graphs."""
     if backend == "numpy+pad":
         target, draft = models("numpy")
         return target.with_placement(dataclasses.replace(target.placement, pad_rows=True)), draft
     return load_model(ASSETS / "tiny-target.gguf", backend), load_model(ASSETS / "tiny-draft.gguf", backend)
 
 
-# the random schedules' (backend, drafter) pairs: every drafter on each backend, and the MTP head on the padded oracle
+# the random schedules' (backend, drafter) pairs: every drafter on each backend and on the padded oracle (verify rows
+# padded to k_max + 1, the MTP head's first pass to k + 2: Placement.pad_rows)
 SCHEDULE_CASES = ([pytest.param("numpy", k, id=f"{k}-numpy") for k in DRAFTERS]
                   + [pytest.param("cpu", k, marks=NEEDS_NUMBA, id=f"{k}-cpu") for k in DRAFTERS]
-                  + [pytest.param("numpy+pad", "mtp", id="mtp-numpy-padded")])
+                  + [pytest.param("numpy+pad", k, id=f"{k}-numpy-padded") for k in DRAFTERS if k != "none"])
 
 
 _SOLO: dict = {}
@@ -116,10 +118,11 @@ def solo_drafter(kind: str, target: Model, draft: Model, max_queue: int = 32):
 
 class RandomK:
     """A BatchPolicy that picks every slot's k at random each step (0 .. min(k_max, room), seeded), and checks
-    what the engine tells it: one room per active slot, one draft and one accepted count per slot, rows = R."""
+    what the engine tells it: one room per active slot, one draft and one accepted count per slot, rows = R (padded:
+    every decoding slot feeds k_max + 1 rows, its drafts' and filler, Placement.pad_rows)."""
 
-    def __init__(self, k_max: int, seed: int):
-        self.k_max, self.rng = k_max, np.random.default_rng(seed)
+    def __init__(self, k_max: int, seed: int, padded: bool = False):
+        self.k_max, self.rng, self.padded = k_max, np.random.default_rng(seed), padded
         self.chosen: list[list[int]] = []  # per step, the k of each slot
         self.n_slots = 0
 
@@ -134,7 +137,8 @@ class RandomK:
         ks = self.chosen[-1]
         assert len(drafts) == len(accepted) == self.n_slots
         assert all(len(d.tokens) <= k and 0 <= a <= len(d.tokens) for d, a, k in zip(drafts, accepted, ks))
-        assert rows == sum(len(d.tokens) + 1 for d in drafts) + self.prefill_rows  # joining chunks share the pass
+        own = [self.k_max + 1] * len(drafts) if self.padded else [len(d.tokens) + 1 for d in drafts]
+        assert rows == sum(own) + self.prefill_rows  # joining chunks share the pass
         assert draft_s >= 0 and verify_s >= 0
 
     def summary(self):
@@ -560,7 +564,7 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
                 draft.forward(np.array(committed[:n]), ref)
             assert alone.fed_state.max_abs_diff(ref) == 0.0 and alone.queue == committed[n:]
 
-    policy = RandomK(sch["k_max"], sch["policy_seed"])
+    policy = RandomK(sch["k_max"], sch["policy_seed"], padded=backend == "numpy+pad")
     engine = engine_for(model, draft, kind, sch, policy, on_finish=on_finish)
     assert engine.k_max == sch["k_max"] and len(engine.rings) == slots
     for slot, drafter in enumerate(engine.drafters or []):  # which sequence each slot's drafter serves

@@ -164,7 +164,7 @@ def test_what_is_not_a_device_pass_runs_the_host_path(cuda):
 
 def test_a_graph_store_of_one_evicts_and_stays_exact(cuda, tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_pass, "MAX_GRAPHS", 1)
-    model = cuda_model()
+    model = cuda_model(pad_rows=False)  # (unpadded, lookup's verify passes take several shapes: evictions)
     assert model.placement.device_pass.graphs.max_graphs == 1
     tokens = generate(model, PROMPT, 14, drafter=DRAFTERS["lookup"](model, tmp_path), draft_n=K).tokens
     assert tokens == oracle_tokens(PROMPT, 14)
@@ -297,17 +297,19 @@ def test_a_reset_state_is_a_fresh_state_in_the_same_arrays():
     assert again.tobytes() == fresh.tobytes()
 
 
-def test_padded_head_passes_make_few_shapes(cuda):
+@pytest.mark.parametrize("kind", ["mtp", "lookup"])
+def test_padded_passes_make_few_shapes(cuda, kind, tmp_path):
     """Issue 45 item 4: the MTP head's first pass of a drafting feeds the last verify's kept tokens and the pending one
     (1 .. k + 2 rows per sequence), so a batch's passes had as many shapes as combinations of acceptances, each a
     first call that runs plainly. Padded to k + 2 rows (Placement.pad_rows, on with graphs) they are one shape per
-    batch size: fewer plain passes, more replays, the same tokens. (tools/count_cuda_steps.py --serving counts a
-    longer run, where the captures fall too.)"""
+    batch size; and so are the verify passes, every sequence's rows padded to k_max + 1 (lookup drafts 0 .. k
+    tokens a step, as its matches allow): fewer plain passes, more replays, the same tokens.
+    (tools/count_cuda_steps.py --serving counts a longer run, where the captures fall too.)"""
     prompts = [list(range(1 + 5 * i, 12 + 5 * i)) for i in range(6)]
 
     def serve(pad: bool) -> dict:
         model = cuda_model(pad_rows=pad)
-        result = batch_generate(model, prompts, 16, drafter=MTPDrafter(model), draft_n=3,
+        result = batch_generate(model, prompts, 16, drafter=DRAFTERS[kind](model, tmp_path), draft_n=3,
                                 options=EngineOptions(slots=3, block_size=8))
         assert [s.tokens for s in result.sequences] == [oracle_tokens(p, 16) for p in prompts]
         return model.placement.graph_counts()["by_use"]["forward"]

@@ -266,6 +266,17 @@ class Scheduler:
         self.active[b] = s
         return True
 
+    @property
+    def pads(self) -> bool:
+        """Every decoding sequence feeds k_max + 1 rows to a verify pass, its own and filler after them: where the
+        engine drafts and the backend graphs its passes (Placement.pad_rows), so that a batch's verify passes take
+        one shape per batch size (speculate.Engine._fed)."""
+        return self.drafters is not None and self.model.placement.pad_rows
+
+    def verify_rows(self, s: Running) -> int:
+        """The rows a decoding sequence feeds its next verify pass at most: its room + 1, or k_max + 1 (pads)."""
+        return self.k_max + 1 if self.pads else s.room(self.k_max) + 1
+
     def _fresh_state(self, b: int):
         """Slot b's state, fresh: made at the slot's first sequence, then reset in place (ModelState.reset) for each
         next one. So the device arrays of a slot's GDN layers are the same for every sequence it holds, and a CUDA
@@ -303,7 +314,7 @@ class Scheduler:
             return 0
         need = 0
         for b, s in self.active.items():
-            rows = chunks.get(b, 0) if s.prefilling else s.room(self.k_max) + 1
+            rows = chunks.get(b, 0) if s.prefilling else self.verify_rows(s)
             need += s.state.table.blocks_to_hold(s.state.pos + rows)
             if s.prefilling and s.state.pos + rows == len(s.history):  # its drafter starts after this chunk
                 need += self._drafter_blocks(b, len(s.history))

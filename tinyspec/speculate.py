@@ -63,6 +63,7 @@ from .drafting import (
     run_together,
 )
 from .model import Model
+from .ops import join_rows
 from .sampling import SamplingParams, pick, probs_from_logits
 from .scheduler import EngineOptions, Scheduler, check_prompt
 from .sequence import PHASES, Running, SeqResult, SpecStats
@@ -113,6 +114,7 @@ class Pass:
     sampled: list[bool]  # [B + J] which sequences sample (they read their laws on the host)
     plans: list[Plan] = field(default_factory=list)  # [B] what the policy asked of each decoding sequence
     drafts: list[Draft] = field(default_factory=list)  # [B]
+    own: list[int] = field(default_factory=list)  # [B] its rows [pending, d_1..d_k]; filler rows may follow them
     bounds: np.ndarray | None = None  # [B + J + 1] sequence i's rows are bounds[i] .. bounds[i+1]-1
     logits: object = None  # [R, N]
     hidden: object = None  # [R, D] the target's post-norm rows (what a drafter reads)
@@ -132,14 +134,18 @@ def accept(p: Pass, accept_greedy: Callable) -> list[tuple[int, int, Draft]]:
     """Step 3 for every decoding sequence of a pass: (drafts its rule keeps, the target's own next token, its Draft
     with the drafts as host ints). All greedy, the rule runs where the logits are (accept_greedy: one transfer
     brings back every run and the drafts left there); else a sampled sequence reads its laws with its own random
-    stream, a greedy one takes the same argmax rule, on the host."""
+    stream, a greedy one takes the same argmax rule, on the host. Only each sequence's own rows are read (filler
+    rows after them, Placement.pad_rows, are not)."""
     B = len(p.seqs)
     if not p.host_logits:
-        runs = accept_greedy(p.logits, p.bounds[: B + 1], [d.ids if d.tokens is None else d.tokens for d in p.drafts])
+        logits, bounds = p.logits, p.bounds[: B + 1]
+        if any(int(hi - lo) != own for lo, hi, own in zip(bounds[:-1], bounds[1:], p.own)):
+            logits, bounds = join_rows([logits[lo : lo + own] for lo, own in zip(bounds, p.own)]), np.cumsum([0] + p.own)
+        runs = accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in p.drafts])
         return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
                 for (n, token, tokens), d in zip(runs, p.drafts)]
     out = []
-    for lo, hi, d, s in zip(p.bounds[:B], p.bounds[1 : B + 1], p.drafts, p.seqs):
+    for lo, hi, d, s in zip(p.bounds[:B], p.bounds[:B] + np.asarray(p.own, np.int64), p.drafts, p.seqs):
         params = s.seq.params
         if params.greedy:
             out.append((*verify_greedy(p.logits[lo:hi], d.tokens), d))
@@ -232,8 +238,10 @@ class Engine:
         draft_s = clock.lap("draft")
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k] and every joining chunk; a
         # decoding sequence's ring receives the state after each of its rows
-        fed = [self._fed(s.pending, d) for s, d in zip(p.seqs, p.drafts)] + p.chunks
-        rings = [self.rings[b] if d.n else None for b, d in zip(p.slots, p.drafts)] + [None] * len(p.joining)
+        p.own = [d.n + 1 for d in p.drafts]
+        fed = [self._fed(s.pending, d, self.k_max - d.n if self.scheduler.pads else 0) for s, d in zip(p.seqs, p.drafts)]
+        rings = [self.rings[b] if len(f) > 1 else None for b, f in zip(p.slots, fed)] + [None] * len(p.joining)
+        fed += p.chunks
         chunked = self.options.chunked_prefill and not p.seqs
         p.logits, p.hidden, p.bounds = self.model.forward_batch(fed, p.states, rings, to_host=p.all_host,
                                                                 chunked=chunked)
@@ -248,7 +256,7 @@ class Engine:
             run = cut_at_stop(draft.tokens[:n_accepted] + [token], s.seq.stop_ids, s.max_new - len(s.seq.tokens))
             n_keep = len(run)  # pending and the run but its last token are kept; the last is the next pending
             # Step 4: rollback: every GDN layer from the ring's entry n_keep - 1; the KV truncated to the kept
-            if n_keep < len(fed_b):
+            if n_keep < p.bounds[i + 1] - p.bounds[i]:  # (its rows: fed_b, and any filler after them)
                 self.rings[b].restore(s.state, n_keep - 1)
                 s.stats.rollbacks += 1
             clock.lap("rollback")
@@ -292,12 +300,17 @@ class Engine:
         made = iter(run_together(drafting, self.drafters[0].draft_pass))
         return [next(made) if pl.k else NO_DRAFT for pl in p.plans]
 
-    def _fed(self, pending: int, draft: Draft):
-        """What a sequence feeds the verify pass: [pending, d_1..d_k], host ints, or where the drafts are."""
+    def _fed(self, pending: int, draft: Draft, filler: int = 0):
+        """What a sequence feeds the verify pass: [pending, d_1..d_k] and `filler` rows of token 0, host ints, or
+        where the drafts are. Filler (Scheduler.pads: where the backend graphs its passes, every decoding
+        sequence feeds k_max + 1 rows, so a batch's verify passes take one shape per batch size) changes none of its
+        own rows (batch-invariant rows, each attending to its past only): the rollback restores the state after the
+        last kept row from the ring and truncates the KV past it, and only the own rows are accepted from."""
         if draft.tokens is not None:
-            return [pending] + draft.tokens
-        to_device = self.model.to_device
-        return np.concatenate([to_device(np.array([pending])), to_device(draft.ids)])  # embed_rows: unchecked
+            return [pending] + draft.tokens + [0] * filler
+        to_device = self.model.to_device  # embed_rows: unchecked
+        head = to_device(np.array([pending] + [0] * filler))  # one upload: the pending token and the filler's
+        return np.concatenate([head[:1], to_device(draft.ids), head[1:]] if filler else [head, to_device(draft.ids)])
 
     def _hidden(self, p: Pass, i: int, n: int):
         """Sequence i's first n hidden rows of the pass, where its solo run keeps them: a sampled one's on the host,
