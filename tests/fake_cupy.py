@@ -928,7 +928,7 @@ class RawKernel:
     or for a template instance ("quant_linear_k<2, 16, 2>") TEMPLATE_KERNELS[its template]((2, 16, 2), grid, ...)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
-                 enable_cooperative_groups=False, jitify=False):
+                 enable_cooperative_groups=False, jitify=False, _module_names=None):
         base = name.split("<")[0].strip()
         if base in TEMPLATE_KERNELS and "<" in name:
             targs = tuple(int(t) for t in name[name.index("<") + 1 : name.rindex(">")].split(","))
@@ -939,12 +939,19 @@ class RawKernel:
             raise NotImplementedError(f"fake cupy: no stand-in for the kernel {name!r} (add one to RAW_KERNELS)")
         self.name, self.base, self.code, self.options = name, base, code, options
         self.signature = kernel_signature(code, name)
+        self.on_cpu = None  # with kernels="cpu" (install): the CUDA source itself, compiled for the CPU
+        if KERNELS == "cpu":
+            import cuda_on_cpu
+
+            self.on_cpu = cuda_on_cpu.compile(code, list(_module_names or [name]))
 
     def __call__(self, grid, block, args, *, shared_mem=0):
         check_launch(self.name, self.signature, grid, block, args, shared_mem)
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
         stand_in = self.stand_in
+        if self.on_cpu is not None:  # the compiled kernel on the same arrays (tests/cuda_on_cpu.py)
+            stand_in = functools.partial(_launch_on_cpu, self.on_cpu, self.name, shared_mem)
         launch = lambda: stand_in(tuple(grid), tuple(block), *raw)  # noqa: E731
         _run(launch, makes=False, inputs=raw, what=self.name,
              scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
@@ -952,6 +959,10 @@ class RawKernel:
             with np.errstate(all="ignore"), contextlib.suppress(Exception):  # host-side steps (the fake computes
                 launch()  # the arrays they make at once) then index with these outputs, not never-written memory.
                 # Such a kernel overwrites its outputs from its inputs alone: the replay computes the same again.
+
+
+def _launch_on_cpu(module, name, shared_mem, grid, block, *args):
+    module.launch(name, grid, block, args, shared_mem)
 
 
 IN_PLACE = {"gdn_scan_k"}  # kernels that update an input in place: run at a replay only, never twice
@@ -1054,7 +1065,10 @@ class RawModule:
     def get_function(self, name):
         if "<" in name and name not in self.names:
             raise KeyError(f"fake cupy: {name!r} is not among the module's name_expressions")
-        return RawKernel(self.code, name, self.options)
+        import cuda_on_cpu  # (only its source parsing: what a compiled module exports, as CuPy's RawModule does)
+
+        exported = list(self.names) + [n for n in cuda_on_cpu.extern_c_kernels(self.code) if n not in self.names]
+        return RawKernel(self.code, name, self.options, _module_names=exported)
 
 
 ELEMENTWISE = {"tinyspec_sigmoid": ops.sigmoid, "tinyspec_silu": ops.silu, "tinyspec_softplus": ops.softplus}
@@ -1096,11 +1110,20 @@ def real_module(name: str) -> types.ModuleType:
     return mod
 
 
-def install(monkeypatch) -> None:
+KERNELS = "oracle"  # what a RawKernel launch runs: "oracle" (the stand-ins above) or "cpu" (install's kernels=)
+
+
+def install(monkeypatch, kernels: str = "oracle") -> None:
     """While a test runs: `import cupy` and the cuda kernel modules resolve to these stand-ins, and a GPU is
-    "available" (what the `cuda` fixtures of the cuda-path tests do)."""
+    "available" (what the `cuda` fixtures of the cuda-path tests do). kernels="cpu": every RawKernel and RawModule
+    kernel launch runs its own CUDA source, compiled for the CPU by tests/cuda_on_cpu.py, instead of the oracle
+    (the caller checks a compiler exists: cuda_on_cpu.compiler()); the elementwise kernels stay the oracle's."""
     import tinyspec.fast
     from tinyspec import backends
+
+    if kernels not in ("oracle", "cpu"):
+        raise ValueError(f"fake cupy: kernels must be 'oracle' or 'cpu', got {kernels!r}")
+    monkeypatch.setattr(sys.modules[__name__], "KERNELS", kernels)
 
     monkeypatch.setitem(sys.modules, "cupy", module())
     real = {name: real_module(name) for name in REAL_MODULES}  # their own Python, on this fake
