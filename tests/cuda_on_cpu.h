@@ -35,6 +35,7 @@
 #pragma once
 
 #include <math.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -128,7 +129,9 @@ static const char* const OP_NAMES[] = {"__syncwarp", "__shfl_sync", "__shfl_up_s
                                        "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "mma.sync"};
 
 struct Thread {
-    ucontext_t ctx;
+    ucontext_t ctx;   // where the thread starts: its own stack, thread_main
+    jmp_buf resume;   // where it waits (at a barrier or a collective), once started
+    bool started;
     char* stack;
     uint3 idx;
     int linear, lane, warp;
@@ -144,7 +147,8 @@ struct Thread {
 
 struct Launch {
     std::vector<Thread> threads;
-    ucontext_t scheduler;
+    ucontext_t start;  // a context to copy for each thread's start (getcontext once per launch)
+    jmp_buf scheduler;
     char* stacks = nullptr;
     size_t stack_bytes = 0, map_bytes = 0;
     int n = 0, at_barrier = 0, returned = 0;
@@ -174,13 +178,24 @@ inline void fail(const char* fmt, ...) {
     snprintf(where, sizeof where, "block (%u, %u, %u) thread %d: ", b.x, b.y, b.z, L.current ? L.current->linear : -1);
     L.error = std::string(where) + buf;
     L.failed = true;
-    swapcontext(&L.current->ctx, &L.scheduler);
-    abort();  // never resumed
+    _longjmp(L.scheduler, 1);  // never resumed
 }
 
+// Switching: a thread's first entry is setcontext onto its stack; every later switch either way is _setjmp /
+// _longjmp, which save and restore registers only (swapcontext would also save the signal mask: a system call
+// at each switch, and a launch switches millions of times).
 inline void yield() {  // back to the scheduler until a barrier or a collective releases this thread
     Launch& L = *g_launch;
-    swapcontext(&L.current->ctx, &L.scheduler);
+    if (!_setjmp(L.current->resume)) _longjmp(L.scheduler, 1);
+}
+
+__attribute__((noinline)) inline void resume(Launch& L, Thread& t) {  // run t until it waits or returns
+    L.current = &t;
+    if (!_setjmp(L.scheduler)) {
+        if (t.started) _longjmp(t.resume, 1);
+        t.started = true;
+        setcontext(&t.ctx);
+    }
 }
 
 inline void syncthreads() {
@@ -303,8 +318,7 @@ inline void thread_main() {
     for (int l = 0; l < 32 && me.warp * 32 + l < L.n; ++l)
         if (lanes[l].wait == AT_WARP && (lanes[l].mask >> me.lane & 1u))
             fail("returned while lane %d waits for it at %s (mask 0x%08x)", l, OP_NAMES[lanes[l].op], lanes[l].mask);
-    swapcontext(&me.ctx, &L.scheduler);
-    abort();  // a returned thread is never resumed
+    _longjmp(L.scheduler, 1);  // a returned thread is never resumed
 }
 
 inline std::string describe(const Launch& L) {  // who waits where, for a deadlock's message (first few)
@@ -342,6 +356,7 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
     const unsigned csr = _mm_getcsr();
     if (ftz) _mm_setcsr(csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
 #endif
+    getcontext(&L.start);
     Launch* saved = g_launch;
     g_launch = &L;
     for (unsigned bz = 0; bz < L.grid_dim.z && !L.failed; ++bz)
@@ -355,7 +370,8 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
                     t.linear = i; t.lane = i & 31; t.warp = i >> 5; t.wait = RUNNABLE;
                     t.idx = {i % L.block_dim.x, (i / L.block_dim.x) % L.block_dim.y, i / (L.block_dim.x * L.block_dim.y)};
                     t.stack = L.stacks + i * (L.stack_bytes + page) + page;
-                    getcontext(&t.ctx);
+                    t.started = false;
+                    t.ctx = L.start;
                     t.ctx.uc_stack.ss_sp = t.stack;
                     t.ctx.uc_stack.ss_size = L.stack_bytes;
                     t.ctx.uc_link = nullptr;
@@ -366,9 +382,8 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
                     for (int i = 0; i < L.n && !L.failed; ++i) {
                         Thread& t = L.threads[i];
                         if (t.wait != RUNNABLE) continue;
-                        L.current = &t;
                         ran = true;
-                        swapcontext(&L.scheduler, &t.ctx);
+                        resume(L, t);
                     }
                     if (!ran && !L.failed) {
                         char buf[100];
