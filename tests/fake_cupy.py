@@ -32,8 +32,9 @@ scratch buffers, padding, allocations and launches. Only the kernels are stood i
 `RawModule.get_function`, template instances included) reads a kernel's C signature from its source, checks every
 launch against it (check_launch) and runs a stand-in, the oracle, for a kernel it knows by name (RAW_KERNELS,
 TEMPLATE_KERNELS); `ElementwiseKernel` does the same for the elementwise kernels it knows (ELEMENTWISE).
-What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
-tools/check_cuda_kernels.py without one).
+The CUDA kernels themselves: install(monkeypatch, kernels="cpu") launches each kernel's own CUDA source, compiled
+for the CPU by tests/cuda_on_cpu.py, in place of its stand-in (tests/test_kernels_on_cpu.py); compilation for the
+GPU is tools/check_cuda_kernels.py's, and the kernels' speed and the GPU's own rounding need a GPU.
 
 Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() as ledger:` records what
 crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
