@@ -53,14 +53,22 @@ VOCAB = 248_320  # Qwen3.5's vocabulary: the embedding table's rows
 
 @pytest.fixture
 def dev(monkeypatch):
-    """The cuda modules on the fake CuPy, every kernel launch the CUDA source compiled for the CPU."""
+    """The cuda modules on the fake CuPy, every kernel launch the CUDA source compiled for the CPU (the oracle
+    stand-ins replaced by a function that fails: none may run)."""
     fake_cupy.install(monkeypatch, kernels="cpu")
+    for table in (fake_cupy.RAW_KERNELS, fake_cupy.TEMPLATE_KERNELS):
+        for name in list(table):
+            monkeypatch.setitem(table, name, _no_stand_in)
     import cupy
 
     from tinyspec.fast import cuda_moe, cuda_ops, cuda_rows
     from tinyspec.fast.cuda_attention import DeviceAttention
 
     return types.SimpleNamespace(cp=cupy, ops=cuda_ops, moe=cuda_moe, rows=cuda_rows, attn=DeviceAttention(cupy))
+
+
+def _no_stand_in(*args, **kwargs):
+    raise AssertionError("an oracle stand-in ran where the compiled kernel should have")
 
 
 def shapes(qtype):
