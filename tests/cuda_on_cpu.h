@@ -156,6 +156,7 @@ struct Launch {
     std::string error;
     void (*body)(void*) = nullptr;  // runs the kernel on the launch's arguments
     void* body_arg = nullptr;
+    std::vector<unsigned> at_warp, gone;  // per warp: lanes waiting at a collective, lanes that returned
     std::vector<unsigned char> dynamic_shared;
     uint3 block_idx;
     dim3 block_dim, grid_dim;
@@ -256,19 +257,21 @@ inline uint64_t collective(Op op, unsigned mask, uint64_t value, int param = 0, 
     me.wait = AT_WARP;
     Thread* lanes = &L.threads[(size_t)me.warp * 32];
     const int n_lanes = L.n - me.warp * 32 < 32 ? L.n - me.warp * 32 : 32;
-    bool all_here = true;
-    for (int l = 0; l < 32; ++l) {
-        if (!(mask >> l & 1u)) continue;
-        if (l >= n_lanes) fail("%s with mask 0x%08x names lane %d, which does not exist (%d threads in the block)",
-                               OP_NAMES[op], mask, l, L.n);
-        const Thread& t = lanes[l];
-        if (t.wait == RETURNED) fail("%s with mask 0x%08x waits for lane %d, which has returned", OP_NAMES[op], mask, l);
-        if (t.wait != AT_WARP) { all_here = false; continue; }
-        if (t.op != op || t.mask != mask)
-            fail("lanes of warp %d meet at different collectives: lane %d at %s mask 0x%08x, lane %d at %s mask 0x%08x",
-                 me.warp, me.lane, OP_NAMES[op], mask, l, OP_NAMES[t.op], t.mask);
-    }
-    if (all_here) {
+    const unsigned exists = n_lanes == 32 ? 0xffffffffu : (1u << n_lanes) - 1u;
+    if (mask & ~exists)
+        fail("%s with mask 0x%08x names lane %d, which does not exist (%d threads in the block)", OP_NAMES[op], mask,
+             __builtin_ctz(mask & ~exists), L.n);
+    if (mask & L.gone[me.warp])
+        fail("%s with mask 0x%08x waits for lane %d, which has returned", OP_NAMES[op], mask,
+             __builtin_ctz(mask & L.gone[me.warp]));
+    unsigned& waiting = L.at_warp[me.warp];  // the warp's lanes that wait at a collective
+    waiting |= bit;
+    if ((waiting & mask) == mask) {  // the last lane of the mask: check all are at this one, then complete it
+        for (int l = 0; l < 32; ++l)
+            if ((mask >> l & 1u) && (lanes[l].op != op || lanes[l].mask != mask))
+                fail("lanes of warp %d meet at different collectives: lane %d at %s mask 0x%08x, lane %d at %s mask "
+                     "0x%08x", me.warp, me.lane, OP_NAMES[op], mask, l, OP_NAMES[lanes[l].op], lanes[l].mask);
+        waiting &= ~mask;
         if (op == MMA) complete_mma(lanes);
         uint64_t ballot = 0;
         for (int l = 0; l < 32; ++l)
@@ -311,6 +314,7 @@ inline void thread_main() {
     Thread& me = *L.current;
     me.wait = RETURNED;
     ++L.returned;
+    L.gone[me.warp] |= 1u << me.lane;
     if (L.at_barrier)
         fail("returned while %d thread(s) of the block wait at __syncthreads: the barrier can never complete",
              L.at_barrier);
@@ -364,6 +368,8 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
             for (unsigned bx = 0; bx < L.grid_dim.x && !L.failed; ++bx) {
                 L.block_idx = {bx, by, bz};
                 L.at_barrier = L.returned = 0;
+                L.at_warp.assign((L.n + 31) / 32, 0u);
+                L.gone.assign((L.n + 31) / 32, 0u);
                 memset(L.dynamic_shared.data(), 0xFF, L.dynamic_shared.size());
                 for (int i = 0; i < L.n; ++i) {
                     Thread& t = L.threads[i];
