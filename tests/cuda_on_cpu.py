@@ -80,7 +80,7 @@ def _strip_comments(code: str) -> str:
     def repl(m):
         s = m.group(0)
         return s if s.startswith('"') else "\n" * s.count("\n") or " "
-    return re.sub(r'"(?:\\.|[^"\\])*"|//[^\n]*|/\*.*?\*/', repl, code, flags=re.S)
+    return re.sub(r'"(?:\\.|[^"\\])*"|//[^\n]*|/\*.*?\*/', repl, code, flags=re.DOTALL)
 
 
 def _close(code: str, i: int) -> int:
@@ -137,7 +137,7 @@ def _rewrite_asm(code: str) -> str:
         for section in sections[1:3]:
             for operand in _split_top(section, ","):
                 if operand.strip():
-                    om = re.fullmatch(r'\s*"[^"]*"\s*\((.*)\)\s*', operand, flags=re.S)
+                    om = re.fullmatch(r'\s*"[^"]*"\s*\((.*)\)\s*', operand, flags=re.DOTALL)
                     args.append(om[1])
         out += [code[at:m.start()], f"ptx::{opcode.replace('.', '_')}({', '.join(args)})"]
         at = end + 1
@@ -153,6 +153,19 @@ def extern_c_kernels(code: str) -> list[str]:
     """The extern "C" __global__ kernels of a source (their names are their symbols)."""
     return re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(',
                       _strip_comments(code))
+
+
+def elementwise_source(name: str, operation: str) -> str:
+    """cupy.ElementwiseKernel("float32 x", "float32 y", operation, name) as a RawKernel source: one thread an
+    element, as CuPy's generated kernel runs (its indexing of strided arrays aside: the caller passes contiguous
+    arrays)."""
+    return (f'extern "C" __global__ void {name}(const float* xs, float* ys, long long n) {{\n'
+            "    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "    if (i >= n) return;\n"
+            "    const float x = xs[i];\n"
+            "    float y;\n"
+            f"    {operation};\n"
+            "    ys[i] = y;\n}\n")
 
 
 def translate(code: str, names: list[str]) -> str:
@@ -204,7 +217,7 @@ class Module:
 _loaded: dict[str, Module] = {}  # hash -> module, once per process
 
 
-def compile(code: str, names: list[str]) -> Module:  # noqa: A001 (the module's verb)
+def compile(code: str, names: list[str]) -> Module:
     """code's kernels `names` compiled for the CPU (the .so cached on disk: a lock keeps two processes from
     compiling the same one, and the file appears whole, by rename)."""
     cxx = compiler()
@@ -223,7 +236,8 @@ def compile(code: str, names: list[str]) -> Module:  # noqa: A001 (the module's 
                 cpp = d / f"{key}.cpp"
                 cpp.write_text(source)
                 tmp = d / f"{key}.{os.getpid()}.so"
-                run = subprocess.run([cxx, *FLAGS, str(cpp), "-o", str(tmp)], capture_output=True, text=True)
+                run = subprocess.run([cxx, *FLAGS, str(cpp), "-o", str(tmp)], check=False, capture_output=True,
+                                     text=True)
                 if run.returncode:
                     raise RuntimeError(f"cuda_on_cpu: {cxx} failed on {cpp}:\n{run.stderr[-4000:]}")
                 os.replace(tmp, so)

@@ -1086,12 +1086,24 @@ class ElementwiseKernel:
         if (in_params, out_params) != ("float32 x", "float32 y"):
             raise NotImplementedError(f"fake cupy: elementwise {name}: only float32 x -> float32 y is emulated")
         self.name, self.fn = name, ELEMENTWISE[name]
+        if KERNELS == "cpu":  # the operation itself, compiled for the CPU (tests/cuda_on_cpu.py)
+            import cuda_on_cpu
+
+            module = cuda_on_cpu.compile(cuda_on_cpu.elementwise_source(name, operation), [name])
+            self.fn = functools.partial(_elementwise_on_cpu, module, name)
 
     def __call__(self, x):
         a = _device(x, f"the input of {self.name}")
         if a.dtype != np.float32:
             raise TypeError(f"fake cupy: elementwise {self.name} takes float32 x, got {a.dtype}")
         return ndarray(_run(lambda: self.fn(a).astype(np.float32), makes=True, inputs=a, what=self.name))
+
+
+def _elementwise_on_cpu(module, name, a):
+    flat = np.ascontiguousarray(a).reshape(-1)
+    out = np.empty_like(flat)
+    module.launch(name, (max(1, -(-flat.size // 128)),), (128,), (flat, out, np.int64(flat.size)))
+    return out.reshape(a.shape)
 
 
 REAL_MODULES = ("cuda_ops", "cuda_rows", "cuda_moe")  # the cuda modules whose own Python runs here, their kernels stood in
@@ -1118,7 +1130,7 @@ def install(monkeypatch, kernels: str = "oracle") -> None:
     """While a test runs: `import cupy` and the cuda kernel modules resolve to these stand-ins, and a GPU is
     "available" (what the `cuda` fixtures of the cuda-path tests do). kernels="cpu": every RawKernel and RawModule
     kernel launch runs its own CUDA source, compiled for the CPU by tests/cuda_on_cpu.py, instead of the oracle
-    (the caller checks a compiler exists: cuda_on_cpu.compiler()); the elementwise kernels stay the oracle's."""
+    (the caller checks a compiler exists: cuda_on_cpu.compiler()), the elementwise kernels' operations too."""
     import tinyspec.fast
     from tinyspec import backends
 

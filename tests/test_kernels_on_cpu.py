@@ -14,14 +14,15 @@ for CUDA's, the tensor core's internal summation). What each test checks:
    and the tensor-core kernel passes a float32 x through exactly (a Q8_0 row with one code +-1);
 4. the grouped (MoE experts) kernel, every type: bitwise each expert's own float-kernel call, within the bound;
 5. the MoE router and grouping (route_k, group_k): bitwise moe.route + group_by_expert, ties included;
-6. the norm kernel: ops.rms_norm / l2_norm to float rounding, batch-invariant;
+6. the norm kernel: ops.rms_norm / l2_norm to float rounding, batch-invariant; the elementwise kernels
+   (sigmoid, silu, softplus: CuPy ElementwiseKernel operations) within a few ulps of ops';
 7. attention: T not a multiple of the 32-key tile, head dims 7..256, a 1100-position context, paged bitwise
    contiguous, a row bitwise alone or in a T-row pass, within 1e-5 of tinyspec.attention;
 8. the delta-rule scan with its snapshot ring: bitwise the oracle where float32 np.exp equals the kernel's
    exp (float64, rounded once), within 2e-5 otherwise; T tokens in one call bitwise T one-token steps; in place.
 The GPU file itself runs through the same emulation in tests/test_cuda_ops_on_cpu.py (slower: marked slow).
-Not here: greedy acceptance (fast/cuda_accept.py is CuPy functions, no RawKernel: tests/test_cuda_syncs.py), the
-elementwise kernels (the fake's ElementwiseKernel runs the oracle), performance.
+Not here: greedy acceptance (fast/cuda_accept.py is CuPy functions, no RawKernel: tests/test_cuda_syncs.py),
+performance.
 """
 
 import types
@@ -279,6 +280,20 @@ def test_norm_rows_matches_the_oracle_and_is_batch_invariant(dev, rng, n):
         assert_allclose(y, want, rtol=2 * n * 2.0**-24 * 4, atol=1e-7, err_msg=name)
         one = np.concatenate([host(dev, fused(xd[t:t + 1])) for t in range(x.shape[0])])
         assert_bits_equal(y, one, name)
+
+
+def test_elementwise_kernels_match_the_oracle(dev, rng):
+    """cuda_rows' sigmoid, silu and softplus (ElementwiseKernel operations, run one thread an element): within a
+    few float32 ulps of ops' (C's expf and log1pf here, NumPy's there; CUDA's own differ by an ulp or two), and
+    where an intermediate falls below float32's normal range (silu(-88) = -88 * 6e-39) flushed to zero as CuPy's
+    -ftz=true does: the atol."""
+    x = np.concatenate([rng.standard_normal(300) * 4, [0.0, -0.0, 88.0, -88.0, 1e-30, -120.0]]).astype(np.float32)
+    xd = dev.cp.asarray(x.reshape(2, -1))
+    for name in ("sigmoid", "silu", "softplus"):
+        got = host(dev, getattr(dev.rows, name)(xd)).reshape(-1)
+        with np.errstate(over="ignore"):  # exp(120) in the oracle's sigmoid: inf, then 1 / inf = 0, as meant
+            want = getattr(ops, name)(x)
+        assert_allclose(got, want, rtol=4 * 2.0**-23, atol=1e-35, err_msg=name)
 
 
 # ---------------------------------------------------------------- 7. attention
