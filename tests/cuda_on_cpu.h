@@ -128,9 +128,13 @@ enum Op { SYNCWARP, SHFL, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, MMA };
 static const char* const OP_NAMES[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                        "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "mma.sync"};
 
-struct Thread {
-    ucontext_t ctx;   // where the thread starts: its own stack, thread_main
-    jmp_buf resume;   // where it waits (at a barrier or a collective), once started
+struct Context {
+    ucontext_t start;  // where the thread starts: its own stack, thread_main
+    jmp_buf resume;    // where it waits (at a barrier or a collective), once started
+};
+
+struct Thread {  // (small: a collective and the scheduler walk these; the contexts, 1 KB each, live apart)
+    Context* cx;
     bool started;
     char* stack;
     uint3 idx;
@@ -147,6 +151,7 @@ struct Thread {
 
 struct Launch {
     std::vector<Thread> threads;
+    std::vector<Context> contexts;
     ucontext_t start;  // a context to copy for each thread's start (getcontext once per launch)
     jmp_buf scheduler;
     char* stacks = nullptr;
@@ -163,7 +168,7 @@ struct Launch {
     Thread* current = nullptr;
 };
 
-static thread_local Launch* g_launch = nullptr;
+static thread_local Launch* g_launch __attribute__((tls_model("initial-exec"))) = nullptr;
 
 [[noreturn]] inline void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline void fail(const char* fmt, ...) {
@@ -187,15 +192,15 @@ inline void fail(const char* fmt, ...) {
 // at each switch, and a launch switches millions of times).
 inline void yield() {  // back to the scheduler until a barrier or a collective releases this thread
     Launch& L = *g_launch;
-    if (!_setjmp(L.current->resume)) _longjmp(L.scheduler, 1);
+    if (!_setjmp(L.current->cx->resume)) _longjmp(L.scheduler, 1);
 }
 
 __attribute__((noinline)) inline void resume(Launch& L, Thread& t) {  // run t until it waits or returns
     L.current = &t;
     if (!_setjmp(L.scheduler)) {
-        if (t.started) _longjmp(t.resume, 1);
+        if (t.started) _longjmp(t.cx->resume, 1);
         t.started = true;
-        setcontext(&t.ctx);
+        setcontext(&t.cx->start);
     }
 }
 
@@ -308,21 +313,23 @@ template <class T> inline uint64_t bits_of(T v) {
 }
 template <class T> inline T of_bits(uint64_t b) { T v; memcpy(&v, &b, sizeof v); return v; }
 
-inline void thread_main() {
+inline void thread_main() {  // one thread's life: the kernel once per block, the same fiber for every block
     Launch& L = *g_launch;
-    L.body(L.body_arg);
-    Thread& me = *L.current;
-    me.wait = RETURNED;
-    ++L.returned;
-    L.gone[me.warp] |= 1u << me.lane;
-    if (L.at_barrier)
-        fail("returned while %d thread(s) of the block wait at __syncthreads: the barrier can never complete",
-             L.at_barrier);
-    Thread* lanes = &L.threads[(size_t)me.warp * 32];
-    for (int l = 0; l < 32 && me.warp * 32 + l < L.n; ++l)
-        if (lanes[l].wait == AT_WARP && (lanes[l].mask >> me.lane & 1u))
-            fail("returned while lane %d waits for it at %s (mask 0x%08x)", l, OP_NAMES[lanes[l].op], lanes[l].mask);
-    _longjmp(L.scheduler, 1);  // a returned thread is never resumed
+    for (;;) {
+        L.body(L.body_arg);
+        Thread& me = *L.current;
+        me.wait = RETURNED;
+        ++L.returned;
+        L.gone[me.warp] |= 1u << me.lane;
+        if (L.at_barrier)
+            fail("returned while %d thread(s) of the block wait at __syncthreads: the barrier can never complete",
+                 L.at_barrier);
+        Thread* lanes = &L.threads[(size_t)me.warp * 32];
+        for (int l = 0; l < 32 && me.warp * 32 + l < L.n; ++l)
+            if (lanes[l].wait == AT_WARP && (lanes[l].mask >> me.lane & 1u))
+                fail("returned while lane %d waits for it at %s (mask 0x%08x)", l, OP_NAMES[lanes[l].op], lanes[l].mask);
+        if (!_setjmp(me.cx->resume)) _longjmp(L.scheduler, 1);  // resumed here as the same thread of the next block
+    }
 }
 
 inline std::string describe(const Launch& L) {  // who waits where, for a deadlock's message (first few)
@@ -349,6 +356,7 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
     L.n = (int)(dims[3] * dims[4] * dims[5]);
     L.dynamic_shared.resize(shared_bytes ? shared_bytes : 1);
     L.threads.resize(L.n);
+    L.contexts.resize(L.n);
     const size_t page = 4096;
     L.stack_bytes = 256 * 1024;
     L.map_bytes = (size_t)L.n * (L.stack_bytes + page);
@@ -373,15 +381,18 @@ inline int run(void (*body)(void*), void* arg, const unsigned* dims, size_t shar
                 memset(L.dynamic_shared.data(), 0xFF, L.dynamic_shared.size());
                 for (int i = 0; i < L.n; ++i) {
                     Thread& t = L.threads[i];
-                    t.linear = i; t.lane = i & 31; t.warp = i >> 5; t.wait = RUNNABLE;
+                    t.wait = RUNNABLE;
+                    if (bx || by || bz) continue;  // the fibers of the first block run every later block
+                    t.linear = i; t.lane = i & 31; t.warp = i >> 5;
                     t.idx = {i % L.block_dim.x, (i / L.block_dim.x) % L.block_dim.y, i / (L.block_dim.x * L.block_dim.y)};
                     t.stack = L.stacks + i * (L.stack_bytes + page) + page;
                     t.started = false;
-                    t.ctx = L.start;
-                    t.ctx.uc_stack.ss_sp = t.stack;
-                    t.ctx.uc_stack.ss_size = L.stack_bytes;
-                    t.ctx.uc_link = nullptr;
-                    makecontext(&t.ctx, thread_main, 0);
+                    t.cx = &L.contexts[i];
+                    t.cx->start = L.start;
+                    t.cx->start.uc_stack.ss_sp = t.stack;
+                    t.cx->start.uc_stack.ss_size = L.stack_bytes;
+                    t.cx->start.uc_link = nullptr;
+                    makecontext(&t.cx->start, thread_main, 0);
                 }
                 while (!L.failed && L.returned < L.n) {
                     bool ran = false;
