@@ -8,8 +8,12 @@
    grid of several blocks in x and y, and dynamic shared memory starts as NaN bytes;
 4. misuse is an error, never a hang: a barrier after a thread returned, a shuffle waiting for a returned lane,
    lanes at different collectives, a mask without the caller, a read of a lane outside the mask, a deadlock;
-5. the source rewrites: inline PTX not emulated, or with an unexpected operand template, is refused.
+5. the source rewrites: inline PTX not emulated, or with an unexpected operand template, is refused;
+6. CuPy's -ftz=true on x86: a float32 product below 2^-126 is flushed to zero during a launch (ftz=True, the
+   default), kept with ftz=False, and the caller's own flush bits are back as they were after the launch.
 """
+
+import platform
 
 import numpy as np
 import pytest
@@ -168,3 +172,19 @@ def test_unknown_inline_ptx_is_refused():
     with pytest.raises(ValueError, match="operands"):
         cuda_on_cpu.translate('__device__ void f(float& d, unsigned h) { asm("cvt.f32.f16 %1, %0;" : "=f"(d) : '
                               '"h"(h)); }', [])
+
+
+FLUSH = r"""
+extern "C" __global__ void tiny(const float* a, const float* b, float* out) { out[0] = __fmul_rn(a[0], b[0]); }
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64", "i686"), reason="the flush bits set are x86's MXCSR")
+def test_subnormal_results_flush_to_zero_as_with_cupys_ftz():
+    mod = cuda_on_cpu.compile(FLUSH, ["tiny"])
+    a, b, out = np.array([2.0**-70], np.float32), np.array([2.0**-70], np.float32), np.zeros(1, np.float32)
+    mod.launch("tiny", (1,), (1,), (a, b, out))
+    assert out[0] == 0.0
+    mod.launch("tiny", (1,), (1,), (a, b, out), ftz=False)
+    assert out[0] == np.float32(2.0**-140)
+    assert a[0] * b[0] == np.float32(2.0**-140)  # NumPy in this process: no flush left behind
