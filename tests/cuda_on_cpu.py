@@ -25,8 +25,14 @@ Options: -O1 -ffp-contract=off (CuPy's --fmad=false: no product and sum fused un
 no -ffast-math. CuPy's -ftz=true is matched on x86 by the MXCSR flush bits during a launch (the header).
 
 fake_cupy.install(monkeypatch, kernels="cpu") makes the fake's RawKernel and RawModule launch these compiled
-kernels instead of their oracle stand-ins (tests/test_kernels_on_cpu.py). `compiler()` is None where no C++
-compiler is found; the tests skip then, saying so.
+kernels instead of their oracle stand-ins, and its ElementwiseKernel the operation (elementwise_source): the
+real kernels against the oracle at small shapes in tests/test_kernels_on_cpu.py, the GPU file tests/test_cuda_ops.py
+itself in tests/test_cuda_ops_on_cpu.py (opt-in), the emulation's own checks in tests/test_cuda_on_cpu.py.
+`compiler()` is None where no C++ compiler is found; the tests skip then, saying so. The .so files are cached in
+$TINYSPEC_CUDA_ON_CPU_CACHE (default: the temp dir's tinyspec-cuda-on-cpu-UID), about 1 s of g++ each, once.
+
+Does NOT include: what the header does not emulate (above), CUDA's C++ beyond what tinyspec's kernels use (a
+missing intrinsic is a compile error naming it: add it to the header), textures, atomics, cooperative groups.
 """
 
 from __future__ import annotations
