@@ -19,7 +19,8 @@
 //               is filled with NaN bytes (0xFF) before each block, so reading what no thread wrote shows.
 //   intrinsics  the _rn float operations (plain C++ operations: no -ffast-math, -ffp-contract=off, so nothing
 //               fuses into an FMA unless written fmaf), fmaf and __fmaf_rn (C's fmaf: one rounding, as CUDA's),
-//               bit casts, __byte_perm, __popc, __ffs, __ldg, vector types, int min/max.
+//               bit casts, __byte_perm, __popc, __ffs, __ldg, vector types, int min/max; __half and
+//               __nv_bfloat16 with their exact widening and round-to-nearest-even narrowing.
 //   inline PTX  the asm statements the Python side recognises become calls into namespace ptx below:
 //               mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (a warp collective in the PTX fragment layout),
 //               fma.rn.bf16x2 and cvt.f32.f16.
@@ -117,6 +118,45 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
         r |= b << (8 * i);
     }
     return r;
+}
+
+// ------------------------------------------------------------------ half and bfloat16 (cuda_fp16.h, cuda_bf16.h)
+
+struct __half { unsigned short x; };
+struct __nv_bfloat16 { unsigned short x; };
+
+inline float __half2float(__half h) {  // exact
+    const unsigned sign = (h.x & 0x8000u) << 16, e = (h.x >> 10) & 31u, m = h.x & 1023u;
+    if (e == 0) { const float v = (float)m * 5.9604644775390625e-08f; return sign ? -v : v; }  // m * 2^-24
+    if (e == 31) return __uint_as_float(sign | 0x7F800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+inline __half __float2half_rn(float f) {  // round to nearest even; overflow to inf, NaN stays NaN
+    const unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) return {(unsigned short)(sign | (a > 0x7F800000u ? 0x7E00u : 0x7C00u))};
+    if (a >= 0x477FF000u) return {(unsigned short)(sign | 0x7C00u)};  // >= 65520 rounds past 65504
+    unsigned r, rem, half;
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+        const int e = (int)(a >> 23);
+        if (e < 102) return {(unsigned short)sign};  // below 2^-25: rounds to 0
+        const int shift = 126 - e;
+        const unsigned m = (a & 0x7FFFFFu) | 0x800000u;
+        r = m >> shift; rem = m & ((1u << shift) - 1u); half = 1u << (shift - 1);
+    } else {  // rebias the exponent 127 -> 15 and drop 13 bits (a carry rounds into the exponent)
+        const unsigned v = a - 0x38000000u;
+        r = v >> 13; rem = v & 0x1FFFu; half = 0x1000u;
+    }
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return {(unsigned short)(sign | r)};
+}
+
+inline float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((unsigned)b.x << 16); }
+
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {  // round to nearest even, NaN stays NaN
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return {(unsigned short)((u >> 16) | 0x40u)};
+    return {(unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
 }
 
 // ------------------------------------------------------------------ the fibers

@@ -9,7 +9,9 @@
 4. misuse is an error, never a hang: a barrier after a thread returned, a shuffle waiting for a returned lane,
    lanes at different collectives, a mask without the caller, a read of a lane outside the mask, a deadlock;
 5. the source rewrites: inline PTX not emulated, or with an unexpected operand template, is refused;
-6. CuPy's -ftz=true on x86: a float32 product below 2^-126 is flushed to zero during a launch (ftz=True, the
+6. the half and bfloat16 conversions: exact widening, round-to-nearest-even narrowing (ties, subnormal halves,
+   overflow to inf, NaN) against NumPy's float16 and a float64 nearest-neighbour rule for bfloat16;
+7. CuPy's -ftz=true on x86: a float32 product below 2^-126 is flushed to zero during a launch (ftz=True, the
    default), kept with ftz=False, and the caller's own flush bits are back as they were after the launch.
 """
 
@@ -188,3 +190,46 @@ def test_subnormal_results_flush_to_zero_as_with_cupys_ftz():
     mod.launch("tiny", (1,), (1,), (a, b, out), ftz=False)
     assert out[0] == np.float32(2.0**-140)
     assert a[0] * b[0] == np.float32(2.0**-140)  # NumPy in this process: no flush left behind
+
+
+CONVERT = r"""
+extern "C" __global__ void convert(const float* f, unsigned short* h, float* h_back, unsigned short* b,
+                                   float* b_back, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const __half hv = __float2half_rn(f[i]);
+        const __nv_bfloat16 bv = __float2bfloat16_rn(f[i]);
+        h[i] = hv.x; h_back[i] = __half2float(hv);
+        b[i] = bv.x; b_back[i] = __bfloat162float(bv);
+    }
+}
+"""
+
+
+def bf16_nearest_even(f):  # float32 [n] -> uint16 [n]: the nearer of the two bf16 neighbours, a tie to the even one
+    u = f.view(np.uint32)
+    lo = (u & 0xFFFF0000).astype(np.uint32)
+    hi = lo + np.uint32(0x10000)
+    widen = lambda bits: bits.view(np.float32).astype(np.float64)
+    d_lo, d_hi = np.abs(f.astype(np.float64) - widen(lo)), np.abs(widen(hi) - f.astype(np.float64))
+    up = (d_hi < d_lo) | ((d_hi == d_lo) & ((lo >> 16) & 1 == 1))
+    return (np.where(up, hi, lo) >> 16).astype(np.uint16)
+
+
+def test_half_and_bfloat16_conversions_round_to_nearest_even(rng):
+    mod = cuda_on_cpu.compile(CONVERT, ["convert"])
+    ties = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-25, 3 * 2.0**-25, 65504.0, 65519.0, 65520.0, 1e-8, 0.0,
+                     -0.0, np.inf, -np.inf, 2.0**-24, 5e-8, 1 + 2.0**-8, 1 + 3 * 2.0**-8], np.float32)
+    spread = (rng.standard_normal(4000) * np.exp2(rng.integers(-30, 20, 4000))).astype(np.float32)
+    f = np.concatenate([ties, -ties, spread, [np.nan]]).astype(np.float32)
+    n = f.size
+    h, b = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+    h_back, b_back = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    mod.launch("convert", (1,), (128,), (f, h, h_back, b, b_back, np.int32(n)))
+    finite = np.isfinite(f)
+    with np.errstate(over="ignore"):
+        assert_array_equal(h[:-1], f[:-1].astype(np.float16).view(np.uint16))
+    assert_array_equal(h_back[:-1], h[:-1].view(np.float16).astype(np.float32))
+    assert_array_equal(b[finite], bf16_nearest_even(f[finite]))
+    assert_array_equal(b[~finite][:-1], (f[~finite][:-1].view(np.uint32) >> 16).astype(np.uint16))  # +-inf
+    assert_array_equal(b_back.view(np.uint32), b.astype(np.uint32) << 16)
+    assert np.isnan(h_back[-1]) and np.isnan(b_back[-1])
