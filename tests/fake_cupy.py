@@ -32,8 +32,9 @@ scratch buffers, padding, allocations and launches. Only the kernels are stood i
 `RawModule.get_function`, template instances included) reads a kernel's C signature from its source, checks every
 launch against it (check_launch) and runs a stand-in, the oracle, for a kernel it knows by name (RAW_KERNELS,
 TEMPLATE_KERNELS); `ElementwiseKernel` does the same for the elementwise kernels it knows (ELEMENTWISE).
-What this cannot check: the CUDA kernels themselves (tests/test_cuda_ops.py on a GPU,
-tools/check_cuda_kernels.py without one).
+The CUDA kernels themselves: install(monkeypatch, kernels="cpu") launches each kernel's own CUDA source, compiled
+for the CPU by tests/cuda_on_cpu.py, in place of its stand-in (tests/test_kernels_on_cpu.py); compilation for the
+GPU is tools/check_cuda_kernels.py's, and the kernels' speed and the GPU's own rounding need a GPU.
 
 Counting (issue 27: one host sync per verify step). `with fake_cupy.counting() as ledger:` records what
 crossed between host and device while it is open, each with the CuPy call and the tinyspec line that made it:
@@ -928,7 +929,7 @@ class RawKernel:
     or for a template instance ("quant_linear_k<2, 16, 2>") TEMPLATE_KERNELS[its template]((2, 16, 2), grid, ...)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
-                 enable_cooperative_groups=False, jitify=False):
+                 enable_cooperative_groups=False, jitify=False, _module_names=None):
         base = name.split("<")[0].strip()
         if base in TEMPLATE_KERNELS and "<" in name:
             targs = tuple(int(t) for t in name[name.index("<") + 1 : name.rindex(">")].split(","))
@@ -939,12 +940,19 @@ class RawKernel:
             raise NotImplementedError(f"fake cupy: no stand-in for the kernel {name!r} (add one to RAW_KERNELS)")
         self.name, self.base, self.code, self.options = name, base, code, options
         self.signature = kernel_signature(code, name)
+        self.on_cpu = None  # with kernels="cpu" (install): the CUDA source itself, compiled for the CPU
+        if KERNELS == "cpu":
+            import cuda_on_cpu
+
+            self.on_cpu = cuda_on_cpu.compile(code, list(_module_names or [name]))
 
     def __call__(self, grid, block, args, *, shared_mem=0):
         check_launch(self.name, self.signature, grid, block, args, shared_mem)
         raw = [_device(a, f"argument {i} of {self.name}") if isinstance(a, (ndarray, np.ndarray)) else a
                for i, a in enumerate(args)]
         stand_in = self.stand_in
+        if self.on_cpu is not None:  # the compiled kernel on the same arrays (tests/cuda_on_cpu.py)
+            stand_in = functools.partial(_launch_on_cpu, self.on_cpu, self.name, shared_mem)
         launch = lambda: stand_in(tuple(grid), tuple(block), *raw)  # noqa: E731
         _run(launch, makes=False, inputs=raw, what=self.name,
              scalars=_scalars((tuple(grid), tuple(block), raw, shared_mem)))  # what the launch bakes in
@@ -952,6 +960,10 @@ class RawKernel:
             with np.errstate(all="ignore"), contextlib.suppress(Exception):  # host-side steps (the fake computes
                 launch()  # the arrays they make at once) then index with these outputs, not never-written memory.
                 # Such a kernel overwrites its outputs from its inputs alone: the replay computes the same again.
+
+
+def _launch_on_cpu(module, name, shared_mem, grid, block, *args):
+    module.launch(name, grid, block, args, shared_mem)
 
 
 IN_PLACE = {"gdn_scan_k"}  # kernels that update an input in place: run at a replay only, never twice
@@ -1054,7 +1066,10 @@ class RawModule:
     def get_function(self, name):
         if "<" in name and name not in self.names:
             raise KeyError(f"fake cupy: {name!r} is not among the module's name_expressions")
-        return RawKernel(self.code, name, self.options)
+        import cuda_on_cpu  # (only its source parsing: what a compiled module exports, as CuPy's RawModule does)
+
+        exported = list(self.names) + [n for n in cuda_on_cpu.extern_c_kernels(self.code) if n not in self.names]
+        return RawKernel(self.code, name, self.options, _module_names=exported)
 
 
 ELEMENTWISE = {"tinyspec_sigmoid": ops.sigmoid, "tinyspec_silu": ops.silu, "tinyspec_softplus": ops.softplus}
@@ -1071,12 +1086,24 @@ class ElementwiseKernel:
         if (in_params, out_params) != ("float32 x", "float32 y"):
             raise NotImplementedError(f"fake cupy: elementwise {name}: only float32 x -> float32 y is emulated")
         self.name, self.fn = name, ELEMENTWISE[name]
+        if KERNELS == "cpu":  # the operation itself, compiled for the CPU (tests/cuda_on_cpu.py)
+            import cuda_on_cpu
+
+            module = cuda_on_cpu.compile(cuda_on_cpu.elementwise_source(name, operation), [name])
+            self.fn = functools.partial(_elementwise_on_cpu, module, name)
 
     def __call__(self, x):
         a = _device(x, f"the input of {self.name}")
         if a.dtype != np.float32:
             raise TypeError(f"fake cupy: elementwise {self.name} takes float32 x, got {a.dtype}")
         return ndarray(_run(lambda: self.fn(a).astype(np.float32), makes=True, inputs=a, what=self.name))
+
+
+def _elementwise_on_cpu(module, name, a):
+    flat = np.ascontiguousarray(a).reshape(-1)
+    out = np.empty_like(flat)
+    module.launch(name, (max(1, -(-flat.size // 128)),), (128,), (flat, out, np.int64(flat.size)))
+    return out.reshape(a.shape)
 
 
 REAL_MODULES = ("cuda_ops", "cuda_rows", "cuda_moe")  # the cuda modules whose own Python runs here, their kernels stood in
@@ -1096,11 +1123,20 @@ def real_module(name: str) -> types.ModuleType:
     return mod
 
 
-def install(monkeypatch) -> None:
+KERNELS = "oracle"  # what a RawKernel launch runs: "oracle" (the stand-ins above) or "cpu" (install's kernels=)
+
+
+def install(monkeypatch, kernels: str = "oracle") -> None:
     """While a test runs: `import cupy` and the cuda kernel modules resolve to these stand-ins, and a GPU is
-    "available" (what the `cuda` fixtures of the cuda-path tests do)."""
+    "available" (what the `cuda` fixtures of the cuda-path tests do). kernels="cpu": every RawKernel and RawModule
+    kernel launch runs its own CUDA source, compiled for the CPU by tests/cuda_on_cpu.py, instead of the oracle
+    (the caller checks a compiler exists: cuda_on_cpu.compiler()), the elementwise kernels' operations too."""
     import tinyspec.fast
     from tinyspec import backends
+
+    if kernels not in ("oracle", "cpu"):
+        raise ValueError(f"fake cupy: kernels must be 'oracle' or 'cpu', got {kernels!r}")
+    monkeypatch.setattr(sys.modules[__name__], "KERNELS", kernels)
 
     monkeypatch.setitem(sys.modules, "cupy", module())
     real = {name: real_module(name) for name in REAL_MODULES}  # their own Python, on this fake
