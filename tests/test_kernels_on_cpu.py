@@ -19,7 +19,9 @@ for CUDA's, the tensor core's internal summation). What each test checks:
 7. attention: T not a multiple of the 32-key tile, head dims 7..256, a 1100-position context, paged bitwise
    contiguous, a row bitwise alone or in a T-row pass, within 1e-5 of tinyspec.attention;
 8. the delta-rule scan with its snapshot ring: bitwise the oracle where float32 np.exp equals the kernel's
-   exp (float64, rounded once), within 2e-5 otherwise; T tokens in one call bitwise T one-token steps; in place.
+   exp (float64, rounded once), within 2e-5 otherwise; T tokens in one call bitwise T one-token steps; in place;
+9. the whole model: the shipped target's greedy MTP speculation on the cuda backend, every launch compiled, graphs
+   on: the oracle's plain greedy tokens.
 The GPU file itself runs through the same emulation in tests/test_cuda_ops_on_cpu.py (slower: marked slow).
 Not here: greedy acceptance (fast/cuda_accept.py is CuPy functions, no RawKernel: tests/test_cuda_syncs.py),
 performance.
@@ -399,3 +401,29 @@ def test_gdn_scan_is_its_steps_and_updates_in_place(dev, rng):
     _, S_in_place = dev.ops.gdn_scan(q, k, v, log_decay, beta, live, out_state=live)
     assert S_in_place is live
     assert_bits_equal(host(dev, live), host(dev, S_all))
+
+
+# ------------------------------------------------------------------------------------------ 9. the whole model
+def test_the_shipped_model_on_the_compiled_kernels_decodes_the_oracles_tokens(dev):
+    """Every kernel of a forward pass at once: the shipped tiny target on the cuda backend, each launch its CUDA
+    source compiled for the CPU, greedy MTP speculation (k = 3, verify rows padded, the head's maps in one upload)
+    with the forward passes and the greedy rule replayed from CUDA graphs: the oracle's plain greedy tokens."""
+    import warnings
+    from pathlib import Path
+
+    import tinyspec
+    from tinyspec import backends
+    from tinyspec.backends import load_model
+    from tinyspec.generate import generate, speculative_generate
+    from tinyspec.mtp import MTPDrafter
+
+    target = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
+    prompt = list(range(3, 20))
+    want = generate(load_model(target, "numpy"), prompt, 8).tokens
+    model = load_model(target, "cuda").with_placement(backends.cuda_placement(graphs=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = speculative_generate(model, MTPDrafter(model), prompt, 8, draft_n=3).tokens
+    assert got == want
+    counts = model.placement.graph_counts()["by_use"]["forward"]
+    assert counts["replays"] > 0 and counts["failed"] == 0, counts

@@ -35,11 +35,12 @@ bitwise: within 1e-5 absolute on unit-scale q, k, v at the tested n <= 340 (the 
 states 2e-6; this one rescales its running sums once per tile and divides once at the end). CuPy compiles with
 -ftz: an exponential below 2^-126 (a score 87 below the row's max) counts as 0.
 
-UNTESTED NUMBERS: this was written on a machine without a GPU. The kernel compiles for sm_70..sm_120
-(tools/check_cuda_kernels.py, tests/test_cuda_compile.py) and its Python side runs through the fake CuPy with
-the oracle standing in for the kernel body (tests/fake_cupy.py, tests/test_cuda_attention.py), but the numbers
-the CUDA code computes are untested until a GPU runs tests/test_cuda_ops.py (section 6: against the oracle,
-bitwise batch invariance, a graph replay).
+NOT YET RUN ON A GPU: written on a machine without one. The kernel compiles for sm_70..sm_120
+(tools/check_cuda_kernels.py, tests/test_cuda_compile.py), its Python side runs through the fake CuPy
+(tests/fake_cupy.py, tests/test_cuda_attention.py), and its CUDA source, compiled for the CPU by the emulation of
+tests/cuda_on_cpu.h, matches the oracle (tests/test_kernels_on_cpu.py: T not a multiple of the tile, head dims 7 to
+256, 1,100 positions, within 1e-5, batch-invariant bitwise; and tests/test_cuda_ops.py section 6 whole, through
+tests/test_cuda_ops_on_cpu.py). What only a GPU can say: CUDA's own expf bits, and the speed.
 
 Official implementation: llama.cpp ggml-cuda fattn-vec (flash attention for few query rows, online softmax);
 vLLM csrc/attention/paged_attention_v1 (block tables); the online normalizer is Milakov & Gimelshein 2018.

@@ -27,8 +27,10 @@ on 2026-11-27 without a GPU: no GPU has run these kernels yet. The host's groups
 list only the chosen experts (U of them); these list all E, the empty ones with offsets[e] == offsets[e+1], so
 that U, a count, never has to come back: moe.experts_linear's packed path reads offsets on the device
 (cuda_ops.bind_experts, one grouped launch per projection). The kernels' numbers are checked against moe.route
-and group_by_expert by tests/test_cuda_ops.py on a GPU (ties included); without a GPU only their compilation is
-(tools/check_cuda_kernels.py, tests/test_cuda_compile.py), and their Python side through tests/fake_cupy.py.
+and group_by_expert by tests/test_cuda_ops.py on a GPU (ties included); without a GPU their compilation
+(tools/check_cuda_kernels.py, tests/test_cuda_compile.py), their Python side through tests/fake_cupy.py, and their
+CUDA source compiled for the CPU (tests/cuda_on_cpu.h): bitwise moe.route and group_by_expert, ties and E = 300
+included (tests/test_kernels_on_cpu.py).
 
 Speed: a decode step routes one row (a warp: E / 32 exps a lane, k sweeps of E / 32 compares and 5 shuffles,
 one serial pairwise sum of E values; not measured: no GPU yet); a prefill of T rows runs T warps,

@@ -50,10 +50,11 @@ hidden rows it reads are an input, copied into the graph's own buffer). What is 
 with a cache of its own; another model's several layers in a pool (paged.ViewTable: ids per layer, a draft model
 in the batch engine); a head too wide for the attention kernel (cuda_attention.MAX_GD).
 
-UNTESTED ON A GPU: written on a machine without one. tests/test_cuda_pass.py runs it through the fake CuPy
+NOT YET RUN ON A GPU: written on a machine without one. tests/test_cuda_pass.py runs it through the fake CuPy
 (tests/fake_cupy.py), whose capture emulation replays the recorded work and, with check_replay, refuses a host
-scalar that changed since the capture; on a GPU, tools/gpu_check.py and tests/test_backends.py say whether it
-captures and what it saves.
+scalar that changed since the capture; tests/test_kernels_on_cpu.py runs the shipped model's greedy MTP speculation
+through it with every kernel's CUDA source compiled for the CPU, graphs on: the oracle's tokens. On a GPU,
+tools/gpu_check.py and tests/test_backends.py say whether it captures and what it saves.
 """
 
 from __future__ import annotations
