@@ -58,11 +58,12 @@ def test_a_built_model_holds_its_kernels_and_placement_in_two_frozen_objects(pat
 
 def test_the_math_and_the_placement_share_no_field():
     """Kernels is the math a layer calls (every field but its name a function); where the numbers live (the array
-    module, the copies, the device pass), the greedy rule, the ring and the graphs' counts are the placement's."""
+    module, the copies, the device pass), the greedy rule, the ring, the graphs' counts and whether passes are padded
+    for them are the placement's."""
     assert not set(KERNEL_FIELDS) & set(PLACEMENT_FIELDS)
     assert all(callable(getattr(NUMPY, f)) for f in KERNEL_FIELDS if f != "name")
-    assert {"xp", "to_device", "to_host", "device_pass", "accept_greedy", "rollback", "graph_counts"} == set(
-        PLACEMENT_FIELDS)
+    assert {"xp", "to_device", "to_host", "device_pass", "accept_greedy", "rollback", "graph_counts",
+            "pad_rows"} == set(PLACEMENT_FIELDS)
 
 
 def test_another_kernels_or_placement_makes_another_model_over_the_same_weights(path):
