@@ -54,3 +54,17 @@ def rounded_x(x: np.ndarray, qtype: GGMLType) -> np.ndarray:
     if qtype in ops.X_Q8_0:
         return dequantize(quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape)
     return dequantize_q8_k(*quantize_q8_k(x))
+
+
+def magnitude(raw, qtype, shape) -> np.ndarray:
+    """|W| as the kernels' sums see it: for Q4_K/Q5_K, W = (d*sc) q - (dmin*m) and the tensor-core kernel
+    sums the two terms separately (dl * sum(q x) - ml * sum(x)), so |dl q| + |ml| (raw with dmin, then d,
+    zeroed) bounds what it adds; for every other type |W| itself. [out, in] float64."""
+    if qtype not in (GGMLType.Q4_K, GGMLType.Q5_K):
+        return np.abs(dequantize(raw, qtype, shape).astype(np.float64))
+    parts = []
+    for field in (slice(2, 4), slice(0, 2)):  # zero dmin -> the dl * q term; zero d -> the -ml term
+        blocks = np.array(raw, copy=True).reshape(-1, qtype.type_size)
+        blocks[:, field] = 0
+        parts.append(np.abs(dequantize(blocks.reshape(raw.shape), qtype, shape).astype(np.float64)))
+    return parts[0] + parts[1]

@@ -28,11 +28,11 @@ except Exception:  # no driver, no device or a broken CUDA install: nothing here
 if not _gpus:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from quant_helpers import with_finite_f16_fields  # noqa: E402
+from quant_helpers import magnitude, with_finite_f16_fields  # noqa: E402
 
 from tinyspec import gdn, ops  # noqa: E402
 from tinyspec.fast import cuda_ops  # noqa: E402
-from tinyspec.quants import GGMLType, dequantize, quantize  # noqa: E402
+from tinyspec.quants import GGMLType, quantize  # noqa: E402
 
 F32, F16, BF16, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0
 Q4_K, Q5_K, Q6_K = GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K
@@ -74,20 +74,6 @@ def assert_bits_equal(ours, ref) -> None:
     ours = cp.asnumpy(ours)
     assert ours.dtype == np.float32 and ours.shape == ref.shape
     assert_array_equal(ours.view(np.uint32), np.asarray(ref, np.float32).view(np.uint32))
-
-
-def magnitude(raw, qtype, shape) -> np.ndarray:
-    """|W| as the kernels' sums see it: for Q4_K/Q5_K, W = (d*sc) q - (dmin*m) and the tensor-core kernel
-    sums the two terms separately (dl * sum(q x) - ml * sum(x)), so |dl q| + |ml| (raw with dmin, then d,
-    zeroed) bounds what it adds; for every other type |W| itself. [out, in] float64."""
-    if qtype not in (Q4_K, Q5_K):
-        return np.abs(dequantize(raw, qtype, shape).astype(np.float64))
-    parts = []
-    for field in (slice(2, 4), slice(0, 2)):  # zero dmin -> the dl * q term; zero d -> the -ml term
-        blocks = np.array(raw, copy=True).reshape(-1, qtype.type_size)
-        blocks[:, field] = 0
-        parts.append(np.abs(dequantize(blocks.reshape(raw.shape), qtype, shape).astype(np.float64)))
-    return parts[0] + parts[1]
 
 
 def assert_within_sum_bound(y, raw, qtype, shape, x) -> None:

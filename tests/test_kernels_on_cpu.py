@@ -32,12 +32,12 @@ import types
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
-from quant_helpers import with_finite_f16_fields
+from quant_helpers import magnitude, with_finite_f16_fields
 
 import cuda_on_cpu
 import fake_cupy
 from tinyspec import attention, gdn, moe, ops
-from tinyspec.quants import GGMLType, dequantize, quantize
+from tinyspec.quants import GGMLType, quantize
 
 if cuda_on_cpu.compiler() is None:
     pytest.skip("no C++ compiler ($CXX, g++ or clang++): the CUDA kernels cannot be built for the CPU",
@@ -101,17 +101,6 @@ def assert_bits_equal(ours, ref, msg=""):
     ours, ref = np.asarray(ours), np.asarray(ref, np.float32)
     assert ours.dtype == np.float32 and ours.shape == ref.shape, (ours.shape, ref.shape, msg)
     assert_array_equal(ours.view(np.uint32), ref.view(np.uint32), err_msg=msg)
-
-
-def magnitude(raw, qtype, shape):  # [out, in] float64: |W|, or |dl q| + |ml| for Q4_K/Q5_K (tests/test_cuda_ops.py)
-    if qtype not in (Q4_K, Q5_K):
-        return np.abs(dequantize(raw, qtype, shape).astype(np.float64))
-    parts = []
-    for field in (slice(2, 4), slice(0, 2)):  # zero dmin -> the dl * q term; zero d -> the -ml term
-        blocks = np.array(raw, copy=True).reshape(-1, qtype.type_size)
-        blocks[:, field] = 0
-        parts.append(np.abs(dequantize(blocks.reshape(raw.shape), qtype, shape).astype(np.float64)))
-    return parts[0] + parts[1]
 
 
 def assert_within_sum_bound(y, raw, qtype, shape, x, msg=""):
