@@ -305,7 +305,7 @@ def test_padded_passes_make_few_shapes(cuda, kind, tmp_path):
     batch size; and so are the verify passes, every sequence's rows padded to k_max + 1 (lookup drafts 0 .. k
     tokens a step, as its matches allow): fewer plain passes, more replays, the same tokens.
     (tools/count_cuda_steps.py --serving counts a longer run, where the captures fall too.)"""
-    prompts = [list(range(1 + 5 * i, 12 + 5 * i)) for i in range(6)]
+    prompts = [list(range(1 + 5 * i, 12 + 5 * i)) for i in range(5)]
 
     def serve(pad: bool) -> dict:
         model = cuda_model(pad_rows=pad)

@@ -407,12 +407,12 @@ def test_the_shipped_model_on_the_compiled_kernels_decodes_the_oracles_tokens(de
     from tinyspec.mtp import MTPDrafter
 
     target = Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf"
-    prompt = list(range(3, 20))
-    want = generate(load_model(target, "numpy"), prompt, 8).tokens
+    prompt = list(range(3, 13))
+    want = generate(load_model(target, "numpy"), prompt, 7).tokens
     model = load_model(target, "cuda").with_placement(backends.cuda_placement(graphs=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = speculative_generate(model, MTPDrafter(model), prompt, 8, draft_n=3).tokens
+        got = speculative_generate(model, MTPDrafter(model), prompt, 7, draft_n=3).tokens
     assert got == want
     counts = model.placement.graph_counts()["by_use"]["forward"]
     assert counts["replays"] > 0 and counts["failed"] == 0, counts
