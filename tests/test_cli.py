@@ -346,6 +346,24 @@ def test_logits_out_names_the_file_it_wrote_and_refuses_a_folder(tiny_model, tmp
     assert np.load(tmp_path / "noext.npz")["tokens"].tolist() == [5, 6]
     assert main(["logits", "--model", str(tiny_model), "--tokens", "5", "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+    missing = tmp_path / "no such folder" / "x.npz"  # said before the model loads, as "cannot write"
+    assert main(["logits", "--model", str(tiny_model), "--tokens", "5", "--out", str(missing)]) == 2
+    assert f"cannot write {missing}: no folder {missing.parent}" in capsys.readouterr().err
+
+
+def test_a_batch_prompt_the_pool_could_never_hold_is_skipped_saying_what_it_needs(tmp_path, capsys):
+    """--kv-blocks too small for one prompt's run (its prompt, --max-new and k + 1 positions, its drafter's KV too):
+    that prompt is reported with the blocks it needs and the others run; all of them: exit 2 (the test above)."""
+    path = tmp_path / "p.txt"
+    path.write_text("def f():\n" + "x = 1 + 2 + 3 + 4 + 5 + 6\n", encoding="utf-8")
+    args = ["batch", "--prompts", str(path), "--backend", "numpy", "--kv-blocks", "6", "--block-size", "4",
+            "--max-new", "8", "--spec", "mtp", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    seqs = json.loads(captured.out)["sequences"]
+    assert seqs[0]["error"] is None and len(seqs[0]["tokens"]) == 8
+    assert seqs[1]["error"].startswith("it needs ") and "KV blocks of 4, --kv-blocks is 6" in seqs[1]["error"]
+    assert "[batch] prompt 1: skipped: it needs" in captured.err
 
 
 def test_version():
@@ -540,6 +558,8 @@ def test_batch_bad_prompts_are_reported_and_the_others_run(tmp_path, capsys):
     ("hi\n", ["--max-new", "-1"], "--max-new must be >= 0"),
     ("hi\nthere\n", ["--max-new", "5000"], "no prompt can run: prompt 0: a prompt of"),
     ('{"prompt": ""}\n', [], "no prompt can run"),
+    ("def f():\nimport os\n", ["--kv-blocks", "1", "--block-size", "4", "--max-new", "8"],
+     "no prompt can run: prompt 0: it needs 4 KV blocks of 4, --kv-blocks is 1 (and 1 more)"),
 ])
 def test_batch_bad_input_exit_2(tmp_path, capsys, content, args, message):
     path = tmp_path / "p.txt"

@@ -100,6 +100,8 @@ def run_logits(args) -> int:
     if path.is_dir() or args.out.endswith(("/", "\\")):
         raise ValueError(f"--out {args.out}: is a folder; give a file name such as {path / 'logits.npz'}")
     out_path = str(path if path.suffix == ".npz" else path.with_name(path.name + ".npz"))
+    if not path.parent.is_dir():  # said before the model loads, not after the pass
+        raise ValueError(f"cannot write {out_path}: no folder {path.parent}")
     shipped_model_default(args)
     check_prompt_args(args)
     model, tokenizer = open_model(args.model, args.backend)
@@ -109,7 +111,10 @@ def run_logits(args) -> int:
     if model.cfg.n_nextn:
         head = MTPHead(model)
         out["mtp_logits"], _ = head.forward(np.array(tokens), shift_hidden(hidden), head.new_cache())
-    np.savez(out_path, **out)
+    try:
+        np.savez(out_path, **out)
+    except OSError as e:  # (main's error_text would call it "cannot read")
+        raise ValueError(f"cannot write {out_path}: {e.strerror or e}") from None
     print(f"wrote {out_path}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()))
     return 0
 
@@ -174,7 +179,7 @@ def run_batch(args) -> int:
     """batch: many prompts in --slots slots; each sequence's text as it ends (in input order), then a summary."""
     from .batch import batch_generate
     from .report import batch_summary
-    from .scheduler import EngineOptions, check_prompt
+    from .scheduler import EngineOptions, blocks_per_run, check_prompt
 
     options = EngineOptions(slots=args.slots, chunk=args.chunk, n_blocks=args.kv_blocks, block_size=args.block_size,
                             prefix_cache=args.prefix_cache)  # checked before the model loads
@@ -187,10 +192,17 @@ def run_batch(args) -> int:
     texts = [(None, why) if why else (text, error) for (text, error), why in zip(texts, long)]
     prompts = [tokenizer.encode(text) if text is not None else [] for text, _ in texts]
     errors = [error or check_prompt(model, p, args.max_new) for (_, error), p in zip(texts, prompts)]
+    k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
+    drafter = drafter_from_flags(args, model, tokenizer)
+    if args.kv_blocks is not None:  # a run the pool could never hold (the scheduler's own rule: scheduler.run_blocks)
+        for i, p in enumerate(prompts):
+            need = 0 if errors[i] else blocks_per_run(model, drafter, len(p) + args.max_new + (k or 0) + 1,
+                                                      args.block_size)
+            if need > args.kv_blocks:
+                errors[i] = f"it needs {need} KV blocks of {args.block_size}, --kv-blocks is {args.kv_blocks}"
     if all(errors):
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValueError(f"no prompt can run: prompt 0: {errors[0]}{more}")
-    k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
     print(f"[batch] model {args.model} ({args.backend or model.backend}), {args.slots} slots, {len(prompts)} prompts"
           f"{f' ({sum(map(bool, errors))} cannot run)' if any(errors) else ''}, --spec {args.spec}"
           f"{'' if k is None else f' k <= {k}, chosen per step' if args.adaptive else f' k = {k}'}, up to {args.max_new} new tokens each", file=sys.stderr, flush=True)
@@ -208,7 +220,8 @@ def run_batch(args) -> int:
             shown[0] += 1
 
     policy = batch_policy(args, k)
-    result = batch_generate(model, prompts, args.max_new, drafter=drafter_from_flags(args, model, tokenizer),
+    result = batch_generate(model, [[] if error else p for p, error in zip(prompts, errors)], args.max_new,
+                            drafter=drafter,
                             draft_n=None if policy else k, policy=policy,
                             seeds=[args.seed + i for i in range(len(prompts))], on_finish=None if args.json else show,
                             options=replace(options, params=params, stop_ids=tuple(tokenizer.eog_ids)))

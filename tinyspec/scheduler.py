@@ -230,9 +230,11 @@ class Scheduler:
                 if queue is self.waiting:
                     longest = len(s.seq.prompt_tokens) + s.max_new + self.k_max + 1
                     drafter = None if self.drafters is None else self.drafters[0]
-                    if pool is not None and run_blocks(pool, drafter, longest) > pool.n_blocks:
+                    need = 0 if pool is None else run_blocks(pool, drafter, longest)
+                    if pool is not None and need > pool.n_blocks:
                         queue.popleft()  # could never fit: reported, the others run
-                        s.seq.error = f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this run"
+                        s.seq.error = (f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this "
+                                       f"run: it needs {need}")
                         continue
                     s.t_join, s.history = time.perf_counter(), list(s.seq.prompt_tokens)
                 if not self._admit(b, s):
