@@ -235,8 +235,9 @@ def test_generate_show_marks_tokens(tiny_model, capsys):
     out = capsys.readouterr().out
     _, marked = out.split("\n--- the same output, marked: ")  # the plain text first, then the marked copy
     legend, body = marked.split("\n", 1)
-    assert "[...]" in legend and "\x1b[" not in out  # captured, not a terminal: brackets, no colour
-    assert "{" in body or "<" in body  # every verify step ends in a correction or a bonus token
+    # captured, not a terminal, UTF-8: the marks code's own brackets never are, no colour
+    assert "\u27e6...\u27e7" in legend and "\x1b[" not in out
+    assert "\u2983" in body or "\u27ea" in body  # every verify step ends in a correction or a bonus token
 
 
 def test_spec_draft_needs_draft_model(tiny_model, capsys):

@@ -65,3 +65,31 @@ def test_render_marked_marks_runs_not_tokens():
     assert "\x1b[0m\n\x1b[32m" in coloured  # colour ends before a line break, so a margin stays plain
     assert render_marked(_ByteTokens(), [], []) == ""
     assert "[...]" in marks_legend() and "\x1b[" in marks_legend(colour=True)
+    assert render_marked(_ByteTokens(), ids, marks, "unicode") == "a\u27e6b c\u27e7\u2983d\u2984\u27e6\ne\u27e7\u27eaf\u27eb"
+    assert "\u27e6...\u27e7" in marks_legend("unicode") and marks_legend("brackets") == marks_legend()
+    assert render_marked(_ByteTokens(), ids, marks, "colour") == coloured
+
+
+def test_marks_in_a_pipe_are_not_code_brackets(monkeypatch):
+    """issue 49 item 4: in a pipe, --show's [accepted] {correction} <bonus> read as the code's own brackets; a stream
+    that holds them gets marks code never has (a UTF-8 pipe or file), an ASCII one the brackets, a terminal colour
+    (NO_COLOR: marks again)."""
+    import io
+
+    from tinyspec.report import mark_style
+
+    class Terminal(io.StringIO):
+        encoding = "utf-8"
+
+        def isatty(self):
+            return True
+
+    utf8, ascii_pipe = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert (mark_style(utf8), mark_style(ascii_pipe), mark_style(Terminal())) == ("unicode", "brackets", "colour")
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert mark_style(Terminal()) == "unicode"
+    with pytest.raises(ValueError, match="marks style"):
+        from tinyspec.report import render_marked
+
+        render_marked(_ByteTokens(), [1], ["target"], "bold")

@@ -123,7 +123,7 @@ def run_generate(args) -> int:
     """generate: one prompt, plain or speculative; the text (streamed on a terminal), then a summary on stderr."""
     from .drafting import check_draft_length
     from .generate import generate
-    from .report import marks_legend, render_marked, run_summary, wants_colour
+    from .report import mark_style, marks_legend, render_marked, run_summary
     from .textstream import StreamPrinter
 
     params, ignored = decoding_args(args)
@@ -159,9 +159,9 @@ def run_generate(args) -> int:
     else:
         print(text)
     if args.show and drafter is not None and result.marks:  # the same text again, marked by how each token was made
-        colour = wants_colour(sys.stdout)
-        print("\n--- the same output, marked: " + marks_legend(colour))
-        print(render_marked(tokenizer, result.tokens, result.marks, colour))
+        style = mark_style(sys.stdout)
+        print("\n--- the same output, marked: " + marks_legend(style))
+        print(render_marked(tokenizer, result.tokens, result.marks, style))
     print(run_summary(result.stats), file=sys.stderr)
     return 0
 

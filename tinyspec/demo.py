@@ -8,7 +8,7 @@ For each method, every prompt is decoded greedily; the table gives tokens/s over
 plain decoding, the acceptance rate (kept drafts / drafted) and the mean accepted length (tokens emitted per
 verify pass: accepted drafts + the target's own token). Greedy speculative output must equal the plain output
 token for token; the demo checks it and says so. Then one generation is shown, as plain text and again with
-how each token was made (render_marked: colour on a terminal, brackets in a pipe, a legend line): an "edit
+how each token was made (render_marked: colour on a terminal, marks in a pipe, a legend line): an "edit
 this code" answer, where the output can repeat its input and speculation has most to gain.
 
 Backend: the fastest one this machine has (tinyspec.backends.default_backend: cpu with Numba, cuda with a
@@ -27,7 +27,7 @@ from .backends import default_backend, first_run_compiles, load_model
 from .batch import batch_generate
 from .drafters import DRAFTERS, DraftOptions, build_drafter
 from .generate import generate
-from .report import marks_legend, render_marked, wants_colour
+from .report import mark_style, marks_legend, render_marked
 from .scheduler import EngineOptions
 from .tokenizer import Tokenizer
 
@@ -169,7 +169,7 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     drafter = build_drafter("mtp", target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
                      policy=auto_policy(drafter, 8))
-    colour = wants_colour(out)
+    style = mark_style(out)
     say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer can copy most of it.")
     say()
     say("  prompt:")
@@ -177,8 +177,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     say("  answer (plain text, as `generate` prints it):")
     say(gutter(tok.decode(shown.tokens)))
     say("  the same answer, marked by how each token was made:")
-    say(gutter(render_marked(tok, shown.tokens, shown.marks, colour)))
-    say("  " + marks_legend(colour))
+    say(gutter(render_marked(tok, shown.tokens, shown.marks, style)))
+    say("  " + marks_legend(style))
     return 0 if same and together else 1
 
 

@@ -1,6 +1,8 @@
 """How a run reads: its tokens marked by how each was made, and the summary lines of generate and batch runs.
 
-    render_marked    the text again, [accepted drafts] {corrections} <bonus tokens> (colours on a terminal)
+    render_marked    the text again, its runs marked: colours on a terminal; in a pipe or a file, ⟦accepted drafts⟧
+                     ⦃corrections⦄ ⟪bonus tokens⟫, marks code's own brackets never are (mark_style); where the
+                     stream cannot encode them, and in a notebook, [accepted] {correction} <bonus>
     run_summary      generate's line on stderr: tokens, target passes, tok/s, acceptance (or a plain run's speed)
     batch_summary    batch's lines on stderr: throughput, KV pool peak, prefix cache, the draft-length choices,
                      each sequence's acceptance
@@ -18,14 +20,20 @@ import os
 # token (the first one, and every token of a step that drafted nothing).
 MARKS = ("accepted", "correction", "bonus", "target")
 _BRACKETS = {"accepted": "[{}]", "correction": "{{{}}}", "bonus": "<{}>", "target": "{}"}
+_UNICODE = {"accepted": "\u27e6{}\u27e7", "correction": "\u2983{}\u2984", "bonus": "\u27ea{}\u27eb", "target": "{}"}  # ⟦ ⟧ ⦃ ⦄ ⟪ ⟫
 _COLOURS = {"accepted": "\x1b[32m", "correction": "\x1b[33m", "bonus": "\x1b[36m", "target": ""}  # green yellow cyan
+STYLES = ("colour", "unicode", "brackets")
 
 
-def render_marked(tokenizer, tokens: list[int], marks: list[str], colour: bool = False) -> str:
-    """Text with each run of same-marked tokens marked by how it was produced. colour=False (a pipe, a file, a
-    notebook): [accepted drafts] {correction} <bonus>, target tokens plain; colour=True (a terminal): the same
-    runs in green, yellow and cyan. A run is decoded as one piece, so a character split across tokens stays
-    whole and a run of accepted drafts reads as the phrase it is: `[ with open](src)` not `[ with][ open]`."""
+def render_marked(tokenizer, tokens: list[int], marks: list[str], colour: bool | str = False) -> str:
+    """Text with each run of same-marked tokens marked by how it was produced, in a style (mark_style): "brackets"
+    (colour=False; a notebook): [accepted drafts] {correction} <bonus>, target tokens plain; "unicode" (a pipe or a
+    file: code has brackets of its own, these it has not): ⟦accepted⟧ ⦃correction⦄ ⟪bonus⟫; "colour" (colour=True,
+    a terminal): the same runs in green, yellow and cyan. A run is decoded as one piece, so a character split across
+    tokens stays whole and a run of accepted drafts reads as the phrase it is: `[ with open](src)` not
+    `[ with][ open]`."""
+    style = _style(colour)
+    colour, marked = style == "colour", _UNICODE if style == "unicode" else _BRACKETS
     out, run, mark = [], [], None
     for t, m in [*zip(tokens, marks), (None, None)]:
         if m != mark and run:
@@ -34,7 +42,7 @@ def render_marked(tokenizer, tokens: list[int], marks: list[str], colour: bool =
                 c = _COLOURS[mark]  # coloured line by line, so a margin printed before each line stays plain
                 out.append(c + text.replace("\n", "\x1b[0m\n" + c) + "\x1b[0m")
             else:
-                out.append(_BRACKETS[mark].format(text) if not colour else text)
+                out.append(marked[mark].format(text) if not colour else text)
             run = []
         if t is not None:
             run.append(t)
@@ -43,17 +51,40 @@ def render_marked(tokenizer, tokens: list[int], marks: list[str], colour: bool =
 
 
 def wants_colour(stream) -> bool:
-    """Colour on a terminal, unless NO_COLOR is set (no-color.org); brackets anywhere else."""
+    """Colour on a terminal, unless NO_COLOR is set (no-color.org); marks anywhere else."""
     return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
 
-def marks_legend(colour: bool = False) -> str:
-    """The one-line key to render_marked's marks."""
-    if colour:
+def mark_style(stream) -> str:
+    """How render_marked marks text written to `stream`: "colour" on a terminal (wants_colour), else "unicode"
+    where the stream's encoding holds the marks (a pipe or a file, as UTF-8 almost always is), else "brackets"."""
+    if wants_colour(stream):
+        return "colour"
+    try:
+        "".join(_UNICODE.values()).encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return "brackets"
+    return "unicode"
+
+
+def _style(colour: bool | str) -> str:
+    if isinstance(colour, str):
+        if colour not in STYLES:
+            raise ValueError(f"a marks style is one of {', '.join(STYLES)}, got {colour!r}")
+        return colour
+    return "colour" if colour else "brackets"
+
+
+def marks_legend(colour: bool | str = False) -> str:
+    """The one-line key to render_marked's marks, in the same style."""
+    style = _style(colour)
+    if style == "colour":
         return ("\x1b[32mgreen\x1b[0m: drafts the target accepted  \x1b[33myellow\x1b[0m: the target's correction  "
                 "\x1b[36mcyan\x1b[0m: its bonus token after k accepted drafts  plain: a target-only step")
-    return ("[...]: drafts the target accepted  {...}: the target's correction  <...>: its bonus token after k "
-            "accepted drafts  unmarked: a target-only step")
+    m = _UNICODE if style == "unicode" else _BRACKETS
+    return (f"{m['accepted'].format('...')}: drafts the target accepted  {m['correction'].format('...')}: the target's "
+            f"correction  {m['bonus'].format('...')}: its bonus token after k accepted drafts  unmarked: a target-only "
+            "step")
 
 
 def run_summary(s: dict) -> str:
