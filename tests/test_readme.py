@@ -47,3 +47,14 @@ def test_the_pages_the_readme_links_exist():
 
     for target in re.findall(r"\]\((docs/[\w./-]+\.md)\)", (ROOT / "README.md").read_text()):
         assert (ROOT / target).exists(), target
+
+
+def test_the_notebooks_extra_installs_the_jupyter_the_readme_names():
+    """issue 49 item 4: the README says `pip install -e ".[nb]"`, then `jupyter lab notebooks/`; the nb extra must
+    bring JupyterLab (before, `jupyter lab` was "not found")."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -e ".[nb]"`, then `jupyter lab notebooks/`' in readme
+    nb = re.search(r"^nb = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)  # (tomllib: Python 3.11+)
+    assert nb and re.search(r'"jupyterlab\b', nb[1]), "the nb extra lists no jupyterlab"
