@@ -9,6 +9,8 @@
                       (tokens emitted per verify pass = accepted drafts + 1)
   lookup (edit)       prompt-lookup drafting (k = 8) on "edit this code" prompts whose answer repeats the input
   draft model         the small draft model drafting k = 3
+  --rank-prompts      only this: CANDIDATES ranked by their 64-token greedy continuations (good(): parses, no line
+                      more than twice, no loop inside a line): where the README's first examples are chosen from
 Every speculative output is checked equal to plain greedy decoding of the same prompt.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -101,30 +104,55 @@ def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
     return float(np.mean(losses))
 
 
-def continuations(model, tok: Tokenizer, n: int = 64) -> dict:
-    """Greedy continuations of the demo's prompts and of `def fib(n):`: how often the most repeated non-blank line
-    occurs (a loop shows as a count far above 2) and whether prompt + continuation, cut after its last complete
-    line, compiles as Python (ast; an open block at the cut is closed with `pass` first, an indented prompt is
-    read inside a class)."""
+# The prompts a newcomer meets first (the README's generate examples) are chosen from these by rank_prompts, not by
+# reading outputs: openings of the kind the shipped model was trained on (the standard library's sources).
+CANDIDATES = ["def fib(n):", "def is_prime(n):", "def read_lines(path):", "def flatten(items):", "def main():",
+              "class Stack:", "class Point:", "def parse_args(argv):", "def __init__(self, name):",
+              "with open(path) as f:", "for i in range(10):", "import os\nimport sys\n\n\ndef main():\n"]
+
+
+def continuation(model, tok: Tokenizer, prompt: str, n: int = 64) -> dict:
+    """The greedy continuation of a prompt: how often its most repeated non-blank line occurs (a loop shows as a
+    count far above 2) and whether prompt + continuation, cut after its last complete line, compiles as Python
+    (ast; an open block at the cut is closed with `pass` first, an indented prompt is read inside a class)."""
     import ast
 
-    out = {}
-    for prompt in PROMPTS + ["def fib(n):"]:
-        text = tok.decode(generate(model, tok.encode(prompt), n, stop_ids=tok.eog_ids).tokens)
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        whole = (prompt + text)[: (prompt + text).rfind("\n") + 1] or prompt + text
-        whole = ("class _:\n" if prompt[:1].isspace() else "") + whole  # a method's body starts indented
-        parses = False
-        for tail in ("", "    pass\n", "        pass\n", "            pass\n"):
-            try:
-                ast.parse(whole + tail)
-                parses = True
-                break
-            except SyntaxError:
-                continue
-        out[prompt] = {"max_line_repeats": max((lines.count(ln) for ln in lines), default=0), "parses": parses,
-                       "text": text}
-    return out
+    text = tok.decode(generate(model, tok.encode(prompt), n, stop_ids=tok.eog_ids).tokens)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    whole = (prompt + text)[: (prompt + text).rfind("\n") + 1] or prompt + text
+    whole = ("class _:\n" if prompt[:1].isspace() else "") + whole  # a method's body starts indented
+    parses = False
+    for tail in ("", "    pass\n", "        pass\n", "            pass\n"):
+        try:
+            ast.parse(whole + tail)
+            parses = True
+            break
+        except SyntaxError:
+            continue
+    words = re.findall(r"[A-Za-z]+|\d+|[^A-Za-z\d\s]", text)  # a loop inside a line or a name ("-zero-zero",
+    # "[], [], []", "module_module_module") counts too:
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]  # the share of word 3-grams seen before
+    return {"max_line_repeats": max((lines.count(ln) for ln in lines), default=0), "parses": parses,
+            "repeated_trigrams": round(1 - len(set(grams)) / len(grams), 3) if grams else 0.0, "text": text}
+
+
+def continuations(model, tok: Tokenizer, n: int = 64) -> dict:
+    """continuation() of the demo's prompts and of `def fib(n):`."""
+    return {prompt: continuation(model, tok, prompt, n) for prompt in PROMPTS + ["def fib(n):"]}
+
+
+def rank_prompts(model, tok: Tokenizer, candidates: list[str] = CANDIDATES, n: int = 64) -> list[tuple[str, dict]]:
+    """The candidates by how well the model continues them, best first: those that meet the bar (good(): it parses,
+    repeats no line more than twice and loops inside no line) first, then the smaller share of repeated word
+    3-grams (candidate order breaks ties)."""
+    scored = [(p, continuation(model, tok, p, n)) for p in candidates]
+    return sorted(scored, key=lambda pc: (not good(pc[1]), pc[1]["repeated_trigrams"]))
+
+
+def good(c: dict) -> bool:
+    """A continuation a newcomer may be shown: it parses, repeats no line more than twice (issue 49's bar) and repeats
+    at most 30% of its word 3-grams (a loop inside one line, which the line count misses)."""
+    return c["parses"] and c["max_line_repeats"] <= 2 and c["repeated_trigrams"] <= 0.3
 
 
 def spec_stats(model, prompts, make_drafter, k: int, max_new: int, plain: dict) -> dict:
@@ -150,9 +178,20 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=12, help="held-out prompts (12)")
     ap.add_argument("--max-new", type=int, default=48, help="tokens generated per prompt (48)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rank-prompts", action="store_true",
+                    help="only rank CANDIDATES by their 64-token greedy continuations (what the README's examples use)")
     a = ap.parse_args(argv)
     target, draft = load_model(a.target, a.backend), load_model(a.draft, a.backend)
     tok = Tokenizer.from_gguf(target.metadata)
+    if a.rank_prompts:
+        ranked = rank_prompts(target, tok)
+        if a.json:
+            print(json.dumps([{"prompt": p, **c} for p, c in ranked], indent=1))
+            return 0
+        for p, c in ranked:
+            print(f"{p[:30]!r:34} {'good' if good(c) else 'poor'}: parses {c['parses']!s:5}  most repeated line "
+                  f"x{c['max_line_repeats']}  repeated word 3-grams {c['repeated_trigrams']:.2f}")
+        return 0
     prompts = heldout_prompts(tok, a.prompts, 64)
     edits = [tok.encode(orig + "\n\n" + start) for orig, start in EDITS]
     plain = {}  # plain greedy outputs, computed once per prompt
