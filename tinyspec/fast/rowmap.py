@@ -175,10 +175,18 @@ def claim(layers: list, bounds: np.ndarray) -> tuple | None:
     for seq, T in zip(caches, np.diff(bounds)):
         for c in seq:
             c.claim(int(T))
-    first = caches[0][0]
-    if contiguous:
-        return [np.zeros(1, np.int64)], n_pasts, first.k.shape[0], 1
-    return [seq[0].ids() for seq in caches], n_pasts, first.table.block_size, first.k_pool.shape[0]
+    tables, block_size, n_blocks = blocks_of([seq[0] for seq in caches])
+    return tables, n_pasts, block_size, n_blocks
+
+
+def blocks_of(caches: list) -> tuple[list, int, int]:
+    """Where the rows of these caches (one per sequence, of one pool or one contiguous cache) live, as pack reads it:
+    (each one's block ids, the block size, the pool's blocks); a contiguous cache is one block as long as its
+    capacity."""
+    first = caches[0]
+    if type(first) is KVCache:
+        return [np.zeros(1, np.int64)], first.k.shape[0], 1
+    return [c.ids() for c in caches], first.table.block_size, first.k_pool.shape[0]
 
 
 def plan_ahead(cfg, caches: list, starts: list[int], depths: list[int]) -> list[tuple[PassMap, np.ndarray, list]]:
@@ -197,11 +205,7 @@ def plan_ahead(cfg, caches: list, starts: list[int], depths: list[int]) -> list[
     out = []
     for j in range(1, max(depths, default=0) + 1):
         seqs = [b for b, depth in enumerate(depths) if depth >= j]
-        first = caches[seqs[0]]
-        if type(first) is KVCache:  # one sequence: one block as long as the capacity
-            tables, block_size, n_blocks = [np.zeros(1, np.int64)], first.k.shape[0], 1
-        else:
-            tables, block_size, n_blocks = [caches[b].ids() for b in seqs], first.table.block_size, first.k_pool.shape[0]
+        tables, block_size, n_blocks = blocks_of([caches[b] for b in seqs])
         layout, host = pack(np.zeros(len(seqs), np.int64), tables, [starts[b] + j - 1 for b in seqs],
                             np.arange(len(seqs) + 1), block_size, n_blocks, cfg.n_rot, cfg.rope_base)
         out.append((layout, host, seqs))
