@@ -230,8 +230,7 @@ class Scheduler:
                 if queue is self.waiting:
                     longest = len(s.seq.prompt_tokens) + s.max_new + self.k_max + 1
                     drafter = None if self.drafters is None else self.drafters[0]
-                    need = 0 if pool is None else run_blocks(pool, drafter, longest)
-                    if pool is not None and need > pool.n_blocks:
+                    if pool is not None and (need := run_blocks(pool, drafter, longest)) > pool.n_blocks:
                         queue.popleft()  # could never fit: reported, the others run
                         s.seq.error = (f"the KV pool ({pool.n_blocks} blocks of {pool.block_size}) cannot hold this "
                                        f"run: it needs {need}")
