@@ -13,6 +13,7 @@ A ValueError anywhere is the user's mistake: __main__.main prints it as one line
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import replace
@@ -195,9 +196,9 @@ def run_batch(args) -> int:
     k = None if args.spec == "none" else BATCH_DRAFT_N if args.draft_n is None else args.draft_n
     drafter = drafter_from_flags(args, model, tokenizer)
     if args.kv_blocks is not None:  # a run the pool could never hold (the scheduler's own rule: scheduler.run_blocks)
+        blocks = functools.cache(lambda n: blocks_per_run(model, drafter, n, args.block_size))  # (per run length)
         for i, p in enumerate(prompts):
-            need = 0 if errors[i] else blocks_per_run(model, drafter, len(p) + args.max_new + (k or 0) + 1,
-                                                      args.block_size)
+            need = 0 if errors[i] else blocks(len(p) + args.max_new + (k or 0) + 1)
             if need > args.kv_blocks:
                 errors[i] = f"it needs {need} KV blocks of {args.block_size}, --kv-blocks is {args.kv_blocks}"
     if all(errors):
