@@ -171,7 +171,7 @@ def package_files(names: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             raise SystemExit(f"--packages: {name} is not installed (pip install -e \".[train]\")")
-        root = Path(list(spec.submodule_search_locations)[0])
+        root = Path(next(iter(spec.submodule_search_locations)))
         for p in sorted(root.rglob("*.py")):
             rel = p.relative_to(root.parent)
             if {"test", "tests", "testing"} & set(rel.parts):
@@ -207,9 +207,44 @@ def train_tokenizer(texts: list[str], vocab: int, out: Path):
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens([EOT])
     assert tok.get_vocab_size() == vocab and tok.token_to_id(EOT) == vocab - 1, tok.get_vocab_size()
+    save_tokenizer(tok, out)
+    return tok
+
+
+def save_tokenizer(tok, out: Path) -> None:
+    """tokenizer.json and the tokenizer_config.json that export_hf copies beside the HF checkpoint."""
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOT, "pad_token": EOT, "bos_token": None}))
+
+
+def tokenizer_from_gguf(path: Path):
+    """The byte-level BPE a qwen35 GGUF carries (tokenizer.ggml.tokens / merges / token_type), rebuilt as an HF
+    `tokenizers` BPE with train_tokenizer's pre-tokenizer and decoder: continuing a shipped model needs its token
+    ids, and the folder its BPE was trained into stayed on the machine that trained it. The normal tokens (type 1)
+    are the BPE's vocabulary; <|endoftext|> (the last id) is added as the special token, as train_tokenizer adds it.
+    Checked id for id against tinyspec.tokenizer (tests/test_train_tiny.py)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from tinyspec.gguf import read_gguf
+
+    with read_gguf(path) as g:
+        meta = g.metadata
+    if meta.get("tokenizer.ggml.model") != "gpt2" or meta.get("tokenizer.ggml.pre") != "qwen35":
+        raise SystemExit(f"{path}: not a qwen35 byte-level BPE (tokenizer.ggml.model "
+                         f"{meta.get('tokenizer.ggml.model')!r}, pre {meta.get('tokenizer.ggml.pre')!r})")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    if tokens[-1] != EOT or sum(int(t) != 1 for t in types) != 1:
+        raise SystemExit(f"{path}: its vocabulary does not end in the one special token {EOT} train_tiny writes")
+    vocab = {t: i for i, t in enumerate(tokens[:-1])}
+    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOT])
+    assert tok.get_vocab_size() == len(tokens) and tok.token_to_id(EOT) == len(tokens) - 1
     return tok
 
 
@@ -642,6 +677,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="override the preset's step count (target; the draft gets half)")
     ap.add_argument("--copy-steps", type=int, help="override the target's copy-phase step count")
     ap.add_argument("--edit-steps", type=int, help="override the target's edit-phase step count")
+    ap.add_argument("--batch", type=int, help="override the target's rows per step (a CPU fine-tune: the gpu preset's "
+                    "64 x 512 tokens take ~30 s a step on 2 cores)")
+    ap.add_argument("--copy-lr", type=float, help="override the target's constant rate of the copy and edit phases")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="torch device: cpu, or cuda when a GPU is lent")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
@@ -658,7 +696,10 @@ def main(argv=None) -> int:
     ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
     ap.add_argument("--init", type=Path, help="start from this GGUF's weights (a file of the preset's shape, e.g. the "
                     "shipped one; Q8_0 gives its rounded values) instead of a random init: continue a run whose float "
-                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's")
+                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's (--tokenizer-from writes it)")
+    ap.add_argument("--tokenizer-from", type=Path, metavar="GGUF",
+                    help="take the tokenizer from this GGUF (e.g. tinyspec/assets/tiny-target.gguf) instead of "
+                    "training a BPE: a corpus for continuing a shipped model must be encoded with its ids")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -666,8 +707,9 @@ def main(argv=None) -> int:
         raise SystemExit("train_tiny needs the train extra: pip install -e \".[train]\"") from None
     if args.init is not None and args.what not in ("target", "draft"):
         raise SystemExit("--init continues one model: name it (target or draft), with a file of its shape")
-    if args.init is not None and not args.init.is_file():
-        raise SystemExit(f"--init {args.init}: no such file")
+    for flag, path in (("--init", args.init), ("--tokenizer-from", args.tokenizer_from)):
+        if path is not None and not path.is_file():
+            raise SystemExit(f"{flag} {path}: no such file")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     preset = PRESETS[args.preset]
@@ -676,7 +718,7 @@ def main(argv=None) -> int:
         recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
                    "draft": Recipe(**{**asdict(recipes["draft"]), "arch": recipes["draft"].arch,
                                       "steps": max(1, args.steps // 2)})}
-    for key in ("copy_steps", "edit_steps"):
+    for key in ("copy_steps", "edit_steps", "batch", "copy_lr"):
         if getattr(args, key) is not None:
             recipes["target"] = Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch,
                                           key: getattr(args, key)})
@@ -687,6 +729,13 @@ def main(argv=None) -> int:
     tok_dir, cache = out / "tokenizer", out / "tokens.npz"
     from tokenizers import Tokenizer
 
+    if args.tokenizer_from is not None:
+        tok = tokenizer_from_gguf(args.tokenizer_from)
+        if not (tok_dir / "tokenizer.json").exists():
+            save_tokenizer(tok, tok_dir)
+            say(f"tokenizer: {tok.get_vocab_size()} tokens from {args.tokenizer_from} -> {tok_dir}")
+        elif Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab() != tok.get_vocab():
+            raise SystemExit(f"{tok_dir} holds another tokenizer than {args.tokenizer_from}'s: choose another --out")
     if cache.exists() and (tok_dir / "tokenizer.json").exists():
         # encoded before (here, or on another machine: a lent GPU gets the folder, not the sources)
         z = np.load(cache)
