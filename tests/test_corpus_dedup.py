@@ -109,8 +109,9 @@ def test_a_block_repeated_in_a_later_file_goes_and_its_first_occurrence_stays(cd
 
 def test_a_repeat_inside_a_statement_stays(cd):
     """Only whole statements go: a call's repeated argument list is part of a statement that is not repeated
-    whole (its first line differs), so it stays and the file parses."""
-    args = "".join(f"        arg{i}=arg{i},\n" for i in range(8))
+    whole (its first line differs), so it stays and the file parses; so does the repeated comment above code
+    that stays."""
+    args = "        # the arguments, in order\n" + "".join(f"        arg{i}=arg{i},\n" for i in range(8))
     first = f"def f():\n    return call(\n{args}    )\n"
     later = f"def h():\n    x = other(\n{args}    )\n    return x\n"
     out, stats = cd.dedup([first, later])

@@ -26,7 +26,7 @@ once, the model should see once. The rules, applied to each text in order (files
   4. duplicate  a text equal to an earlier one (after rule 3) is dropped.
   5. boilerplate  a window of WINDOW (6) consecutive non-blank lines (compared without trailing spaces) that an
                 earlier file already held is repeated; of the repeated lines, the whole statements (decorators
-                included, outermost first) and the comment lines are removed, with the blank lines between
+                included, outermost first) and the comments above them are removed, with the blank lines between
                 them, so a file that parsed still parses: a call's repeated argument list stays, and a block's
                 body is never emptied. The first occurrence stays; repeats inside one file stay too (similar
                 methods are not copies). A file that does not parse loses its repeated lines as they are.
@@ -150,15 +150,15 @@ def bodies(node: ast.stmt) -> list[list[ast.stmt]]:
 
 def whole_statements(text: str, repeated: set[int]) -> set[int]:
     """The lines of `repeated` (line indices) that can go without breaking the parse: every statement (its
-    decorators included) whose lines are all repeated or blank, outermost first, and repeated comment lines; a
-    block's body is never emptied (when all of it is repeated, all of it stays). A text that does not parse
-    (Python 2 leftovers) gets `repeated` as it is."""
+    decorators included) whose lines are all repeated or blank, outermost first, and the repeated comment lines
+    above a statement that goes; a block's body is never emptied (when all of it is repeated, all of it stays).
+    A text that does not parse (Python 2 leftovers) gets `repeated` as it is."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return repeated
     lines = text.split("\n")
-    drop = {i for i in repeated if lines[i].lstrip().startswith("#")}
+    drop: set[int] = set()
 
     def span(node: ast.stmt) -> range:
         return range(min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1, node.end_lineno)
@@ -177,6 +177,13 @@ def whole_statements(text: str, repeated: set[int]) -> set[int]:
                     visit(inner, may_empty=False)
 
     visit(tree.body, may_empty=True)  # a module may be emptied (the text is then dropped)
+    below_goes = True  # a repeated comment goes with the code below it (at the end of the text: it goes)
+    for i in reversed(range(len(lines))):
+        if lines[i].lstrip().startswith("#"):
+            if i in repeated and below_goes:
+                drop.add(i)
+        elif lines[i].strip():
+            below_goes = i in drop
     return drop
 
 
