@@ -118,6 +118,15 @@ def test_a_repeat_inside_a_statement_stays(cd):
     assert out == [first, later] and stats["chars"]["boilerplate"] == 0
 
 
+def test_a_lone_repeated_statement_stays(cd):
+    """A window can hold one whole statement among lines that are not (the end of a call's arguments): a removed
+    run is at least a window long, so `y = compute()` stays and `return y + 1` still has its y."""
+    args = "".join(f"        a{i},\n" for i in range(4)) + "    )\n    y = compute()\n"
+    first = "def f():\n    z = call(\n" + args + "    return y\n"
+    later = "def g():\n    w = other(\n" + args + "    return y + 1\n"
+    assert cd.dedup([first, later])[0] == [first, later]
+
+
 def test_a_body_is_never_emptied(cd):
     """A function whose whole body repeats another's (under another name) keeps it: `def g2(x):` alone would
     not parse. Its statements are repeated whole, so in a body with one more statement they would go."""

@@ -28,8 +28,9 @@ once, the model should see once. The rules, applied to each text in order (files
                 earlier file already held is repeated; of the repeated lines, the whole statements (decorators
                 included, outermost first) and the comments above them are removed, with the blank lines between
                 them, so a file that parsed still parses: a call's repeated argument list stays, and a block's
-                body is never emptied. The first occurrence stays; repeats inside one file stay too (similar
-                methods are not copies). A file that does not parse loses its repeated lines as they are.
+                body is never emptied. A removed run is at least a window long (a lone statement whose neighbours
+                were not whole stays: fewer seams). The first occurrence stays; repeats inside one file stay too
+                (similar methods are not copies). A file that does not parse loses its repeated lines as they are.
 
 Windows are keyed by an 8-byte BLAKE2 digest of their lines joined by newlines: a set of ints, linear time and
 memory in the corpus size (a collision, odds ~n^2 / 2^65 for n windows, would remove one window more).
@@ -204,16 +205,17 @@ def drop_repeated_windows(text: str, seen: set[int], window: int = WINDOW) -> tu
     for a, b in itertools.pairwise(rows):  # blank lines inside a removed run go too
         if a in drop and b in drop:
             drop.update(range(a + 1, b))
-    kept, runs, run = [], [], []
-    for i, line in enumerate(lines + [""]):  # a last kept line closes the last run
-        if i in drop:
-            run.append(line)
-            continue
-        if run:
-            runs.append("\n".join(run))
-            run = []
-        kept.append(line)
-    return "\n".join(kept[:-1]), runs
+    runs: list[list[int]] = []
+    for i in sorted(drop):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    # a run shorter than a window (a lone statement whose neighbours in its windows were not whole) stays
+    runs = [run for run in runs if sum(1 for i in run if lines[i].strip()) >= window]
+    drop = {i for run in runs for i in run}
+    kept = "\n".join(line for i, line in enumerate(lines) if i not in drop)
+    return kept, ["\n".join(lines[i] for i in run) for run in runs]
 
 
 RULES = ("generated", "data", "license", "duplicate", "boilerplate", "empty")
