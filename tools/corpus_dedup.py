@@ -318,11 +318,11 @@ def main(argv=None) -> int:
         parts.append((", ".join(packages), package_files(packages)[0]))
     seen, shown, all_stats = Seen(), [], []
     for name, files in parts:  # the training files only, as train_tiny reads them (held-out files untouched)
-        paths = [p for p in files if read_texts([p])]  # read_texts skips a file that does not decode
+        pairs = [(path, text) for path in files for text in read_texts([path])]  # (it skips what does not decode)
         log = [] if args.show else None
-        _, stats = dedup(read_texts(paths), seen=seen, log=log)
+        _, stats = dedup([text for _, text in pairs], seen=seen, log=log)
         all_stats.append(stats)
-        shown += [(rule, paths[i], piece) for rule, i, piece in log or []]
+        shown += [(rule, pairs[i][0], piece) for rule, i, piece in log or []]
         print(f"{name} ({stats['files_in']} training files):\n{report(stats)}\n")
     if len(all_stats) > 1:
         print(f"all:\n{report(merged(*all_stats))}\n")
