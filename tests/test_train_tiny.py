@@ -156,6 +156,29 @@ def test_minutes_scale_the_three_phases_together(load_tool):
     assert train_tiny.sized(r, seconds_left=0.0, step_s=1.0).steps > train_tiny.SIZE_AT  # never shorter than done
 
 
+@pytest.mark.parametrize("dedup", [False, True])
+def test_dedup_cleans_the_training_texts_and_leaves_the_held_out_ones(tmp_path, load_tool, dedup):
+    """--dedup (the gpu preset's default): prepare_corpus passes the training texts through tools/corpus_dedup.py
+    and says so in the corpus description (tokens.npz, the GGUF's training.corpus); the held-out files are
+    encoded as they are, so the held-out loss measures the same text as before."""
+    import argparse
+
+    pytest.importorskip("tokenizers")
+    train_tiny = load_tool("train_tiny")
+    src = tmp_path / "src"
+    src.mkdir()
+    header = "# Copyright 2024 Someone. All rights reserved.\n# Licensed under the MIT license.\n\n"
+    for i in range(60):
+        (src / f"m{i:02d}.py").write_text(header + f"def f{i}(x):\n    return x + {i}\n")
+    args = argparse.Namespace(corpus=src, max_files=None, packages="", dedup=dedup)
+    train_ids, held_ids, corpus, tok, stdlib_tokens = train_tiny.prepare_corpus(
+        args, {"vocab": 260}, tmp_path / "tokenizer", tmp_path / "tokens.npz")
+    assert ("deduplicated" in corpus) == dedup and str(np.load(tmp_path / "tokens.npz")["corpus"]) == corpus
+    assert stdlib_tokens == train_ids.size  # no packages: the whole stream is the head
+    assert ("Copyright" in tok.decode(train_ids.tolist())) != dedup
+    assert "Copyright" in tok.decode(held_ids.tolist())
+
+
 def test_init_from_gguf_inverts_the_conversion(trained, tmp_path, load_tool):
     """--init: the exported HF weights -> tinyspec.convert (F32) -> init_from_gguf into a freshly built model gives
     the weights back (to float32 rounding of 1 + w and -exp(A_log)), the tiled value heads and the MTP block

@@ -12,6 +12,8 @@ What it does, step by step (every step is deterministic given --seed and --steps
                  site-packages), files sorted by path; every 50th file (by CRC32 of its relative path) is held out.
                  The gpu preset adds the sources of torch and transformers (pinned by the train extra; their
                  held-out 50th left unused) and draws `stdlib_frac` of its rows from the standard library's part.
+                 With --dedup (the gpu preset's default) the training files are cleaned first by
+                 tools/corpus_dedup.py (license headers, generated and data files, copies, repeated blocks).
                  The ids are cached in <out>/tokens.npz with the corpus's description: a machine with other
                  sources (a GPU machine) trains from the folder, not from its own files.
   2. tokenizer   a byte-level BPE trained on the training files with the HF `tokenizers` library, split by the
@@ -55,6 +57,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))  # corpus_dedup, when loaded as a module rather than run
 
 QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -112,7 +115,9 @@ PRESETS = {
     # library plus the sources of the two packages the train extra pins), an 8192-token vocabulary, a ~9 M-parameter
     # target and a ~3 M-parameter draft (~13 MB at Q8_0 together). Step counts here are placeholders in the
     # phases' proportions: --minutes scales them to the budget and the log prints what reproduces the run.
-    "gpu": {"vocab": 8192, "packages": ("torch", "transformers"),
+    # dedup: the training texts cleaned by tools/corpus_dedup.py (license headers, generated and data files, copies,
+    # repeated 6-line blocks; held-out files untouched), a corpus that repeats itself less (issue 49, item 1).
+    "gpu": {"vocab": 8192, "packages": ("torch", "transformers"), "dedup": True,
             "target": Recipe(Arch(hidden=320, ffn=768, layers=6, heads=5, kv_heads=1, gdn_k_heads=4, gdn_v_heads=8,
                                   gdn_dim=32, interval=3), steps=3000, batch=64, seq=512, lr=1.5e-3, warmup=100,
                              copy_frac_main=0.1, copy_steps=175, copy_frac=0.5, copy_lr=1.5e-4, edit_steps=350,
@@ -649,6 +654,14 @@ def prepare_corpus(args, preset: dict, tok_dir: Path, cache: Path):
         corpus = (f"Python {sys.version.split()[0]} standard library ({len(train_files)} files) and "
                   f"{', '.join(packages)} ({len(pkg_train)} files), every 50th file held out")
     stdlib_texts, pkg_texts, held_texts = read_texts(train_files), read_texts(pkg_train), read_texts(held_files)
+    if args.dedup:  # the training texts only: the held-out loss stays comparable with earlier runs'
+        from corpus_dedup import Seen, dedup, describe, merged
+
+        seen = Seen()  # one stream: the packages lose their copies of the standard library's blocks, not the reverse
+        stdlib_texts, stdlib_stats = dedup(stdlib_texts, seen=seen)
+        pkg_texts, pkg_stats = dedup(pkg_texts, seen=seen)
+        corpus += "; " + describe(merged(stdlib_stats, pkg_stats))
+        say(f"corpus: {corpus}")
     train_texts = stdlib_texts + pkg_texts
     if (tok_dir / "tokenizer.json").exists():
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -687,6 +700,8 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", type=Path, help="a folder of .py files instead of the standard library")
     ap.add_argument("--packages", help="comma-separated installed packages whose sources join the corpus "
                     "(default: the preset's; '' for none)")
+    ap.add_argument("--dedup", action=argparse.BooleanOptionalAction, help="clean the training texts with "
+                    "tools/corpus_dedup.py before encoding (default: the preset's; gpu: on)")
     ap.add_argument("--minutes", type=float, help="size the run to this many minutes of training per model "
                     "(measured after a few steps; the log prints the step counts that reproduce it)")
     ap.add_argument("--max-files", type=int, help="use only the first N corpus files (quick runs)")
@@ -713,6 +728,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     preset = PRESETS[args.preset]
+    args.dedup = preset.get("dedup", False) if args.dedup is None else args.dedup
     recipes = {"target": preset["target"], "draft": preset["draft"]}
     if args.steps:
         recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
@@ -743,6 +759,8 @@ def main(argv=None) -> int:
         stdlib_tokens = int(z["stdlib_tokens"]) if "stdlib_tokens" in z else 0
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
         say(f"corpus: {corpus}: {train_ids.size:,} training tokens, {held_ids.size:,} held out (from {cache})")
+        if args.dedup != ("deduplicated" in corpus):
+            say(f"corpus: note: {cache} was encoded with{'out' if args.dedup else ''} --dedup; delete it to re-encode")
     else:
         train_ids, held_ids, corpus, tok, stdlib_tokens = prepare_corpus(args, preset, tok_dir, cache)
     if tok.get_vocab_size() != preset["vocab"]:
