@@ -137,17 +137,18 @@ class QuantizeParams(ctypes.Structure):
 
 
 def llama_quantize(build: Path, source: Path, target: Path) -> None:
-    """llama.cpp's quantizer, Q4_K_M: bin/llama-quantize if the build has it, else libllama's llama_model_quantize."""
+    """llama.cpp's quantizer, Q4_K_M, from any source type (--allow-requantize: a Q8_0 file is dequantized first):
+    bin/llama-quantize if the build has it, else libllama's llama_model_quantize."""
     if (build / "bin" / "llama-quantize").is_file():
-        subprocess.run([build / "bin" / "llama-quantize", source, target, "Q4_K_M", "1"], check=True,
-                       capture_output=True, timeout=300)
+        subprocess.run([build / "bin" / "llama-quantize", "--allow-requantize", source, target, "Q4_K_M", "1"],
+                       check=True, capture_output=True, timeout=300)
         return
     lib = ctypes.CDLL(str(build / "bin" / "libllama.so"))
     lib.llama_model_quantize_default_params.restype = QuantizeParams
     lib.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(QuantizeParams)]
     lib.llama_model_quantize.restype = ctypes.c_uint32
     params = lib.llama_model_quantize_default_params()
-    params.ftype, params.nthread = 15, 1
+    params.ftype, params.nthread, params.allow_requantize = 15, 1, True
     assert lib.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) == 0
 
 
@@ -156,7 +157,8 @@ def test_same_tensors_as_llama_quantize(files, tmp_path):
     """llama.cpp quantizing tinyspec's f32 file to Q4_K_M == tinyspec's q4_k_m file: every tensor's type, shape
     and bytes (llama-quantize writes them sorted by layer; tinyspec keeps the converter's order), every metadata
     value. Measured: equal, for this case, a tied one, and qwen35moe with 4 and with 8 experts (the latter's own
-    rules included), but for MoE's [1, D] ffn_gate_inp_shexp, which llama-quantize writes as [D]."""
+    rules included), but for MoE's [1, D] ffn_gate_inp_shexp, which llama-quantize writes as [D]; and for the
+    shipped Q8_0 target requantized (tools/requantize.py, docs/performance-log.md 2026-11-28)."""
     build = os.environ.get("TINYSPEC_LLAMA_BUILD")
     if not build or not any((Path(build) / "bin" / f).is_file() for f in ("llama-quantize", "libllama.so")):
         pytest.skip("set TINYSPEC_LLAMA_BUILD to a llama.cpp build with bin/llama-quantize or bin/libllama.so")
