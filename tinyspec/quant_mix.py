@@ -26,8 +26,9 @@ llama's order is its loader's: tensors sorted by layer number (non-layer tensors
 
 Official implementation: llama.cpp src/llama-quant.cpp: tensor_allows_quantization, tensor_get_category,
 llama_tensor_get_type_impl (the Q4_K_M branches), tensor_type_fallback, init_quantize_state_counters; the
-loader's weight_name_comparer (src/llama-model-loader.h). Checked against llama.cpp's own snapshot for
-Qwen3.6-27B (tests/snapshots/qwen3.6-27b.schema, section [Q4_K_M]) in tests/test_quant_mix.py.
+loader's weight_name_comparer (src/llama-model-loader.h). Checked against llama.cpp's own snapshots for
+Qwen3.5-27B and Qwen3.5-397B-A17B (tests/snapshots/*.schema, sections [Q4_K_M]) in tests/test_quant_mix.py, and
+against llama.cpp's quantizer itself (types and bytes of whole files) in tests/test_convert_q4_k_m.py.
 Does NOT include (rules that never fire for qwen35 / qwen35moe, or need options tinyspec does not take): the other
 ftypes' branches (Q2_K ... IQ1_M, Q4_K_S, Q5_K_M), Falcon's and the 70B model's special cases, GLM5 / MXFP4_MOE
 rules, the names other architectures exclude from quantization (altup, time_mix_*, pos_embd, ...), the

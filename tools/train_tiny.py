@@ -132,6 +132,7 @@ PRESETS = {
 # Q4_K / Q6_K everywhere (at hidden 320 they fall back to Q5_0 / Q8_0). 16.50 M parameters, 11.06 MB at Q4_K_M
 # against gpu's 10.38 M at 11.38 MB (Q8_0); with gpu's 3.55 MB draft 14.6 MB ship. Sizes: tools/preset_size.py;
 # the choice among shapes of that size: docs/performance-log.md, 2026-11-28 "Q4_K_M or Q8_0 for the shipped target".
+# Vocabulary, corpus, draft and recipe are gpu's (its step counts are placeholders that --minutes scales).
 PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": Recipe(**{
     **asdict(PRESETS["gpu"]["target"]), "arch": Arch(hidden=512, ffn=768, layers=6, heads=4, kv_heads=1, gdn_k_heads=4,
                                                      gdn_v_heads=8, gdn_dim=32, interval=3)})}
