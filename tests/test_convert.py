@@ -51,6 +51,10 @@ class Case:
     dtype: str = "float32"
     shard: bool = False
     multimodal: bool = False
+    hidden: int = 64  # sizes: small, and (tests/test_convert_q4_k_m.py) rows that fill 256-value blocks or do not
+    ffn: int = 96
+    heads: int = 2
+    head_dim: int = 32
 
 
 CASES = [
@@ -131,8 +135,8 @@ def make_checkpoint(tmp_path: Path, case: Case):
 
     extra = {"full_attention_interval": case.interval_only} if case.interval_only else {"layer_types": list(case.layers)}
     cfg = Qwen3_5TextConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=len(case.layers), num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=case.n_k, linear_num_value_heads=case.n_v,
+        vocab_size=V, hidden_size=case.hidden, intermediate_size=case.ffn, num_hidden_layers=len(case.layers),
+        num_attention_heads=case.heads, num_key_value_heads=1, head_dim=case.head_dim, linear_num_key_heads=case.n_k, linear_num_value_heads=case.n_v,
         linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=512, tie_word_embeddings=case.tied,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": case.rotary, **case.rope},
         eos_token_id=263, pad_token_id=261, **extra)
@@ -151,8 +155,9 @@ def make_checkpoint(tmp_path: Path, case: Case):
     mtp = {}
     if case.mtp:  # as in the real checkpoints: fc, three norms, and one full-attention layer under mtp.*
         full = case.layers.index("full_attention")
-        mtp = {"mtp.fc.weight": (64, 128), "mtp.pre_fc_norm_embedding.weight": (64,),
-               "mtp.pre_fc_norm_hidden.weight": (64,), "mtp.norm.weight": (64,)}
+        D = case.hidden
+        mtp = {"mtp.fc.weight": (D, 2 * D), "mtp.pre_fc_norm_embedding.weight": (D,),
+               "mtp.pre_fc_norm_hidden.weight": (D,), "mtp.norm.weight": (D,)}
         mtp |= {f"mtp.layers.0.{n.split('.', 3)[3]}": tuple(p.shape) for n, p in model.state_dict().items()
                 if n.startswith(f"model.layers.{full}.")}
         mtp = {n: fill(torch, n, shape, gen).to(dtype) for n, shape in sorted(mtp.items())}

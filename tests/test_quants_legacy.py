@@ -3,7 +3,7 @@
 1. one hand-worked block per type, expected values computed on paper from the byte layout, and
    hand-worked quantizations (Q8_0's ties away from zero, Q4_0's sign trick and its all-zero block);
 2. dequantizers bit-exact with gguf-py on 2,000 random blocks per type and as a hypothesis property;
-3. quantizers: Q8_0 and Q4_0 byte-exact with gguf-py (which reproduces ggml's quantize_row_*_ref),
+3. quantizers: Q8_0, Q4_0, Q5_0 and Q5_1 byte-exact with gguf-py (which reproduces ggml's quantize_row_*_ref),
    round-trip error bounds, zero/constant blocks, requantization, and the public dispatch.
 
 Random blocks get every fp16 field (d, m) replaced by a finite fp16 (random sign, exponent and mantissa,
@@ -123,8 +123,9 @@ def test_dispatch_with_multi_row_shape(qtype, rng):
 
 QUANT_TYPES = list(legacy.QUANTIZE)
 # Relative RMS error of quantize -> dequantize on the Gaussian (64, 1024) rows of
-# test_round_trip_error, measured: Q8_0 0.00537, Q4_0 0.0862 (ggml's reference gives the same bytes).
-ERROR_BOUND = {GGMLType.Q8_0: 0.006, GGMLType.Q4_0: 0.095}
+# test_round_trip_error, measured: Q8_0 0.00537, Q4_0 0.0862, Q5_0 0.0428, Q5_1 0.0380 (ggml's reference gives
+# the same bytes).
+ERROR_BOUND = {GGMLType.Q8_0: 0.006, GGMLType.Q4_0: 0.095, GGMLType.Q5_0: 0.05, GGMLType.Q5_1: 0.05}
 
 
 def gaussian_rows(rng, rows=64, n=1024) -> np.ndarray:

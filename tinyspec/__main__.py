@@ -266,9 +266,10 @@ def add_convert(sub) -> None:
                                    "llama.cpp's convert_hf_to_gguf.py writes. Needs only NumPy. Progress goes to stderr.")
     p.add_argument("hf_dir", help="checkpoint folder (Qwen3_5ForCausalLM or Qwen3_5ForConditionalGeneration)")
     p.add_argument("-o", "--out", required=True, help="output .gguf path")
-    p.add_argument("--outtype", choices=["f32", "f16", "q8_0"], default="f32",
+    p.add_argument("--outtype", choices=["f32", "f16", "q8_0", "q4_k_m"], default="f32",
                    help="type of the 2-D weights (default f32); norms, conv and 1-D tensors stay F32, and q8_0 "
-                        "falls back to f16 for rows that are not a multiple of 32")
+                        "falls back to f16 for rows that are not a multiple of 32; q4_k_m: llama-quantize "
+                        "Q4_K_M's per-tensor mix (Q4_K, Q6_K, and 32-value blocks for rows not a multiple of 256)")
     p.add_argument("--mtp", choices=["include", "exclude", "only"], default="include",
                    help="the MTP (nextn) block: include it (default), exclude it (llama.cpp --no-mtp), or write "
                         "only it with token_embd/output_norm/output (llama.cpp --mtp, a draft sidecar)")

@@ -1,6 +1,7 @@
 """Convert a Hugging Face Qwen3.5 checkpoint into a qwen35 (or qwen35moe) GGUF, as llama.cpp's converter writes it.
 
-    convert(hf_dir, out_path, outtype="f32" | "f16" | "q8_0", progress=None, mtp="include" | "exclude" | "only")
+    convert(hf_dir, out_path, outtype="f32" | "f16" | "q8_0" | "q4_k_m", progress=None,
+            mtp="include" | "exclude" | "only")
 
 What llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint, and so what this does
 (docs/qwen35.md sections 1-2):
@@ -11,7 +12,12 @@ What llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint, and so what
               ssm_a = -exp(A_log); conv1d (C, 1, w) -> (C, w); when n_k != n_v the value heads go from
               HF's grouped order (head h = g*R + r, g = key head) to ggml's tiled order (j = r*n_k + g)
     storage   1-D tensors, *_norm.weight, ssm_conv1d and names not ending in .weight stay F32; other
-              weights in the outtype; Q8_0 falls back to F16 when a row is not a multiple of 32
+              weights in the outtype; Q8_0 falls back to F16 when a row is not a multiple of 32.
+              q4_k_m is no outtype of llama.cpp's converter: it is what llama-quantize Q4_K_M without an
+              importance matrix makes of the f32 file. Types by its per-tensor rules (quant_mix.py: Q4_K; Q6_K
+              for output and some layers' attn_v / attn_qkv / ffn_down; Q5_0 / Q8_0 / F16 where a row is not a
+              multiple of 256), bytes by ggml's reference quantizers (quantize_row_*_ref), which tinyspec.quants
+              reproduces; tensors stay in the converter's order (llama-quantize sorts them by layer)
     metadata  qwen35.* keys with llama.cpp's exact value types (UINT32, FLOAT32, INT32 / BOOL arrays)
               and in its order; the byte-level BPE vocabulary (gpt2 model, qwen35 pre-tokenizer)
     MoE       Qwen3_5MoeForCausalLM / ...ForConditionalGeneration -> arch qwen35moe (docs/qwen35.md section 8):
@@ -35,7 +41,7 @@ set_gguf_parameters / prepare_tensors / get_vocab_base) and gguf-py vocab.py (Sp
 Departs from it: ssm_a's exp is taken in float64 and rounded once (llama.cpp uses torch's float32 exp,
 1 ulp off in ~1% of values); pre is always "qwen35" (llama.cpp hashes a probe tokenization).
 Does NOT include: qwen3_next, --fuse-gate-up-exps, rope scaling (yarn / linear), outtypes other than
-f32 / f16 / q8_0, pytorch .bin checkpoints, named extra chat templates, normalizer flags, general.*
+f32 / f16 / q8_0 / q4_k_m, pytorch .bin checkpoints, named extra chat templates, normalizer flags, general.*
 provenance beyond name and size_label, SpecialVocab's cls/sep fallbacks and TemplateProcessing parsing
 (BERT-style tokenizers), split output files.
 """
@@ -46,14 +52,16 @@ import json
 import re
 import struct
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from .gguf import GGUFValue, GGUFValueType, RawTensor, write_gguf
 from .model import ATTN_TENSORS, FFN_TENSORS, GDN_TENSORS  # what the model loads is what must be there
 from .mtp import NEXTN_TENSORS
+from .quant_mix import q4_k_m_types
 from .quants import GGMLType, quantize
 
 U32, F32, I32, BOOL = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32, GGUFValueType.BOOL
@@ -68,7 +76,9 @@ MOE_TENSORS = ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate_inp.w
                "ffn_up_exps.weight", "ffn_down_exps.weight")
 SHEXP_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
 ROUTERS = ("ffn_gate_inp", "ffn_gate_inp_shexp")  # always stored F32 (llama.cpp base.py prepare_tensors)
-OUTTYPES = {"f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "q8_0": (GGMLType.Q8_0, 7)}  # -> (type, file_type)
+# outtype -> (type, general.file_type = llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_M)
+OUTTYPES = {"f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "q8_0": (GGMLType.Q8_0, 7),
+            "q4_k_m": (GGMLType.Q4_K, 15)}
 ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}  # BF16 read as bits
 TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 LAYER_NAMES = {  # HF module inside model.layers.{i} -> GGUF name inside blk.{i}
@@ -303,11 +313,21 @@ def storage_type(name: str, shape: tuple[int, ...], outtype: GGMLType) -> GGMLTy
     return GGMLType.F32 if outtype == GGMLType.F32 else GGMLType.F16  # Q8_0 falls back to F16
 
 
+def tensor_types(shapes: Mapping[str, tuple[int, ...]], outtype: str, n_layer: int, n_expert: int = 0) -> dict:
+    """name -> storage type of every converted tensor (NumPy shapes, a file's worth). f32 / f16 / q8_0: the
+    converter's storage_type. q4_k_m: what llama-quantize Q4_K_M does to the f32 file, which keeps the F32
+    tensors (the same ones: norms, ssm_conv1d, 1-D, non-.weight, routers) and picks a type for the rest.
+    n_layer: block_count (MTP blocks included), n_expert: expert_count (0 dense); q4_k_m's rules read them."""
+    if outtype != "q4_k_m":
+        return {name: storage_type(name, shape, OUTTYPES[outtype][0]) for name, shape in shapes.items()}
+    return {name: GGMLType.F32 for name in shapes} | q4_k_m_types(shapes, n_layer, n_expert)
+
+
 def encode(x: np.ndarray, qtype: GGMLType) -> np.ndarray:
     """A converted tensor's bytes in its storage type."""
-    if qtype == GGMLType.Q8_0:
-        return quantize(x, GGMLType.Q8_0)
-    return x.astype(np.float32 if qtype == GGMLType.F32 else np.float16, copy=False)
+    if qtype in (GGMLType.F32, GGMLType.F16):
+        return x.astype(np.float32 if qtype == GGMLType.F32 else np.float16, copy=False)
+    return quantize(x, qtype)  # ggml's reference quantizers: the bytes llama.cpp's tools write (no imatrix)
 
 
 def converted_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -491,11 +511,11 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
         raise ValueError(f"{hf_dir}: the checkpoint lacks tensors for {', '.join(missing[:6])}"
                          + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
 
-    qtype, file_type = OUTTYPES[outtype]
+    shapes = {name: converted_shape(name, data.shape) for name, (_, data) in tensors}
+    kinds = tensor_types(shapes, outtype, n_trunk + n_mtp, cfg["num_experts"] if moe else 0)
     out = {}
     for i, (name, (dtype, data)) in enumerate(tensors):
-        shape = converted_shape(name, data.shape)
-        kind = storage_type(name, shape, qtype)
+        shape, kind = shapes[name], kinds[name]
 
         def produce(i=i, name=name, dtype=dtype, data=data, kind=kind, shape=shape):
             # called by write_gguf when it reaches this tensor: one converted tensor in memory at a time
@@ -512,7 +532,8 @@ def convert(hf_dir, out_path, outtype: str = "f32", progress: Callable[[str], No
         label = size_label(n_params, n_expert)
     else:
         label = size_label(sum(int(np.prod(t.shape)) for t in out.values()))
-    meta = model_metadata(cfg, n_mtp, file_type, hf_dir.resolve().name, label) | tokenizer_metadata(hf_dir, cfg)
+    meta = model_metadata(cfg, n_mtp, OUTTYPES[outtype][1], hf_dir.resolve().name, label)
+    meta |= tokenizer_metadata(hf_dir, cfg)
     if clash := sorted(set(metadata or {}) & set(meta)):
         raise ValueError(f"extra metadata would overwrite the converter's keys: {', '.join(clash)}")
     meta |= dict(metadata or {})

@@ -132,6 +132,15 @@ PRESETS = {
               "draft": Recipe(Arch(hidden=32, ffn=64, layers=2, heads=2, head_dim=16, gdn_dim=16, interval=2,
                                    mtp=False), steps=10, batch=4, seq=64, lr=3e-3, warmup=5)},
 }
+# "gpu" with a wider target shipped in Q4_K_M (the preset's "outtype"; q8_0 when a preset names none): hidden 320 ->
+# 512 and 4 attention heads, so that every weight row is a multiple of 256 and llama-quantize's Q4_K_M rules give
+# Q4_K / Q6_K everywhere (at hidden 320 they fall back to Q5_0 / Q8_0). 16.50 M parameters, 11.06 MB at Q4_K_M
+# against gpu's 10.38 M at 11.38 MB (Q8_0); with gpu's 3.55 MB draft 14.6 MB ship. Sizes: tools/preset_size.py;
+# the choice among shapes of that size: docs/performance-log.md, 2026-11-28 "Q4_K_M or Q8_0 for the shipped target".
+# Vocabulary, corpus, draft and recipe are gpu's (its step counts are placeholders that --minutes scales).
+PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": Recipe(**{
+    **asdict(PRESETS["gpu"]["target"]), "arch": Arch(hidden=512, ffn=768, layers=6, heads=4, kv_heads=1, gdn_k_heads=4,
+                                                     gdn_v_heads=8, gdn_dim=32, interval=3)})}
 
 
 def keep_freed_memory() -> None:
@@ -789,7 +798,7 @@ def main(argv=None) -> int:
         if "mtp1_loss" in rec["heldout"]:
             training |= {"loss.heldout_mtp1": rec["heldout"]["mtp1_loss"], "loss.heldout_mtp2": rec["heldout"]["mtp2_loss"]}
         path = out / f"tiny-{name}.gguf"
-        to_gguf(out / name / "hf", path, "q8_0", training)
+        to_gguf(out / name / "hf", path, preset.get("outtype", "q8_0"), training)
         if args.assets:
             args.assets.mkdir(parents=True, exist_ok=True)
             (args.assets / path.name).write_bytes(path.read_bytes())

@@ -17,8 +17,8 @@ by the (exact) float code, then one f32 add of m, never fused. That is gguf-py's
 scalar `dequantize_row_*` when the C compiler does not contract it into an FMA.
 
 Official implementation: ggml `ggml-common.h` block_q4_0 .. block_q8_0, `ggml-quants.c`
-dequantize_row_q4_0 .. q8_0 and quantize_row_q4_0_ref / quantize_row_q8_0_ref; gguf-py `quants.py`.
-Does NOT include: quantizers for Q4_1, Q5_0, Q5_1 (files we read carry them only as weights to load).
+dequantize_row_q4_0 .. q8_0 and quantize_row_q4_0_ref / q5_0_ref / q5_1_ref / q8_0_ref; gguf-py `quants.py`.
+Does NOT include: a quantizer for Q4_1 (files we read carry it only as weights to load).
 """
 
 from __future__ import annotations
@@ -168,6 +168,36 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:  # [B, 32] f32 -> [B, 18] uint8
     return np.concatenate([d.astype("<f2").view(np.uint8), qs], axis=-1)
 
 
+def _pack_five_bits(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [B, 32] codes 0..31 -> qh [B, 4], qs [B, 16]
+    """The Q5_* code fields: the fifth bits as a little-endian uint32 (bit j = value j), the low nibbles as in Q4_0."""
+    qh = np.packbits(q >> 4, axis=-1, bitorder="little")  # [B, 4]
+    low = q & 0x0F
+    return qh, low[:, :16] | (low[:, 16:] << 4)
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:  # [B, 32] f32 -> [B, 22] uint8
+    """Q4_0's sign trick with 5 bits: d = -peak / 16, codes trunc(x / d + 16.5) clamped to 31 (ggml's
+    quantize_row_q5_0_ref; the fallback llama-quantize takes for a Q4_K row that is not a multiple of 256)."""
+    x = x.astype(np.float32)
+    peak = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)  # [B, 1]
+    peak = np.where(peak == 0, np.float32(0), peak)  # an all-zero block: d = +0 / -16 = -0, as in Q4_0
+    d = peak / np.float32(-16)  # [B, 1]
+    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(16.5)), 31).astype(np.uint8)  # [B, 32]
+    qh, qs = _pack_five_bits(q)
+    return np.concatenate([d.astype("<f2").view(np.uint8), qh, qs], axis=-1)
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:  # [B, 32] f32 -> [B, 24] uint8
+    """m = block minimum, d = (max - m) / 31, codes trunc((x - m) / d + 0.5) (ggml's quantize_row_q5_1_ref;
+    llama-quantize's fallback for a Q5_K row that is not a multiple of 256)."""
+    x = x.astype(np.float32)
+    low, high = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)  # [B, 1]
+    d = (high - low) / np.float32(31)
+    q = np.minimum(np.trunc((x - low) * _inverse(d) + np.float32(0.5)), 31).astype(np.uint8)  # [B, 32]
+    qh, qs = _pack_five_bits(q)
+    return np.concatenate([d.astype("<f2").view(np.uint8), low.astype("<f2").view(np.uint8), qh, qs], axis=-1)
+
+
 DEQUANT = {
     GGMLType.Q4_0: dequantize_q4_0,
     GGMLType.Q4_1: dequantize_q4_1,
@@ -177,5 +207,7 @@ DEQUANT = {
 }
 QUANTIZE = {
     GGMLType.Q4_0: quantize_q4_0,
+    GGMLType.Q5_0: quantize_q5_0,
+    GGMLType.Q5_1: quantize_q5_1,
     GGMLType.Q8_0: quantize_q8_0,
 }
