@@ -106,9 +106,23 @@ def heldout_loss(model, tok: Tokenizer, n_windows: int, length: int) -> float:
 
 # The prompts a newcomer meets first (the README's generate examples) are chosen from these by rank_prompts, not by
 # reading outputs: openings of the kind the shipped model was trained on (the standard library's sources).
+# A bare signature invites the model to go on with the line (a "# type: ignore" comment), so most candidates end
+# where a body starts: after a newline, or after a docstring that says what the body should do.
 CANDIDATES = ["def fib(n):", "def is_prime(n):", "def read_lines(path):", "def flatten(items):", "def main():",
               "class Stack:", "class Point:", "def parse_args(argv):", "def __init__(self, name):",
-              "with open(path) as f:", "for i in range(10):", "import os\nimport sys\n\n\ndef main():\n"]
+              "with open(path) as f:", "for i in range(10):", "import os\nimport sys\n\n\ndef main():\n",
+              'def fib(n):\n    """Return the n-th Fibonacci number."""\n',
+              'def is_prime(n):\n    """Return True if n is a prime number."""\n',
+              'def read_lines(path):\n    """Return the lines of a text file."""\n',
+              'def flatten(items):\n    """Flatten a list of lists into one list."""\n',
+              'class Stack:\n    """A last-in first-out stack."""\n\n    def __init__(self):\n',
+              "class Point:\n    def __init__(self, x, y):\n",
+              "import os\n\n\ndef list_files(root):\n",
+              "def main():\n    parser = argparse.ArgumentParser()\n",
+              'if __name__ == "__main__":\n',
+              "try:\n    import json\nexcept ImportError:\n",
+              "    def __repr__(self):\n        return ",
+              "def add(a, b):\n    return "]
 
 
 def continuation(model, tok: Tokenizer, prompt: str, n: int = 64) -> dict:
