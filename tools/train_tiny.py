@@ -33,7 +33,8 @@ What it does, step by step (every step is deterministic given --seed and --steps
   4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
   5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
                  training record in `training.*` metadata keys (corpus, seconds, tokens, final losses, and
-                 `training.token_ranking`: token ids by training-corpus frequency, for --draft-vocab).
+                 `training.token_ranking`: token ids by training-corpus frequency, for --draft-vocab); beside
+                 it tiny-NAME.residual.gguf, its Q8_0 rounding (tools/gguf_residual.py), which --init adds back.
 
 Checkpoints (`<out>/<model>/ckpt.pt`) are written every --ckpt-every steps and a run resumes from them.
 """
@@ -55,6 +56,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))  # gguf_residual
 
 QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -266,12 +268,17 @@ def build(torch, arch: Arch, vocab: int, eot: int):
     return model, mtp
 
 
-def init_from_gguf(torch, model, mtp, path: Path) -> int:
+def init_from_gguf(torch, model, mtp, path: Path, residual: Path | None = None) -> int:
     """Load a qwen35 GGUF's weights (dequantized: a Q8_0 file gives its rounded values) into a freshly built model
     of the same shape, undoing tinyspec.convert: each HF name maps to its GGUF name (convert.gguf_name), and
     convert.transform is inverted (norm weights stored as 1 + w, ssm_a = -exp(A_log), value heads tiled for ggml,
     the conv weight squeezed). Continues training from a shipped file whose float checkpoint is gone (a lent GPU
-    keeps it). Returns the number of tensors loaded; a missing or misshapen tensor is an error."""
+    keeps it). residual: the file's `.residual.gguf` (export writes it; tools/gguf_residual.py), added to the
+    dequantized values, so the weights come back to ~2e-5 of each 32-block's largest value instead of ~4e-3; one
+    written for other weights is an error. Returns the number of tensors loaded; a missing or misshapen tensor is
+    an error."""
+    from gguf_residual import read_residual
+
     from tinyspec.convert import gguf_name, tile_v_heads
     from tinyspec.gguf import read_gguf
     from tinyspec.quants import dequantize
@@ -282,6 +289,10 @@ def init_from_gguf(torch, model, mtp, path: Path) -> int:
     if cfg.get("tie_word_embeddings"):
         params.pop("lm_head.weight", None)  # the embedding's own tensor
     loaded = 0
+    try:
+        correction = read_residual(path, residual) if residual is not None else {}
+    except ValueError as e:
+        raise SystemExit(f"--init {path}: {e}") from None
     with read_gguf(path) as g:
         for hf, dest in params.items():
             name = gguf_name(hf, n_trunk)
@@ -289,6 +300,8 @@ def init_from_gguf(torch, model, mtp, path: Path) -> int:
                 raise SystemExit(f"--init {path}: no tensor {name} for {hf}: not a file of this preset's shape")
             t = g.tensors[name]
             x = dequantize(g.raw(name), t.ggml_type, t.shape).astype(np.float64)
+            if name in correction:
+                x += correction[name]
             kind = name.split(".")[2] if name.startswith("blk.") else name
             if name.endswith("norm.weight") and kind != "ssm_norm":
                 x = x - 1.0
@@ -446,19 +459,27 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32,
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
           line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0,
-          init: Path | None = None) -> dict | None:
+          init: Path | None = None, init_residual: Path | None = None) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had).
     minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
     the three phases are scaled together so the steps fit the time left; the record keeps the step counts, and
     --steps/--copy-steps/--edit-steps with them reproduce the run. A run that still overruns by 15% stops and
-    exports where it is (the record says planned vs done)."""
+    exports where it is (the record says planned vs done).
+    init: start from a GGUF's weights (init_from_gguf); init_residual: its rounding residual, by default the one
+    beside it."""
     import torch
+    from gguf_residual import residual_path
 
     torch.manual_seed(seed)
     model, mtp = build(torch, recipe.arch, vocab, eot)
-    if init is not None and not (out / name / "ckpt.pt").exists():
-        say(f"{name}: {init_from_gguf(torch, model, mtp, init)} tensors from {init} (--init)")
+    if init is not None and init_residual is None and residual_path(init).is_file():
+        init_residual = residual_path(init)  # export writes it beside the file
+    from_file = init is not None and not (out / name / "ckpt.pt").exists()
+    if from_file:
+        n = init_from_gguf(torch, model, mtp, init, init_residual)
+        say(f"{name}: {n} tensors from {init} (--init) " + (f"+ its residual {init_residual}: the float weights"
+            if init_residual else "without a residual file: the Q8_0-rounded weights"))
     params = list(model.parameters()) + (list(mtp.parameters()) if mtp is not None else [])
     model.to(device)
     if mtp is not None:
@@ -555,7 +576,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params,
-              "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None})}
+              "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None,
+                                                     "init_residual": init_residual.name if init_residual else None})}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
     return record
@@ -581,10 +603,21 @@ def export_hf(torch, model, mtp, hf_dir: Path, tok_dir: Path) -> None:
 
 
 def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
+    """The GGUF that ships, and beside a quantized one its rounding residual `tiny-NAME.residual.gguf`
+    (tools/gguf_residual.py): with it, --init gives a next run the float weights back (to ~2e-5 of each block's
+    largest value). The residual is the difference between this file and an F32 conversion of the same folder."""
+    from gguf_residual import residual_path, write_residual
+
     from tinyspec.convert import convert
 
     convert(hf_dir, path, outtype, metadata={f"training.{k}": v for k, v in training.items()})
     say(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    if outtype != "f32":
+        exact = path.with_suffix(".f32.tmp")
+        convert(hf_dir, exact, "f32")
+        n = write_residual(path, exact, residual_path(path))
+        exact.unlink()
+        say(f"wrote {residual_path(path)} ({residual_path(path).stat().st_size / 1e6:.2f} MB, {n} tensors' rounding)")
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -658,7 +691,10 @@ def main(argv=None) -> int:
     ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
     ap.add_argument("--init", type=Path, help="start from this GGUF's weights (a file of the preset's shape, e.g. the "
                     "shipped one; Q8_0 gives its rounded values) instead of a random init: continue a run whose float "
-                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's")
+                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's. With its residual (beside it, "
+                    "tiny-NAME.residual.gguf, or --init-residual) the float weights come back")
+    ap.add_argument("--init-residual", type=Path, help="the --init file's rounding residual, when it is not beside "
+                    "it (e.g. .cache/gpu/tiny-target.residual.gguf for tinyspec/assets/tiny-target.gguf)")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -668,6 +704,8 @@ def main(argv=None) -> int:
         raise SystemExit("--init continues one model: name it (target or draft), with a file of its shape")
     if args.init is not None and not args.init.is_file():
         raise SystemExit(f"--init {args.init}: no such file")
+    if args.init_residual is not None and (args.init is None or not args.init_residual.is_file()):
+        raise SystemExit(f"--init-residual {args.init_residual}: needs --init and an existing file")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     preset = PRESETS[args.preset]
@@ -707,7 +745,7 @@ def main(argv=None) -> int:
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
                     args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens,
-                    args.init)
+                    args.init, args.init_residual)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
