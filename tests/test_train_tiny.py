@@ -251,18 +251,44 @@ def test_a_residual_of_other_weights_is_refused(trained, load_tool):
 
 def test_init_takes_the_residual_beside_the_file(trained, tmp_path):
     """`--init tiny-target.gguf` finds tiny-target.residual.gguf beside it, says so, and records it in
-    training.recipe; a next run then starts from the float weights."""
+    training.recipe; a next run then starts from the float weights (--moment-passes: AdamW's moments rebuilt)."""
     out = trained[0]
     (tmp_path / "tokenizer").mkdir()
     for f in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokens.npz"):
         (tmp_path / f).write_bytes((out / f).read_bytes())
     cmd = [sys.executable, str(REPO / "tools" / "train_tiny.py"), "target", "--preset", "smoke", "--out", str(tmp_path),
-           "--threads", "1", "--steps", "2", "--init", str(out / "tiny-target.gguf")]
+           "--threads", "1", "--steps", "2", "--init", str(out / "tiny-target.gguf"), "--moment-passes", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"+ its residual {out / 'tiny-target.residual.gguf'}" in done.stderr
+    assert "AdamW's moments rebuilt from 2 gradient passes at learning rate 0" in done.stderr
     with read_gguf(tmp_path / "tiny-target.gguf") as g:
         recipe = json.loads(g.metadata["training.recipe"])
     assert recipe["init"] == "tiny-target.gguf" and recipe["init_residual"] == "tiny-target.residual.gguf"
+    assert recipe["moment_passes"] == 2
     assert (tmp_path / "tiny-target.residual.gguf").is_file()  # and the run leaves its own for the next
 
+
+def test_moments_are_rebuilt_without_moving_a_weight(trained, tmp_path, load_tool):
+    """--init weights come without AdamW's moments; moment_passes gradient passes at learning rate 0 rebuild them
+    (AdamW's step count says how many) and leave every weight exactly as loaded: lr 0 is no update and no weight
+    decay. The checkpoint then holds the moments, so a resume goes on as any run does."""
+    torch = pytest.importorskip("torch")
+    train_tiny = load_tool("train_tiny")
+    out = trained[0]
+    ids = np.load(out / "tokens.npz")
+    recipe = train_tiny.PRESETS["smoke"]["target"]
+    stopped = train_tiny.train("target", recipe, 512, 511, ids["train"], ids["held"], tmp_path, 0, "cpu", 100,
+                               stop_after=0, init=out / "tiny-target.gguf", moment_passes=3)
+    assert stopped is None  # stopped before the first step, its checkpoint written
+    state = torch.load(tmp_path / "target" / "ckpt.pt", weights_only=False)
+    model, mtp = train_tiny.build(torch, recipe.arch, 512, 511)
+    train_tiny.init_from_gguf(torch, model, mtp, out / "tiny-target.gguf", out / "tiny-target.residual.gguf")
+    want = model_weights(model, mtp)
+    got = {k: v.numpy() for k, v in state["model"].items()} | {f"mtp.{k}": v.numpy() for k, v in state["mtp"].items()}
+    for k, w in want.items():
+        assert np.array_equal(got[k], w), k
+    moments = state["opt"]["state"].values()
+    assert len(moments) == len(list(model.parameters()) + list(mtp.parameters()))  # every parameter (lm_head is tied)
+    assert {float(m["step"]) for m in moments} == {3.0} and state["step"] == 0
+    assert all(float(m["exp_avg_sq"].abs().sum()) > 0 for m in moments)

@@ -418,6 +418,19 @@ def plant_edits(batch: np.ndarray, rng: np.random.Generator, frac: float, line_e
     return batch
 
 
+def batch_at(step: int, recipe: Recipe, seed: int, train_ids: np.ndarray, stdlib_tokens: int,
+             line_end: np.ndarray | None) -> np.ndarray:
+    """The batch of one step, [B, T+2]: it depends on (seed, step) only, so a run resumes exactly."""
+    rng = np.random.default_rng([seed, step])
+    batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng, stdlib_tokens, recipe.stdlib_frac)
+    # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
+    if step < recipe.steps + recipe.copy_steps:
+        plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
+    else:
+        plant_edits(batch, rng, recipe.edit_frac, line_end)
+    return batch
+
+
 def autocast(torch, device: str):
     """bf16 autocast on a GPU (weights, optimizer state and the GDN recurrence stay float32: HF's torch path
     casts q, k, v, beta and the decay to float32 itself); a no-op on the CPU, where float32 is as fast."""
@@ -459,7 +472,7 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32,
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
           line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0,
-          init: Path | None = None, init_residual: Path | None = None) -> dict | None:
+          init: Path | None = None, init_residual: Path | None = None, moment_passes: int = 0) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had).
     minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
@@ -467,7 +480,13 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     --steps/--copy-steps/--edit-steps with them reproduce the run. A run that still overruns by 15% stops and
     exports where it is (the record says planned vs done).
     init: start from a GGUF's weights (init_from_gguf); init_residual: its rounding residual, by default the one
-    beside it."""
+    beside it. moment_passes: weights that come without AdamW's moments (--init, or a checkpoint without them) get
+    them rebuilt first, from this many gradient passes at learning rate 0 on the batches the run is about to train
+    on: m and v become running means of these weights' own (clipped) gradients and AdamW's step count moves on by
+    as many, while no weight moves (lr 0: no update, no decay). Fresh moments make the first steps about lr per
+    weight, whatever each gradient's history (AdamW's bias correction): a bump in loss at a high rate, gone in
+    40-80 steps and worth 3-9 steps of progress; 20 passes remove the bump but cost more than it does, so the
+    default is none (docs/performance-log.md, 2026-11-28)."""
     import torch
     from gguf_residual import residual_path
 
@@ -521,6 +540,17 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
                     "recipe": asdict(recipe), "seed": seed}, ckpt.with_suffix(".tmp"))
         os.replace(ckpt.with_suffix(".tmp"), ckpt)
 
+    def update(batch: np.ndarray, lr: float):  # one AdamW step on one batch -> (main CE, MTP CEs)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with autocast(torch, device):
+            total, main, l1, l2 = losses(torch, model, mtp, torch.from_numpy(batch).to(device), recipe)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return main, l1, l2
+
     model.train()
     first, wall0 = step, time.perf_counter()
     t_sized = wall0  # when step 10 began (--minutes times steps 10 .. SIZE_AT)
@@ -528,6 +558,12 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         raise SystemExit("--minutes sizes a fresh run; resume with --steps/--copy-steps/--edit-steps from its log")
     if export_now:
         say(f"{name}: exporting the checkpoint at step {step} of {recipe.total_steps} (--export-now)")
+    elif (from_file or step) and not opt.state and moment_passes:  # weights without their moments
+        t0 = time.perf_counter()
+        for s in range(step, step + moment_passes):  # the batches it is about to train on
+            update(batch_at(s, recipe, seed, train_ids, stdlib_tokens, line_end), lr=0.0)
+        seconds += time.perf_counter() - t0
+        say(f"{name}: AdamW's moments rebuilt from {moment_passes} gradient passes at learning rate 0")
     while step < recipe.total_steps and not export_now:
         if minutes is not None and step == SIZE_AT:
             recipe = sized(recipe, minutes * 60 - (time.perf_counter() - wall0), (time.perf_counter() - t_sized) / (SIZE_AT - 10))
@@ -542,23 +578,9 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             save()
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
             return None
-        rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
-        batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng, stdlib_tokens, recipe.stdlib_frac)
-        # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
-        if step < recipe.steps + recipe.copy_steps:
-            plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
-        else:
-            plant_edits(batch, rng, recipe.edit_frac, line_end)
-        batch = torch.from_numpy(batch).to(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+        batch = batch_at(step, recipe, seed, train_ids, stdlib_tokens, line_end)
         t0 = time.perf_counter()
-        with autocast(torch, device):
-            total, main, l1, l2 = losses(torch, model, mtp, batch, recipe)
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        main, l1, l2 = update(batch, lr_at(step))
         seconds += time.perf_counter() - t0
         seen += recipe.batch * recipe.seq
         step += 1
@@ -577,7 +599,8 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
               "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params,
               "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None,
-                                                     "init_residual": init_residual.name if init_residual else None})}
+                                                     "init_residual": init_residual.name if init_residual else None,
+                                                     "moment_passes": moment_passes if init else 0})}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
     return record
@@ -605,7 +628,8 @@ def export_hf(torch, model, mtp, hf_dir: Path, tok_dir: Path) -> None:
 def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
     """The GGUF that ships, and beside a quantized one its rounding residual `tiny-NAME.residual.gguf`
     (tools/gguf_residual.py): with it, --init gives a next run the float weights back (to ~2e-5 of each block's
-    largest value). The residual is the difference between this file and an F32 conversion of the same folder."""
+    largest value), and with fresh AdamW moments that is all the run needs to go on (docs/performance-log.md,
+    2026-11-28). The residual is the difference between this file and an F32 conversion of the same folder."""
     from gguf_residual import residual_path, write_residual
 
     from tinyspec.convert import convert
@@ -695,6 +719,9 @@ def main(argv=None) -> int:
                     "tiny-NAME.residual.gguf, or --init-residual) the float weights come back")
     ap.add_argument("--init-residual", type=Path, help="the --init file's rounding residual, when it is not beside "
                     "it (e.g. .cache/gpu/tiny-target.residual.gguf for tinyspec/assets/tiny-target.gguf)")
+    ap.add_argument("--moment-passes", type=int, default=0, help="--init: rebuild AdamW's moments from this many "
+                    "gradient passes at learning rate 0 before training (default 0: they start from zero, which costs "
+                    "a few steps' progress once; docs/performance-log.md, 2026-11-28)")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -745,7 +772,7 @@ def main(argv=None) -> int:
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
                     args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens,
-                    args.init, args.init_residual)
+                    args.init, args.init_residual, args.moment_passes)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
