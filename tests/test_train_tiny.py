@@ -204,3 +204,114 @@ def test_init_from_gguf_inverts_the_conversion(trained, tmp_path, load_tool):
     draft, _ = train_tiny.build(torch, train_tiny.PRESETS["smoke"]["draft"].arch, 512, 511)
     with pytest.raises(SystemExit, match="not a file of this preset's shape|values"):
         train_tiny.init_from_gguf(torch, draft, None, tmp_path / "f32.gguf")  # the target's file into the draft
+
+
+def model_weights(model, mtp) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in model.state_dict().items()} | (
+        {f"mtp.{k}": v.numpy() for k, v in mtp.state_dict().items()} if mtp is not None else {})
+
+
+def test_the_residual_file_gives_the_float_weights_back(trained, load_tool):
+    """Export writes tiny-NAME.residual.gguf beside the Q8_0 file (tools/gguf_residual.py): r = w - dequant(Q8_0(w))
+    for every quantized tensor, itself in Q8_0 (times 2^16, so its fp16 scales stay normal). A Q8_0 block keeps
+    each of its 32 values within c d of w, d = max|w| / 127 its scale and c = 1/2 + 127 * 2^-11 (the code's rounding
+    plus fp16's rounding of d times the largest code); the residual's blocks are the same 32 values, so with it
+    the error is within c max|r| / 127: c / 127 ~ 1/226 of the main file's own largest error, and at most
+    c^2 max|w| / 127^2 ~ 2e-5 max|w|. Checked per tensor against the float checkpoint (ckpt.pt), the float32
+    rounding of the sum (2^-24 |w|) as slack. On the smoke run: largest error ~4e-4 from the main file alone,
+    ~1.5e-6 with the residual. F32 tensors (norms, ssm_a, conv) are exact in the main file and not repeated."""
+    torch = pytest.importorskip("torch")
+    from tinyspec.convert import gguf_name
+
+    train_tiny, gguf_residual = load_tool("train_tiny"), load_tool("gguf_residual")
+    out = trained[0]
+    main = out / "tiny-target.gguf"
+    state = torch.load(out / "target" / "ckpt.pt", weights_only=False)  # the float weights at the last step
+    want = {k: v.numpy() for k, v in state["model"].items()} | {f"mtp.{k}": v.numpy() for k, v in state["mtp"].items()}
+    arch = train_tiny.PRESETS["smoke"]["target"].arch
+
+    def loaded(residual):
+        torch.manual_seed(123)  # other random weights than the trained ones
+        model, mtp = train_tiny.build(torch, arch, 512, 511)
+        train_tiny.init_from_gguf(torch, model, mtp, main, residual)
+        return model_weights(model, mtp)
+
+    alone, both = loaded(None), loaded(gguf_residual.residual_path(main))
+    with read_gguf(main) as g, read_gguf(gguf_residual.residual_path(main)) as res:
+        types = {name: t.ggml_type.name for name, t in g.tensors.items()}
+        assert set(res.tensors) == {name for name, kind in types.items() if kind != "F32"}
+    c = gguf_residual.C
+    quantized = 0
+    for k, w in want.items():
+        if k == "lm_head.weight":
+            continue  # tied: the embedding's tensor, checked as token_embd
+        w = w.astype(np.float64)
+        r, e = w - alone[k], w - both[k]  # the main file's rounding, and what is left of it
+        slack = 2.0**-24 * np.abs(w) + 1e-10  # the sum's float32 rounding; a subnormal residual scale's rounding
+        if types[gguf_name(k, arch.layers)] == "F32":
+            assert np.array_equal(alone[k], both[k]), k
+            np.testing.assert_allclose(both[k], w, rtol=1e-6, atol=1e-6, err_msg=k)
+            continue
+        quantized += 1
+        assert np.abs(r).max() <= c * np.abs(w).max() / 127 + slack.max(), k
+        assert (np.abs(e) <= c * np.abs(r).max() / 127 + slack).all(), (k, np.abs(e).max(), np.abs(r).max())
+        assert (np.abs(e) <= c**2 * np.abs(w).max() / 127**2 + slack).all(), k
+    assert quantized >= 20  # the projections, the embedding and the MTP block's
+
+
+def test_a_residual_of_other_weights_is_refused(trained, load_tool):
+    """The residual corrects the main file's exact bytes: its `residual.main_sha256` must be the digest of that
+    file's tensors, so the draft's residual (or a model file) cannot be added to the target's weights."""
+    torch = pytest.importorskip("torch")
+    train_tiny = load_tool("train_tiny")
+    out = trained[0]
+    model, mtp = train_tiny.build(torch, train_tiny.PRESETS["smoke"]["target"].arch, 512, 511)
+    with pytest.raises(SystemExit, match="written for other weights"):
+        train_tiny.init_from_gguf(torch, model, mtp, out / "tiny-target.gguf", out / "tiny-draft.residual.gguf")
+    with pytest.raises(SystemExit, match="not a residual file"):
+        train_tiny.init_from_gguf(torch, model, mtp, out / "tiny-target.gguf", out / "tiny-draft.gguf")
+
+
+def test_init_takes_the_residual_beside_the_file(trained, tmp_path):
+    """`--init tiny-target.gguf` finds tiny-target.residual.gguf beside it, says so, and records it in
+    training.recipe; a next run then starts from the float weights (--moment-passes: AdamW's moments rebuilt)."""
+    out = trained[0]
+    (tmp_path / "tokenizer").mkdir()
+    for f in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokens.npz"):
+        (tmp_path / f).write_bytes((out / f).read_bytes())
+    cmd = [sys.executable, str(REPO / "tools" / "train_tiny.py"), "target", "--preset", "smoke", "--out", str(tmp_path),
+           "--threads", "1", "--steps", "2", "--init", str(out / "tiny-target.gguf"), "--moment-passes", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"+ its residual {out / 'tiny-target.residual.gguf'}" in done.stderr
+    assert "AdamW's moments rebuilt from 2 gradient passes at learning rate 0" in done.stderr
+    with read_gguf(tmp_path / "tiny-target.gguf") as g:
+        recipe = json.loads(g.metadata["training.recipe"])
+    assert recipe["init"] == "tiny-target.gguf" and recipe["init_residual"] == "tiny-target.residual.gguf"
+    assert recipe["moment_passes"] == 2
+    assert (tmp_path / "tiny-target.residual.gguf").is_file()  # and the run leaves its own for the next
+
+
+def test_moments_are_rebuilt_without_moving_a_weight(trained, tmp_path, load_tool):
+    """--init weights come without AdamW's moments; moment_passes gradient passes at learning rate 0 rebuild them
+    (AdamW's step count says how many) and leave every weight exactly as loaded: lr 0 is no update and no weight
+    decay. The checkpoint then holds the moments, so a resume goes on as any run does."""
+    torch = pytest.importorskip("torch")
+    train_tiny = load_tool("train_tiny")
+    out = trained[0]
+    ids = np.load(out / "tokens.npz")
+    recipe = train_tiny.PRESETS["smoke"]["target"]
+    stopped = train_tiny.train("target", recipe, 512, 511, ids["train"], ids["held"], tmp_path, 0, "cpu", 100,
+                               stop_after=0, init=out / "tiny-target.gguf", moment_passes=3)
+    assert stopped is None  # stopped before the first step, its checkpoint written
+    state = torch.load(tmp_path / "target" / "ckpt.pt", weights_only=False)
+    model, mtp = train_tiny.build(torch, recipe.arch, 512, 511)
+    train_tiny.init_from_gguf(torch, model, mtp, out / "tiny-target.gguf", out / "tiny-target.residual.gguf")
+    want = model_weights(model, mtp)
+    got = {k: v.numpy() for k, v in state["model"].items()} | {f"mtp.{k}": v.numpy() for k, v in state["mtp"].items()}
+    for k, w in want.items():
+        assert np.array_equal(got[k], w), k
+    moments = state["opt"]["state"].values()
+    assert len(moments) == len(list(model.parameters()) + list(mtp.parameters()))  # every parameter (lm_head is tied)
+    assert {float(m["step"]) for m in moments} == {3.0} and state["step"] == 0
+    assert all(float(m["exp_avg_sq"].abs().sum()) > 0 for m in moments)

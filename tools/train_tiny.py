@@ -35,7 +35,8 @@ What it does, step by step (every step is deterministic given --seed and --steps
   4. draft       a smaller Qwen3_5ForCausalLM with the same tokenizer (plain next-token loss) for --spec draft.
   5. export      save_pretrained + the mtp.* tensors -> tinyspec.convert (llama.cpp's layout) -> GGUF with the
                  training record in `training.*` metadata keys (corpus, seconds, tokens, final losses, and
-                 `training.token_ranking`: token ids by training-corpus frequency, for --draft-vocab).
+                 `training.token_ranking`: token ids by training-corpus frequency, for --draft-vocab); beside
+                 it tiny-NAME.residual.gguf, its Q8_0 rounding (tools/gguf_residual.py), which --init adds back.
 
 Checkpoints (`<out>/<model>/ckpt.pt`) are written every --ckpt-every steps and a run resumes from them.
 """
@@ -57,7 +58,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))  # corpus_dedup, when loaded as a module rather than run
+sys.path.insert(0, str(REPO / "tools"))  # corpus_dedup and gguf_residual, when loaded as a module rather than run
 
 QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -315,12 +316,17 @@ def build(torch, arch: Arch, vocab: int, eot: int):
     return model, mtp
 
 
-def init_from_gguf(torch, model, mtp, path: Path) -> int:
+def init_from_gguf(torch, model, mtp, path: Path, residual: Path | None = None) -> int:
     """Load a qwen35 GGUF's weights (dequantized: a Q8_0 file gives its rounded values) into a freshly built model
     of the same shape, undoing tinyspec.convert: each HF name maps to its GGUF name (convert.gguf_name), and
     convert.transform is inverted (norm weights stored as 1 + w, ssm_a = -exp(A_log), value heads tiled for ggml,
     the conv weight squeezed). Continues training from a shipped file whose float checkpoint is gone (a lent GPU
-    keeps it). Returns the number of tensors loaded; a missing or misshapen tensor is an error."""
+    keeps it). residual: the file's `.residual.gguf` (export writes it; tools/gguf_residual.py), added to the
+    dequantized values, so the weights come back to ~2e-5 of each 32-block's largest value instead of ~4e-3; one
+    written for other weights is an error. Returns the number of tensors loaded; a missing or misshapen tensor is
+    an error."""
+    from gguf_residual import read_residual
+
     from tinyspec.convert import gguf_name, tile_v_heads
     from tinyspec.gguf import read_gguf
     from tinyspec.quants import dequantize
@@ -331,6 +337,10 @@ def init_from_gguf(torch, model, mtp, path: Path) -> int:
     if cfg.get("tie_word_embeddings"):
         params.pop("lm_head.weight", None)  # the embedding's own tensor
     loaded = 0
+    try:
+        correction = read_residual(path, residual) if residual is not None else {}
+    except ValueError as e:
+        raise SystemExit(f"--init {path}: {e}") from None
     with read_gguf(path) as g:
         for hf, dest in params.items():
             name = gguf_name(hf, n_trunk)
@@ -338,6 +348,8 @@ def init_from_gguf(torch, model, mtp, path: Path) -> int:
                 raise SystemExit(f"--init {path}: no tensor {name} for {hf}: not a file of this preset's shape")
             t = g.tensors[name]
             x = dequantize(g.raw(name), t.ggml_type, t.shape).astype(np.float64)
+            if name in correction:
+                x += correction[name]
             kind = name.split(".")[2] if name.startswith("blk.") else name
             if name.endswith("norm.weight") and kind != "ssm_norm":
                 x = x - 1.0
@@ -454,6 +466,19 @@ def plant_edits(batch: np.ndarray, rng: np.random.Generator, frac: float, line_e
     return batch
 
 
+def batch_at(step: int, recipe: Recipe, seed: int, train_ids: np.ndarray, stdlib_tokens: int,
+             line_end: np.ndarray | None) -> np.ndarray:
+    """The batch of one step, [B, T+2]: it depends on (seed, step) only, so a run resumes exactly."""
+    rng = np.random.default_rng([seed, step])
+    batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng, stdlib_tokens, recipe.stdlib_frac)
+    # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
+    if step < recipe.steps + recipe.copy_steps:
+        plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
+    else:
+        plant_edits(batch, rng, recipe.edit_frac, line_end)
+    return batch
+
+
 def autocast(torch, device: str):
     """bf16 autocast on a GPU (weights, optimizer state and the GDN recurrence stay float32: HF's torch path
     casts q, k, v, beta and the decay to float32 itself); a no-op on the CPU, where float32 is as fast."""
@@ -495,19 +520,33 @@ def evaluate(torch, model, mtp, stream: np.ndarray, recipe: Recipe, n: int = 32,
 def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray, held_ids: np.ndarray, out: Path,
           seed: int, device: str, ckpt_every: int, stop_after: int | None = None, export_now: bool = False,
           line_end: np.ndarray | None = None, minutes: float | None = None, stdlib_tokens: int = 0,
-          init: Path | None = None) -> dict | None:
+          init: Path | None = None, init_residual: Path | None = None, moment_passes: int = 0) -> dict | None:
     """Train (or resume) one model; export its HF folder. None when stopped early by stop_after.
     export_now: export the last checkpoint as it is (the record says how many steps it had).
     minutes: size the run to a wall-clock budget (a lent GPU's minutes): after SIZE_AT steps at the warm-up rate,
     the three phases are scaled together so the steps fit the time left; the record keeps the step counts, and
     --steps/--copy-steps/--edit-steps with them reproduce the run. A run that still overruns by 15% stops and
-    exports where it is (the record says planned vs done)."""
+    exports where it is (the record says planned vs done).
+    init: start from a GGUF's weights (init_from_gguf); init_residual: its rounding residual, by default the one
+    beside it. moment_passes: weights that come without AdamW's moments (--init, or a checkpoint without them) get
+    them rebuilt first, from this many gradient passes at learning rate 0 on the batches the run is about to train
+    on: m and v become running means of these weights' own (clipped) gradients and AdamW's step count moves on by
+    as many, while no weight moves (lr 0: no update, no decay). Fresh moments make the first steps about lr per
+    weight, whatever each gradient's history (AdamW's bias correction): a bump in loss at a high rate, gone in
+    40-80 steps and worth 3-9 steps of progress; 20 passes remove the bump but cost more than it does, so the
+    default is none (docs/performance-log.md, 2026-11-28)."""
     import torch
+    from gguf_residual import residual_path
 
     torch.manual_seed(seed)
     model, mtp = build(torch, recipe.arch, vocab, eot)
-    if init is not None and not (out / name / "ckpt.pt").exists():
-        say(f"{name}: {init_from_gguf(torch, model, mtp, init)} tensors from {init} (--init)")
+    if init is not None and init_residual is None and residual_path(init).is_file():
+        init_residual = residual_path(init)  # export writes it beside the file
+    from_file = init is not None and not (out / name / "ckpt.pt").exists()
+    if from_file:
+        n = init_from_gguf(torch, model, mtp, init, init_residual)
+        say(f"{name}: {n} tensors from {init} (--init) " + (f"+ its residual {init_residual}: the float weights"
+            if init_residual else "without a residual file: the Q8_0-rounded weights"))
     params = list(model.parameters()) + (list(mtp.parameters()) if mtp is not None else [])
     model.to(device)
     if mtp is not None:
@@ -549,6 +588,17 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
                     "recipe": asdict(recipe), "seed": seed}, ckpt.with_suffix(".tmp"))
         os.replace(ckpt.with_suffix(".tmp"), ckpt)
 
+    def update(batch: np.ndarray, lr: float):  # one AdamW step on one batch -> (main CE, MTP CEs)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with autocast(torch, device):
+            total, main, l1, l2 = losses(torch, model, mtp, torch.from_numpy(batch).to(device), recipe)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return main, l1, l2
+
     model.train()
     first, wall0 = step, time.perf_counter()
     t_sized = wall0  # when step 10 began (--minutes times steps 10 .. SIZE_AT)
@@ -556,6 +606,12 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
         raise SystemExit("--minutes sizes a fresh run; resume with --steps/--copy-steps/--edit-steps from its log")
     if export_now:
         say(f"{name}: exporting the checkpoint at step {step} of {recipe.total_steps} (--export-now)")
+    elif (from_file or step) and not opt.state and moment_passes:  # weights without their moments
+        t0 = time.perf_counter()
+        for s in range(step, step + moment_passes):  # the batches it is about to train on
+            update(batch_at(s, recipe, seed, train_ids, stdlib_tokens, line_end), lr=0.0)
+        seconds += time.perf_counter() - t0
+        say(f"{name}: AdamW's moments rebuilt from {moment_passes} gradient passes at learning rate 0")
     while step < recipe.total_steps and not export_now:
         if minutes is not None and step == SIZE_AT:
             recipe = sized(recipe, minutes * 60 - (time.perf_counter() - wall0), (time.perf_counter() - t_sized) / (SIZE_AT - 10))
@@ -570,23 +626,9 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
             save()
             say(f"{name}: stopped at step {step} (--stop-after); run again to resume")
             return None
-        rng = np.random.default_rng([seed, step])  # the batch of a step depends on (seed, step) only: resumable
-        batch = windows(train_ids, recipe.batch, recipe.seq + 2, rng, stdlib_tokens, recipe.stdlib_frac)
-        # rows that repeat a span of themselves teach copying, so that "edit this code" prompts get copied
-        if step < recipe.steps + recipe.copy_steps:
-            plant_copies(batch, rng, recipe.copy_frac if step >= recipe.steps else recipe.copy_frac_main)
-        else:
-            plant_edits(batch, rng, recipe.edit_frac, line_end)
-        batch = torch.from_numpy(batch).to(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+        batch = batch_at(step, recipe, seed, train_ids, stdlib_tokens, line_end)
         t0 = time.perf_counter()
-        with autocast(torch, device):
-            total, main, l1, l2 = losses(torch, model, mtp, batch, recipe)
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        main, l1, l2 = update(batch, lr_at(step))
         seconds += time.perf_counter() - t0
         seen += recipe.batch * recipe.seq
         step += 1
@@ -604,7 +646,9 @@ def train(name: str, recipe: Recipe, vocab: int, eot: int, train_ids: np.ndarray
     record = {"steps": step, "planned_steps": recipe.total_steps, "seconds": round(seconds, 1), "tokens": seen,
               "train_loss": round(ema, 4),
               "heldout": {k: round(v, 4) for k, v in held.items()}, "params": n_params,
-              "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None})}
+              "recipe": json.dumps(asdict(recipe) | {"device": device, "init": init.name if init else None,
+                                                     "init_residual": init_residual.name if init_residual else None,
+                                                     "moment_passes": moment_passes if init else 0})}
     export_hf(torch, model, mtp, d / "hf", out / "tokenizer")
     (d / "record.json").write_text(json.dumps(record, indent=1))
     return record
@@ -630,10 +674,22 @@ def export_hf(torch, model, mtp, hf_dir: Path, tok_dir: Path) -> None:
 
 
 def to_gguf(hf_dir: Path, path: Path, outtype: str, training: dict) -> None:
+    """The GGUF that ships, and beside a quantized one its rounding residual `tiny-NAME.residual.gguf`
+    (tools/gguf_residual.py): with it, --init gives a next run the float weights back (to ~2e-5 of each block's
+    largest value), and with fresh AdamW moments that is all the run needs to go on (docs/performance-log.md,
+    2026-11-28). The residual is the difference between this file and an F32 conversion of the same folder."""
+    from gguf_residual import residual_path, write_residual
+
     from tinyspec.convert import convert
 
     convert(hf_dir, path, outtype, metadata={f"training.{k}": v for k, v in training.items()})
     say(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    if outtype != "f32":
+        exact = path.with_suffix(".f32.tmp")
+        convert(hf_dir, exact, "f32")
+        n = write_residual(path, exact, residual_path(path))
+        exact.unlink()
+        say(f"wrote {residual_path(path)} ({residual_path(path).stat().st_size / 1e6:.2f} MB, {n} tensors' rounding)")
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -720,10 +776,16 @@ def main(argv=None) -> int:
     ap.add_argument("--assets", type=Path, help="also copy the GGUFs here (tinyspec/assets to ship them)")
     ap.add_argument("--init", type=Path, help="start from this GGUF's weights (a file of the preset's shape, e.g. the "
                     "shipped one; Q8_0 gives its rounded values) instead of a random init: continue a run whose float "
-                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's (--tokenizer-from writes it)")
+                    "checkpoint is gone. Its tokenizer must be <out>/tokenizer's (--tokenizer-from writes it). With "
+                    "its residual (beside it, tiny-NAME.residual.gguf, or --init-residual) the float weights come back")
     ap.add_argument("--tokenizer-from", type=Path, metavar="GGUF",
                     help="take the tokenizer from this GGUF (e.g. tinyspec/assets/tiny-target.gguf) instead of "
                     "training a BPE: a corpus for continuing a shipped model must be encoded with its ids")
+    ap.add_argument("--init-residual", type=Path, help="the --init file's rounding residual, when it is not beside "
+                    "it (e.g. .cache/gpu/tiny-target.residual.gguf for tinyspec/assets/tiny-target.gguf)")
+    ap.add_argument("--moment-passes", type=int, default=0, help="--init: rebuild AdamW's moments from this many "
+                    "gradient passes at learning rate 0 before training (default 0: they start from zero, which costs "
+                    "a few steps' progress once; docs/performance-log.md, 2026-11-28)")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -734,6 +796,8 @@ def main(argv=None) -> int:
     for flag, path in (("--init", args.init), ("--tokenizer-from", args.tokenizer_from)):
         if path is not None and not path.is_file():
             raise SystemExit(f"{flag} {path}: no such file")
+    if args.init_residual is not None and (args.init is None or not args.init_residual.is_file()):
+        raise SystemExit(f"--init-residual {args.init_residual}: needs --init and an existing file")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     preset = PRESETS[args.preset]
@@ -783,7 +847,7 @@ def main(argv=None) -> int:
     for name in (["target", "draft"] if args.what == "all" else [args.what]):
         rec = train(name, recipes[name], preset["vocab"], eot, train_ids, held_ids, out, args.seed, args.device,
                     args.ckpt_every, args.stop_after, args.export_now, line_end, args.minutes, stdlib_tokens,
-                    args.init)
+                    args.init, args.init_residual, args.moment_passes)
         if rec is None:
             return 0
         training = {"corpus": corpus, "tokenizer": f"byte-level BPE, {preset['vocab']} tokens, qwen35 split",
