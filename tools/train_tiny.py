@@ -51,7 +51,7 @@ import sys
 import sysconfig
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +142,15 @@ PRESETS = {
 PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": Recipe(**{
     **asdict(PRESETS["gpu"]["target"]), "arch": Arch(hidden=512, ffn=768, layers=6, heads=4, kv_heads=1, gdn_k_heads=4,
                                                      gdn_v_heads=8, gdn_dim=32, interval=3)})}
+# the next lent GPU's run goes on from what ships (--init tinyspec/assets/tiny-*.gguf, tools/gpu_session.sh): gpu's
+# shapes on its deduplicated corpus, encoded with the shipped tokenizer (`corpus --tokenizer-from`). The target
+# warms up again to a third of the first run's rate (its weights are trained: a full rate would undo some of it)
+# and spends half its steps copying and editing, at the rate the CPU fine-tune lifted lookup with (copy_lr 3e-4,
+# docs/performance-log.md 2026-11-28); the draft goes on at a lower rate. Steps are proportions --minutes scales.
+PRESETS["gpu-continue"] = PRESETS["gpu"] | {
+    "target": replace(PRESETS["gpu"]["target"], steps=1000, warmup=50, lr=5e-4, copy_steps=250, copy_lr=3e-4,
+                      edit_steps=750),
+    "draft": replace(PRESETS["gpu"]["draft"], steps=1000, warmup=50, lr=7e-4)}
 
 
 def keep_freed_memory() -> None:
@@ -491,7 +500,6 @@ SIZE_AT = 40  # --minutes: steps 10..40 time a step (after the first steps' allo
 def sized(recipe: Recipe, seconds_left: float, step_s: float) -> Recipe:
     """recipe with its three phases scaled by one factor so its steps fill seconds_left at step_s a step (the
     warm-up stays as it is: it already ran)."""
-    from dataclasses import replace
 
     f = max(SIZE_AT, SIZE_AT + seconds_left / step_s) / recipe.total_steps
     main = max(SIZE_AT + 1, round(recipe.steps * f))
