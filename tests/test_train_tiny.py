@@ -315,3 +315,14 @@ def test_moments_are_rebuilt_without_moving_a_weight(trained, tmp_path, load_too
     assert len(moments) == len(list(model.parameters()) + list(mtp.parameters()))  # every parameter (lm_head is tied)
     assert {float(m["step"]) for m in moments} == {3.0} and state["step"] == 0
     assert all(float(m["exp_avg_sq"].abs().sum()) > 0 for m in moments)
+
+
+def test_gpu_session_without_a_corpus_says_how_to_make_one(tmp_path):
+    """The training call of a lent GPU (tools/gpu_session.sh) stops at once, before any device time is spent on
+    imports, when the corpus it trains from was not carried, and names the command that prepares it."""
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "TRAIN_DIR": str(tmp_path / "none"),
+           "LOGS": str(tmp_path / "logs"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(REPO / "tools" / "gpu_session.sh")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "no corpus in" in done.stderr and "--tokenizer-from tinyspec/assets/tiny-target.gguf" in done.stderr

@@ -54,6 +54,11 @@ SYNTH="${SYNTH:-/tmp/tinyspec-synth-0.8b-q4_k_m.gguf}"
 mkdir -p "$OUT" "$LOGS"
 failed=()
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+if has train; then
+    [[ -f $TRAIN_DIR/tokens.npz && -f $TRAIN_DIR/tokenizer/tokenizer.json ]] || { echo "gpu_session: no corpus in \
+$TRAIN_DIR: run 'python tools/train_tiny.py corpus --preset gpu --tokenizer-from tinyspec/assets/tiny-target.gguf \
+--out $TRAIN_DIR' on the CPU and carry it" >&2; exit 2; }
+fi
 
 keep_log() {  # keep_log FILE...: append each to $OUT/session.log under its name, then remove it (8 files come back)
     local f
@@ -102,9 +107,6 @@ run_training() {  # run_training MODEL: one run of train_tiny beside the others;
     return $((rc || $?))
 }
 if has train; then
-    [[ -f $TRAIN_DIR/tokens.npz && -f $TRAIN_DIR/tokenizer/tokenizer.json ]] || { echo "gpu_session: no corpus in \
-$TRAIN_DIR: run 'python tools/train_tiny.py corpus --preset gpu --tokenizer-from tinyspec/assets/tiny-target.gguf \
---out $TRAIN_DIR' on the CPU and carry it" >&2; exit 2; }
     for model in $TRAIN_MODELS; do
         run_training "$model" &
         train_pids+=($!)
