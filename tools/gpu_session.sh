@@ -10,7 +10,7 @@
 # What it trains, side by side on the one GPU, each for TRAIN_MIN minutes (train_tiny --minutes sizes the steps):
 #   target      the shipped target, going on from its weights (--init tinyspec/assets/tiny-target.gguf, and the
 #               float weights back if the last run's residual .cache/gpu/tiny-target.residual.gguf was carried),
-#               preset gpu-continue: the deduplicated corpus, then copy and edit phases (lookup on edit prompts)
+#               preset gpu-continue: the deduplicated corpus with planted copies, then an edit phase (lookup)
 #   draft       the shipped draft model, going on the same way (preset gpu-continue)
 #   target-q4k  a wider target from scratch (preset gpu-q4k: 16.5 M parameters, Q4_K_M, the same bytes as the
 #               Q8_0 target): the other answer to "which target fits in 15 MB", trained in the same minutes

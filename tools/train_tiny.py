@@ -143,13 +143,15 @@ PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": Recipe(**{
     **asdict(PRESETS["gpu"]["target"]), "arch": Arch(hidden=512, ffn=768, layers=6, heads=4, kv_heads=1, gdn_k_heads=4,
                                                      gdn_v_heads=8, gdn_dim=32, interval=3)})}
 # the next lent GPU's run goes on from what ships (--init tinyspec/assets/tiny-*.gguf, tools/gpu_session.sh): gpu's
-# shapes on its deduplicated corpus, encoded with the shipped tokenizer (`corpus --tokenizer-from`). The target
-# warms up again to a third of the first run's rate (its weights are trained: a full rate would undo some of it)
-# and spends half its steps copying and editing, at the rate the CPU fine-tune lifted lookup with (copy_lr 3e-4,
-# docs/performance-log.md 2026-11-28); the draft goes on at a lower rate. Steps are proportions --minutes scales.
+# shapes on its deduplicated corpus, encoded with the shipped tokenizer (`corpus --tokenizer-from`). The target warms
+# up again to a third of the first run's rate and plants copies in 30% of its rows while the rate decays, then ends
+# in an edit phase at gpu's rate. Why not a copy phase at the end: on two cores (docs/performance-log.md 2026-11-28)
+# a constant 3e-4 for 400 steps of 16 x 512 lifted lookup on edit prompts 2.20 -> 3.28 tokens a pass but cost 3.2%
+# held-out nats/byte, and 1e-4 for 200 steps neither lifted lookup nor kept MTP (3.20 -> 3.00 a pass): copying has to
+# be learnt while the rate is high and settle as it decays. Steps are proportions that --minutes scales.
 PRESETS["gpu-continue"] = PRESETS["gpu"] | {
-    "target": replace(PRESETS["gpu"]["target"], steps=1000, warmup=50, lr=5e-4, copy_steps=250, copy_lr=3e-4,
-                      edit_steps=750),
+    "target": replace(PRESETS["gpu"]["target"], steps=1500, warmup=50, lr=5e-4, copy_frac_main=0.3, copy_steps=0,
+                      edit_steps=500, copy_lr=1.5e-4),
     "draft": replace(PRESETS["gpu"]["draft"], steps=1000, warmup=50, lr=7e-4)}
 
 
