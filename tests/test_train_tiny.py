@@ -326,3 +326,32 @@ def test_gpu_session_without_a_corpus_says_how_to_make_one(tmp_path):
                           timeout=60)
     assert done.returncode == 2, done.stderr
     assert "no corpus in" in done.stderr and "--tokenizer-from tinyspec/assets/tiny-target.gguf" in done.stderr
+
+
+def test_tokenizer_from_gguf_encodes_as_the_shipped_model_does(load_tool, tmp_path):
+    """--tokenizer-from: the BPE rebuilt from the shipped GGUF's tokens and merges gives tinyspec's token ids on real
+    Python (a slice of the standard library and of tinyspec itself) and decodes back to the text, so a corpus encoded
+    with it continues the shipped model; written into an --out folder, it is reused, and another folder's tokenizer
+    is refused rather than mixed."""
+    pytest.importorskip("tokenizers")
+    import sysconfig
+
+    from tinyspec.demo import TARGET
+
+    if not TARGET.is_file():
+        pytest.skip("the shipped models are not built yet")
+    tool = load_tool("train_tiny")
+    tok = tool.tokenizer_from_gguf(TARGET)
+    with read_gguf(TARGET) as g:
+        ours = Tokenizer.from_gguf(g.metadata)
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40] + sorted((REPO / "tinyspec").glob("*.py"))
+    texts = [p.read_text(encoding="utf-8") for p in files] + ["x = 'Grüße, 世界' + \"\\t\\r\\n\" <|endoftext|>"]
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert ids == ours.encode(text), text[:80]
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    pytest.importorskip("torch")
+    other = tmp_path / "other"  # a folder whose tokenizer was trained on something else
+    tool.train_tokenizer(texts[:5], 300, other / "tokenizer")
+    with pytest.raises(SystemExit, match="holds another tokenizer"):
+        tool.main(["corpus", "--preset", "smoke", "--out", str(other), "--tokenizer-from", str(TARGET)])
