@@ -322,7 +322,8 @@ def test_gpu_session_without_a_corpus_says_how_to_make_one(tmp_path):
     imports, when the corpus it trains from was not carried, and names the command that prepares it."""
     env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "TRAIN_DIR": str(tmp_path / "none"),
            "LOGS": str(tmp_path / "logs"), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(REPO / "tools" / "gpu_session.sh")], check=False, capture_output=True, text=True, env=env,
+    done = subprocess.run(["bash", str(REPO / "tools" / "gpu_session.sh")], check=False, capture_output=True,
+                          text=True, env=env,
                           timeout=60)
     assert done.returncode == 2, done.stderr
     assert "no corpus in" in done.stderr and "--tokenizer-from tinyspec/assets/tiny-target.gguf" in done.stderr

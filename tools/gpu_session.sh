@@ -94,7 +94,8 @@ run_training() {  # run_training MODEL: one run of train_tiny beside the others;
                 && ln -sf "$(realpath "$TRAIN_DIR")/tokens.npz" "$out/tokens.npz" ;;
         *) echo "gpu_session: unknown model $model (target, draft, target-q4k)" >&2; return 1 ;;
     esac
-    local args=(--preset "$preset" --device "${TRAIN_DEVICE:-cuda}" --minutes "$TRAIN_MIN" --out "$out" --ckpt-every 100000)
+    local args=(--preset "$preset" --device "${TRAIN_DEVICE:-cuda}" --minutes "$TRAIN_MIN" --out "$out"
+                --ckpt-every 100000)
     if [[ -n $init ]]; then
         args+=(--init "$init")
         local residual="$TRAIN_DIR/tiny-$what.residual.gguf"  # the last run's, carried: its float weights back
@@ -103,7 +104,8 @@ run_training() {  # run_training MODEL: one run of train_tiny beside the others;
     timeout -k 10 $(( ${TRAIN_MIN%.*} * 60 + 150 )) $PY tools/train_tiny.py "$what" "${args[@]}" ${!extra:-} \
         > "$LOGS/train-$model.log" 2>&1
     local rc=$?
-    cp "$out/tiny-$what.gguf" "$OUT/tiny-$model.gguf" && cp "$out/tiny-$what.residual.gguf" "$OUT/tiny-$model.residual.gguf"
+    cp "$out/tiny-$what.gguf" "$OUT/tiny-$model.gguf" \
+        && cp "$out/tiny-$what.residual.gguf" "$OUT/tiny-$model.residual.gguf"
     return $((rc || $?))
 }
 if has train; then
