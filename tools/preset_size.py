@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,10 +47,7 @@ def shipped_size(arch, outtype: str, tokenizer_from: Path = SHIPPED) -> tuple[in
         convert(tmp / "hf", tmp / "t.gguf", outtype, metadata=training)
         with read_gguf(tmp / "t.gguf") as g:
             params = sum(t.n_elements for t in g.tensors.values())
-            types: dict[str, int] = {}
-            for t in g.tensors.values():
-                types[t.ggml_type.name] = types.get(t.ggml_type.name, 0) + 1
-            return params, g.file_size, types
+            return params, g.file_size, dict(Counter(t.ggml_type.name for t in g.tensors.values()))
 
 
 def main(argv=None) -> int:

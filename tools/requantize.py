@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,23 +32,21 @@ def requantize(src: Path, dst: Path, outtype: str, retype: dict | None = None) -
     """Write dst: src's metadata (file_type set to the outtype's) and its tensors re-stored in `outtype`, a type
     the rules choose replaced by retype's {GGMLType: GGMLType} where it names one. Returns {type name: tensor
     count} of what was written."""
-    f = read_gguf(src)
-    arch = f.metadata["general.architecture"]
-    shapes = {name: t.shape for name, t in f.tensors.items()}
-    kinds = tensor_types(shapes, outtype, f.metadata[f"{arch}.block_count"], f.metadata.get(f"{arch}.expert_count", 0))
-    kinds = {name: (retype or {}).get(kind, kind) for name, kind in kinds.items()}
-    fields = dict(f.fields)
-    fields["general.file_type"] = GGUFValue(GGUFValueType.UINT32, OUTTYPES[outtype][1])
+    with read_gguf(src) as f:
+        arch = f.metadata["general.architecture"]
+        shapes = {name: t.shape for name, t in f.tensors.items()}
+        kinds = tensor_types(shapes, outtype, f.metadata[f"{arch}.block_count"],
+                             f.metadata.get(f"{arch}.expert_count", 0))
+        kinds = {name: (retype or {}).get(kind, kind) for name, kind in kinds.items()}
+        fields = dict(f.fields)
+        fields["general.file_type"] = GGUFValue(GGUFValueType.UINT32, OUTTYPES[outtype][1])
 
-    def produce(name: str):
-        t = f.tensors[name]
-        return lambda: encode(dequantize(f.raw(name), t.ggml_type, t.shape), kinds[name])
+        def produce(name: str):
+            t = f.tensors[name]
+            return lambda: encode(dequantize(f.raw(name), t.ggml_type, t.shape), kinds[name])
 
-    write_gguf(dst, fields, {name: RawTensor(kinds[name], shapes[name], produce(name)) for name in f.tensors})
-    counts: dict[str, int] = {}
-    for kind in kinds.values():
-        counts[kind.name] = counts.get(kind.name, 0) + 1
-    return counts
+        write_gguf(dst, fields, {name: RawTensor(kinds[name], shapes[name], produce(name)) for name in f.tensors})
+    return dict(Counter(kind.name for kind in kinds.values()))
 
 
 def main(argv=None) -> int:

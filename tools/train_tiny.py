@@ -139,9 +139,8 @@ PRESETS = {
 # against gpu's 10.38 M at 11.38 MB (Q8_0); with gpu's 3.55 MB draft 14.6 MB ship. Sizes: tools/preset_size.py;
 # the choice among shapes of that size: docs/performance-log.md, 2026-11-28 "Q4_K_M or Q8_0 for the shipped target".
 # Vocabulary, corpus, draft and recipe are gpu's (its step counts are placeholders that --minutes scales).
-PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": Recipe(**{
-    **asdict(PRESETS["gpu"]["target"]), "arch": Arch(hidden=512, ffn=768, layers=6, heads=4, kv_heads=1, gdn_k_heads=4,
-                                                     gdn_v_heads=8, gdn_dim=32, interval=3)})}
+PRESETS["gpu-q4k"] = PRESETS["gpu"] | {"outtype": "q4_k_m", "target": replace(
+    PRESETS["gpu"]["target"], arch=replace(PRESETS["gpu"]["target"].arch, hidden=512, heads=4))}
 # the next lent GPU's run goes on from what ships (--init tinyspec/assets/tiny-*.gguf, tools/gpu_session.sh): gpu's
 # shapes on its deduplicated corpus, encoded with the shipped tokenizer (`corpus --tokenizer-from`). The target warms
 # up again to a third of the first run's rate and plants copies in 30% of its rows while the rate decays, then ends
@@ -502,7 +501,6 @@ SIZE_AT = 40  # --minutes: steps 10..40 time a step (after the first steps' allo
 def sized(recipe: Recipe, seconds_left: float, step_s: float) -> Recipe:
     """recipe with its three phases scaled by one factor so its steps fill seconds_left at step_s a step (the
     warm-up stays as it is: it already ran)."""
-
     f = max(SIZE_AT, SIZE_AT + seconds_left / step_s) / recipe.total_steps
     main = max(SIZE_AT + 1, round(recipe.steps * f))
     return replace(recipe, steps=main, copy_steps=round(recipe.copy_steps * f), edit_steps=round(recipe.edit_steps * f))
@@ -814,13 +812,11 @@ def main(argv=None) -> int:
     args.dedup = preset.get("dedup", False) if args.dedup is None else args.dedup
     recipes = {"target": preset["target"], "draft": preset["draft"]}
     if args.steps:
-        recipes = {"target": Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch, "steps": args.steps}),
-                   "draft": Recipe(**{**asdict(recipes["draft"]), "arch": recipes["draft"].arch,
-                                      "steps": max(1, args.steps // 2)})}
+        recipes = {"target": replace(recipes["target"], steps=args.steps),
+                   "draft": replace(recipes["draft"], steps=max(1, args.steps // 2))}
     for key in ("copy_steps", "edit_steps", "batch", "copy_lr"):
         if getattr(args, key) is not None:
-            recipes["target"] = Recipe(**{**asdict(recipes["target"]), "arch": recipes["target"].arch,
-                                          key: getattr(args, key)})
+            recipes["target"] = replace(recipes["target"], **{key: getattr(args, key)})
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
