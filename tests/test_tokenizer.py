@@ -48,7 +48,17 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tinyspec.gguf import GGUFValue, GGUFValueType, read_gguf, write_gguf
-from tinyspec.tokenizer import BYTE_TO_CHAR, PRE_TOKENIZERS, TokenType, Tokenizer, bytes_to_unicode, split_words
+from tinyspec.tokenizer import (
+    BYTE_TO_CHAR,
+    CACHE_CHARS,
+    CACHE_WORD_CHARS,
+    PRE_TOKENIZERS,
+    Tokenizer,
+    TokenType,
+    TooManyTokens,
+    bytes_to_unicode,
+    split_words,
+)
 
 T = TokenType
 
@@ -172,6 +182,64 @@ def test_from_gguf_file(tmp_path):
     assert tok.token_to_id("Ġh") == 256 and tok.id_to_token(256) == "Ġh"
     del plain["tokenizer.ggml.pre"]
     assert Tokenizer.from_gguf(plain).pre == "default"
+
+
+def spy_bpe(tok: Tokenizer) -> list[int]:
+    """Count the characters every bpe() call is handed (the list's one item), by wrapping the bound method."""
+    seen, bpe = [0], tok.bpe
+
+    def counted(word: str) -> list[int]:
+        seen[0] += len(word)
+        return bpe(word)
+
+    tok.bpe = counted
+    return seen
+
+
+def test_a_limit_refuses_a_huge_word_before_bpe_runs_on_it():
+    """The bug: a server refused a 790 KB prompt only after encoding all of it (BPE on every word, each cached).
+    With limit=n, encode stops as soon as the text has more than n tokens; a word of b bytes is at least
+    ceil(b / max_token_bytes) tokens, so the 10,001-byte word below (5,001 tokens at least, "aa" being the
+    longest token) is refused without BPE: only the 199 "b" tokens' few characters were handed to bpe()."""
+    tok = toy([("aa", T.NORMAL)], ["a a"])
+    text = "b" + " b" * 99 + " " + "a" * 10_000  # 199 + 1 + 5,000 tokens; 10,200 bytes: at least 5,100
+    assert tok.max_token_bytes == 2 and tok.fewest_tokens(text) == 5_100
+    seen = spy_bpe(tok)
+    with pytest.raises(TooManyTokens) as refused:
+        tok.encode(text, limit=5_150)
+    assert refused.value.limit == 5_150 and seen[0] < 300
+    with pytest.raises(TooManyTokens):  # its length alone says so: nothing is encoded at all
+        tok.encode(text, limit=5_000)
+    assert seen[0] < 300
+    assert len(tok.encode(text, limit=5_200)) == 5_200
+
+
+@pytest.mark.parametrize("text", ["", "hello there", "a<|im_end|>b<|im_end|>", " hin hin\n\n" * 7, "€" * 9 + " x"])
+def test_ids_under_a_limit_are_those_without_one(text):
+    """limit = the token count gives the same ids bit for bit; one less is refused."""
+    tok = toy([("Ġh", T.NORMAL), ("in", T.NORMAL), ("Ġhin", T.NORMAL), ("<|im_end|>", T.CONTROL)],
+              ["Ġ h", "i n", "Ġh in"])
+    ids = tok.encode(text)
+    assert tok.encode(text, limit=len(ids)) == ids and tok.encode(text, limit=len(ids) + 5) == ids
+    if ids:
+        with pytest.raises(TooManyTokens):
+            tok.encode(text, limit=len(ids) - 1)
+
+
+def test_the_word_cache_is_bounded_by_characters():
+    """The bug: the cache kept every pre-token, emptied only at 100k entries, so 60 refused 790 KB prompts took a
+    server's RSS from 343 to 733 MB. Words longer than CACHE_WORD_CHARS are not cached, and the cache is emptied
+    before its words' characters pass CACHE_CHARS: 20,000 distinct 60-character words (1.2 M characters) and a
+    5,000-character word leave at most 1 M characters cached. The ids stay those of an uncached encode."""
+    tok = toy([("Ġh", T.NORMAL), ("in", T.NORMAL)], ["Ġ h", "i n"])
+    letters = string.ascii_lowercase
+    words = ["".join(letters[i // 26**j % 26] for j in range(4)).ljust(60, "h") for i in range(20_000)]
+    text = " " + " ".join(words) + " " + "in" * 2_500
+    ids = tok.encode(text)
+    assert sum(map(len, tok.cache)) <= CACHE_CHARS == 1_000_000 and tok.cache_chars == sum(map(len, tok.cache))
+    assert max(map(len, tok.cache)) <= CACHE_WORD_CHARS == 64
+    assert ids == toy([("Ġh", T.NORMAL), ("in", T.NORMAL)], ["Ġ h", "i n"]).encode(text)  # a cold cache
+    assert ids == [i for word in words for i in tok.bpe("Ġ" + word)] + tok.bpe("Ġ" + "in" * 2_500)
 
 
 # ------------------------------------------------------------------------------------ real vocabulary
@@ -410,6 +478,9 @@ def test_encode_of_code_equals_tiktoken(qwen):
     tok.cache.clear()
     ids = tok.encode(source)
     assert ids == tiktoken_encode(qwen, source, True) and len(ids) > 500
+    assert tok.encode(source, limit=len(ids)) == ids  # a limit it fits changes nothing
+    with pytest.raises(TooManyTokens):
+        tok.encode(source, limit=len(ids) - 1)
 
 
 # ------------------------------------------------------------------------------ llama.cpp (optional)

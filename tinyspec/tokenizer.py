@@ -106,6 +106,19 @@ def split_words(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
     return words
 
 
+CACHE_WORD_CHARS = 64  # longer pre-tokens are not cached (Tokenizer.encode_word)
+CACHE_CHARS = 1_000_000  # the cache is emptied when its words' characters would pass this
+CACHE_WORDS = 100_000  # ... or its entries this
+
+
+class TooManyTokens(ValueError):
+    """encode(text, limit=n) found the text has more than n tokens (and stopped there)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the text has more than {limit} tokens")
+        self.limit = limit
+
+
 # llama.cpp's llama_vocab::impl::load also ends generation at these texts (src/llama-vocab.cpp, special_eog_ids)
 EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>")
 
@@ -147,7 +160,8 @@ class Tokenizer:
         special_ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8")))
         self.specials = [(self.tokens[i], i) for i in special_ids]
         self.user_defined = [(t, i) for t, i in self.specials if self.token_type[i] == TokenType.USER_DEFINED]
-        self.cache: dict[str, list[int]] = {}  # pre-token -> ids, emptied when it reaches 100k words
+        self.cache: dict[str, list[int]] = {}  # pre-token -> ids (encode_word: bounded by characters)
+        self.cache_chars = 0  # the characters of the cache's words
         self._max_token_bytes: int | None = None  # max_token_bytes, computed when first asked
 
     @classmethod
@@ -207,21 +221,47 @@ class Tokenizer:
 
     # ------------------------------------------------------------------------------------------ encode
 
-    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+    def encode(self, text: str, allow_special: bool = True, limit: int | None = None) -> list[int]:
         """text -> token ids. allow_special: CONTROL token texts such as "<|im_start|>" become their ids
         (llama.cpp's parse_special); if False they are encoded as plain text. USER_DEFINED tokens
-        ("<think>") are always matched, as in llama.cpp. Never adds BOS."""
+        ("<think>") are always matched, as in llama.cpp. Never adds BOS.
+
+        limit: raise TooManyTokens as soon as the text is known to have more than `limit` tokens, so a text
+        that will be refused costs its pre-tokenization (regex passes, linear) and BPE on no more than its first
+        `limit` tokens' words, none of them cached beyond encode_word's bound: a word of b bytes is at least
+        ceil(b / max_token_bytes) tokens, so one that cannot fit is refused before BPE runs on it (a word can
+        be a megabyte without a space), and so is a whole text whose byte length already says so. Under the
+        limit the ids are those of encode(text).
+        """
+        if limit is not None and self.fewest_tokens(text) > limit:
+            raise TooManyTokens(limit)
         ids = []
         for piece in self.split_special(text, allow_special):
             if isinstance(piece, int):
                 ids.append(piece)
-                continue
-            for word in split_words(piece, self.patterns):
-                if word not in self.cache:
-                    if len(self.cache) >= 100_000:
-                        self.cache.clear()
-                    self.cache[word] = self.bpe("".join(BYTE_TO_CHAR[b] for b in word.encode("utf-8")))
-                ids.extend(self.cache[word])
+            else:
+                for word in split_words(piece, self.patterns):
+                    if limit is not None and len(ids) + self.fewest_tokens(word) > limit:
+                        raise TooManyTokens(limit)
+                    ids.extend(self.encode_word(word))
+            if limit is not None and len(ids) > limit:
+                raise TooManyTokens(limit)
+        return ids
+
+    def encode_word(self, word: str) -> list[int]:
+        """Steps 3-4 on one pre-token, through the cache. The cache is bounded by characters, not entries: a
+        word longer than CACHE_WORD_CHARS is encoded every time it comes (long words rarely repeat, and
+        each would hold its length in memory), and the cache is emptied when its words' characters would pass
+        CACHE_CHARS, or its entries CACHE_WORDS. So refused megabyte prompts cannot grow a server's memory."""
+        ids = self.cache.get(word)
+        if ids is None:
+            ids = self.bpe("".join(BYTE_TO_CHAR[b] for b in word.encode("utf-8")))
+            if len(word) <= CACHE_WORD_CHARS:
+                if len(self.cache) >= CACHE_WORDS or self.cache_chars + len(word) > CACHE_CHARS:
+                    self.cache.clear()
+                    self.cache_chars = 0
+                self.cache[word] = ids
+                self.cache_chars += len(word)
         return ids
 
     def split_special(self, text: str, allow_special: bool) -> list[str | int]:
