@@ -228,18 +228,21 @@ def add_batch(sub) -> None:
 
 
 def add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-shaped HTTP server over one batch engine (standard library only)",
-                       description="Serve the model over HTTP in the OpenAI shape, on the standard library: POST "
+    p = sub.add_parser("serve", help="an OpenAI-shaped HTTP server over one batch engine (pip install 'tinyspec[serve]')",
+                       description="Serve the model over HTTP in the OpenAI shape, on uvicorn and Starlette (the serve "
+                                   "extra: pip install 'tinyspec[serve]'): POST "
                                    "/v1/completions (prompt, max_tokens, temperature, top_p, top_k, seed, stop, "
                                    "stream as server-sent events), POST /v1/chat/completions when the file carries "
-                                   "a chat template (rendered with jinja2), GET /v1/models, /health and /v1/stats "
-                                   "(requests, tok/s, acceptance). Every request joins ONE running engine of --slots "
+                                   "a chat template (rendered with jinja2), GET /v1/models, /health, /v1/stats "
+                                   "(requests, tok/s, acceptance) and /metrics (Prometheus). Every request joins ONE running engine of --slots "
                                    "slots (continuous batching, one verify pass per step for all) and gets exactly "
                                    "the tokens it gets alone: greedy, those of `generate`; sampled with a seed, "
                                    "those of `generate --seed S --temperature T --top-p P --spec X --draft-n K` "
                                    "with the server's --spec and --draft-n. Each response carries its own "
-                                   "speculation stats. Ctrl-C cancels what is running and exits 0. "
-                                   "See docs/http-server.md.")
+                                   "speculation stats. Limits on bodies, connections, deadlines and tokens keep one "
+                                   "client from freezing or starving the others; --api-key asks for a key. Ctrl-C "
+                                   "cancels what is running and exits 0. See docs/http-server.md (and what it is "
+                                   "not: a multi-tenant gateway).")
     p.add_argument("--model", help="qwen35 GGUF file (default: the model tinyspec ships, as the demo runs it)")
     add_slot_args(p)
     p.add_argument("--draft-n", type=int, default=None,
@@ -254,6 +257,25 @@ def add_serve(sub) -> None:
                         "N extra rows a step (default 64); output unchanged")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free port, printed)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on /v1/* (401 without it; /health and /metrics stay "
+                        "open); default: the TINYSPEC_API_KEY environment variable, if set")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="read the accepted keys from FILE, one per line (keeps them out of the process list)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the names a request's \"model\" may give (default: the file's name); others are a 404")
+    p.add_argument("--max-tokens", type=int, default=1024, metavar="N",
+                   help="a request's max_tokens at most (larger: 400), and a chat request's default when it gives "
+                        "none (default 1024; a completion's default stays OpenAI's 16)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds from a request's arrival to its last token (then 504; default 600)")
+    p.add_argument("--max-body", type=int, default=2 << 20, metavar="BYTES",
+                   help="request body size at most (413 beyond; default 2 MiB: a prompt of 8192 tokens of text is "
+                        "about 32 KB)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="open connections at most; more get a 503 and are closed (default 256)")
+    p.add_argument("--max-waiting", type=int, default=256, metavar="N",
+                   help="requests waiting for a slot at most; more get a 503 (default 256)")
     p.add_argument("--verbose", action="store_true", help="log every HTTP request on stderr")
     add_backend_arg(p)
     p.set_defaults(func=cli_run.run_serve)

@@ -245,6 +245,22 @@ def run_batch(args) -> int:
     return 0
 
 
+def api_keys(args) -> tuple[str, ...]:
+    """serve's accepted keys: --api-key (or TINYSPEC_API_KEY) and the lines of --api-key-file."""
+    import os
+
+    keys = [args.api_key or os.environ.get("TINYSPEC_API_KEY") or ""]
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                keys += f.read().splitlines()
+        except OSError as e:
+            raise ValueError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+        if not any(k.strip() for k in keys):
+            raise ValueError(f"--api-key-file {args.api_key_file} holds no key")
+    return tuple(k.strip() for k in keys if k.strip())
+
+
 def run_serve(args) -> int:
     """serve: the HTTP server (serve.py) until Ctrl-C or `kill`."""
     import signal
@@ -252,9 +268,16 @@ def run_serve(args) -> int:
 
     from .drafting import FixedDraftLength
     from .scheduler import EngineOptions
-    from .serve import Server
+
+    try:
+        from .serve import Limits, Server
+    except ImportError as e:  # the serve extra is not installed
+        raise ValueError(f"serve needs the serve extra ({e.name} is missing): pip install 'tinyspec[serve]'") from None
 
     options = EngineOptions(slots=args.slots, chunk=args.chunk, prefix_cache=args.prefix_cache)  # before the model loads
+    limits = Limits(api_keys=api_keys(args), served_model_names=tuple(args.served_model_name or ()),
+                    max_tokens=args.max_tokens, request_timeout_s=args.request_timeout, max_body=args.max_body,
+                    max_connections=args.max_connections, max_waiting=args.max_waiting)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if args.ctx is not None and args.ctx < 1:
@@ -270,13 +293,16 @@ def run_serve(args) -> int:
     log = (lambda line: print(f"[serve] {line}", file=sys.stderr, flush=True)) if args.verbose else None
     try:
         server = Server(model, tokenizer, Path(args.model).stem, options, drafter_from_flags(args, model, tokenizer),
-                        policy, args.spec, ctx, args.host, args.port, log)
+                        policy, args.spec, ctx, args.host, args.port, log, limits)
     except OSError as e:  # the port is taken, the address is not this machine's
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     spec = "plain decoding" if k is None else f"--spec {args.spec}, k {'<= ' if args.adaptive else '= '}{k}"
     print(f"tinyspec serve: listening on {server.url} (model {server.model_name}, {args.slots} slots, {spec}, "
-          f"{ctx} tokens per request{', chat template' if server.chat else ', no chat template'}); Ctrl-C stops",
-          flush=True)
+          f"{ctx} tokens per request{', chat template' if server.chat else ', no chat template'}"
+          f"{', API key required' if limits.api_keys else ''}); Ctrl-C stops", flush=True)
+    if not limits.api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"tinyspec serve: warning: listening on {args.host} with no --api-key: anyone who can reach this "
+              "address can use it", file=sys.stderr, flush=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, even if started with it ignored
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
     server.serve_forever()

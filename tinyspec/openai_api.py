@@ -2,15 +2,17 @@
 
     POST /v1/completions        {"prompt": TEXT | [ids], "max_tokens", "temperature", "top_p", "top_k", "seed",
                                  "stop": TEXT | [TEXT], "stream", "stream_options": {"include_usage"}, "n": 1,
-                                 "model", "user"}
+                                 "model", "user", "tinyspec": {"draft_n"}}
     POST /v1/chat/completions   the same with "messages": [{"role", "content"}] instead of "prompt" (and
                                  "max_completion_tokens" as another name for max_tokens); the messages are
                                  rendered to a prompt by the file's chat template (tokenizer.chat_template)
 
-A request is checked strictly before it reaches the engine: a field this server does not know is refused by name
-(a client misspelling "max_token" should hear so, not get 16 tokens), and so is a known field it does not
-implement (n > 1, logprobs, penalties). Every refusal is a BadRequest: an HTTP status, one line, and the field
-(OpenAI's error body {"error": {"message", "type", "param", "code"}}).
+The request shapes are pydantic models (CompletionRequest, ChatRequest), as vLLM's protocol module has them,
+in strict mode, parsed straight from the body's bytes. A request is checked strictly before it reaches the
+engine: a field this server does not know is refused by name (a client misspelling "max_token" should hear so,
+not get 16 tokens), and so is a known field it does not implement (n > 1, logprobs, penalties). Every refusal is
+a BadRequest: an HTTP status, one line, and the field (OpenAI's error body {"error": {"message", "type", "param",
+"code"}}). One field is ours: "tinyspec": {"draft_n": k} caps this request's drafts per step (0: plain decoding).
 
 Chat templates are Jinja2, rendered the way transformers' apply_chat_template and llama.cpp's minja do: a
 sandboxed environment with trim_blocks and lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a
@@ -24,15 +26,19 @@ response_format (each refused with a 400 naming it).
 
 from __future__ import annotations
 
-import math
+import re
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .sampling import SamplingParams
+from .textstream import MAX_STOP_CHARS
 
 MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
-DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the rest of the context
+DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's default); chat: up to the server's cap
 
-# fields OpenAI defines that this server does not implement: refused by name, with why
+# fields OpenAI defines that this server does not implement: refused by name (unless null, false or 0), with why
 UNSUPPORTED = {
     "logprobs": "logprobs are not returned", "top_logprobs": "logprobs are not returned",
     "echo": "echo is not supported", "suffix": "suffix (insertion) is not supported",
@@ -42,11 +48,20 @@ UNSUPPORTED = {
     "functions": "tools are not supported", "function_call": "tools are not supported",
     "response_format": "response_format is not supported", "parallel_tool_calls": "tools are not supported",
 }
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
-          "user"}
-COMPLETION_FIELDS = COMMON | {"prompt"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
-MESSAGE_FIELDS = {"role", "content", "name"}
+# what each field must be, for the refusal's one line (pydantic's own words name types, not meanings)
+MUST = {
+    "model": "a text", "max_tokens": "an integer >= 0", "max_completion_tokens": "an integer >= 0",
+    "temperature": "a number >= 0 (0: greedy)", "top_p": "a number in (0, 1]", "top_k": "an integer >= 0 (0: off)",
+    "seed": "an integer in 0 .. 2^63 - 1", "stream": "true or false", "n": "1 (one choice per request)",
+    "stream_options": 'an object {"include_usage": true | false}', "user": "a text",
+    "stop": f"a non-empty text or a list of at most {MAX_STOPS} of them, each at most {MAX_STOP_CHARS} characters",
+    "prompt": "one text or one non-empty list of token ids (one prompt per request)",
+    "messages": 'a non-empty list of {"role", "content"} objects (content: a text, or text parts)',
+    "tinyspec": '{"draft_n": an integer >= 0} (drafts per step for this request; 0: no speculation)',
+}
+
+
+TYPE_NAME = re.compile(r"^(str|int|float|bool|[A-Z]\w*)$|[\[|]")  # pydantic's names of a union's members, in a loc
 
 
 class BadRequest(Exception):
@@ -59,6 +74,73 @@ class BadRequest(Exception):
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
+
+
+# ------------------------------------------------------------------------------------------ the request shapes
+
+class Strict(BaseModel):
+    """JSON as typed: no field it does not name, no "5" for 5, no true for 1 (pydantic's strict mode)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Strict):
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class SpecOptions(Strict):
+    """Per request speculation: drafts per step at most (0: this request decodes plainly); the server's k caps it."""
+    draft_n: int | None = Field(None, ge=0)
+
+
+class CommonRequest(Strict):
+    """The fields /v1/completions and /v1/chat/completions share (OpenAI's names and defaults)."""
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(1, ge=1, le=1)
+    user: str | None = None
+    tinyspec: SpecOptions | None = None
+    # known to OpenAI, not implemented here: accepted only as null / false / 0 (UNSUPPORTED says why)
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    parallel_tool_calls: Any = None
+
+
+class CompletionRequest(CommonRequest):
+    prompt: str | list[int] | list[str | list[int]] | None = None
+
+
+class ChatRequest(CommonRequest):
+    messages: list[Message] | None = None
+    max_completion_tokens: int | None = Field(None, ge=0)
 
 
 @dataclass(frozen=True)
@@ -74,57 +156,56 @@ class Ask:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     model: str | None
+    draft_n: int | None = None  # tinyspec.draft_n: this request's drafts per step at most (None: the server's)
 
 
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not a number
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def parse_request(body, chat: bool, render_chat=None) -> Ask:
-    """The JSON body of a completion (chat=False) or chat request -> an Ask, or BadRequest naming the field.
-    render_chat(messages) -> prompt text: the file's chat template (serve.py; None: the file has none)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
-    for name in body:
-        if name in UNSUPPORTED and body[name] not in (None, False, 0):
+def parse_request(raw: bytes, chat: bool, render_chat=None) -> Ask:
+    """A request body (JSON bytes) of a completion (chat=False) or chat request -> an Ask, or BadRequest naming
+    the field. render_chat(messages) -> prompt text: the file's chat template (serve.py; None: the file has none).
+    Parsed by pydantic's JSON parser straight from the bytes: invalid UTF-8, a lone surrogate escape, nesting
+    past its limit and trailing bytes are malformed JSON, not a traceback."""
+    shape = ChatRequest if chat else CompletionRequest
+    try:
+        body = shape.model_validate_json(raw)
+    except ValidationError as e:
+        raise refusal(e, shape) from None
+    for name in UNSUPPORTED:
+        if getattr(body, name) not in (None, False, 0):
             raise BadRequest(f"{name}: {UNSUPPORTED[name]} by this server", name)
-        if name not in known and name not in UNSUPPORTED:
-            raise BadRequest(f"unknown field {name!r} (this endpoint takes {', '.join(sorted(known))})", name)
     if chat:
-        prompt = chat_prompt(body.get("messages"), render_chat)
-    else:
-        prompt = completion_prompt(body.get("prompt"))
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("model must be a string", "model")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise BadRequest(f"n must be 1 (one choice per request), got {n!r}", "n")
-    max_tokens = body.get("max_tokens")
-    if chat and body.get("max_completion_tokens") is not None:
-        if max_tokens is not None:
+        prompt = chat_prompt(body.messages, render_chat)
+        if body.max_completion_tokens is not None and body.max_tokens is not None:
             raise BadRequest("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
-        max_tokens = body["max_completion_tokens"]
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 0):
-        raise BadRequest(f"max_tokens must be an integer >= 0, got {max_tokens!r}", "max_tokens")
-    params = sampling(body)
-    seed = body.get("seed")
-    if seed is not None and (not is_int(seed) or seed < 0 or seed >= 2**63):
-        raise BadRequest(f"seed must be an integer in 0 .. 2^63 - 1, got {seed!r}", "seed")
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or set(options) - {"include_usage"} or \
-            not isinstance(options.get("include_usage", False), bool):
-        raise BadRequest('stream_options must be {"include_usage": true | false}', "stream_options")
-    return Ask(chat, prompt, max_tokens, params, seed, stop_strings(body.get("stop")), bool(stream),
-               bool(options.get("include_usage")), model)
+        max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+    else:
+        prompt, max_tokens = completion_prompt(body.prompt), body.max_tokens
+    stops = stop_strings(body.stop)
+    params = SamplingParams(1.0 if body.temperature is None else body.temperature, body.top_k or 0,
+                            1.0 if body.top_p is None else body.top_p)
+    options = body.stream_options or StreamOptions()
+    return Ask(chat, prompt, max_tokens, params, body.seed, stops, bool(body.stream), options.include_usage,
+               body.model, body.tinyspec.draft_n if body.tinyspec else None)
+
+
+def refusal(e: ValidationError, shape: type[BaseModel]) -> BadRequest:
+    """pydantic's first complaint -> one line naming the field and what it must be."""
+    err = e.errors(include_url=False)[0]
+    kind, loc = err["type"], err["loc"]
+    if kind == "json_invalid":
+        why = err["msg"].removeprefix("Invalid JSON: ")
+        return BadRequest(f"malformed JSON: {'nested too deeply' if 'recursion' in why else why}")
+    if not loc:
+        return BadRequest("the request body must be a JSON object")
+    field = str(loc[0])
+    where = field + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:] if not TYPE_NAME.match(str(p)))
+    if kind == "extra_forbidden" and len(loc) == 1:
+        known = sorted(n for n in shape.model_fields if n not in UNSUPPORTED)
+        return BadRequest(f"unknown field {field!r} (this endpoint takes {', '.join(known)})", field)
+    if kind == "extra_forbidden":
+        return BadRequest(f"{where}: unknown field (a message takes role, content, name)", field)
+    got = repr(err.get("input"))
+    return BadRequest(f"{field} must be {MUST.get(field, 'as OpenAI defines it')}, got {where}: "
+                      f"{got if len(got) <= 60 else got[:57] + '...'}", field)
 
 
 def completion_prompt(prompt) -> str | list[int]:
@@ -135,61 +216,33 @@ def completion_prompt(prompt) -> str | list[int]:
         if not prompt:
             raise BadRequest("prompt is empty: give at least one character or token id", "prompt")
         return prompt
-    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return prompt  # ids are checked against the vocabulary by the engine's check_prompt
     if prompt is None:
         raise BadRequest("prompt is missing: give a text or a list of token ids", "prompt")
-    raise BadRequest("prompt must be one text or one non-empty list of token ids (one prompt per request)",
-                     "prompt")
+    raise BadRequest(f"prompt must be {MUST['prompt']}", "prompt")
 
 
-def chat_prompt(messages, render_chat) -> str:
-    """A chat's messages, checked, rendered by the file's template."""
+def chat_prompt(messages: list[Message] | None, render_chat) -> str:
+    """A chat's messages, rendered by the file's template."""
     if render_chat is None:
         raise BadRequest("this model file has no chat template (tokenizer.chat_template): use /v1/completions "
                          "with a prompt", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+    if not messages:
+        raise BadRequest(f"messages must be {MUST['messages']}", "messages")
     checked = []
     for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest(f"{where} must be an object with a \"role\" text", where)
-        if extra := set(m) - MESSAGE_FIELDS:
-            raise BadRequest(f"{where}: unknown field {sorted(extra)[0]!r} (a message takes role, content, name)",
-                             where)
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise BadRequest(f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": ...}})", where)
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise BadRequest(f"{where}.content must be a text", where)
-        checked.append({**m, "content": content})
+        if m.content is None:
+            raise BadRequest(f"messages[{i}].content must be a text", f"messages[{i}]")
+        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
+        checked.append({"role": m.role, "content": content} | ({"name": m.name} if m.name is not None else {}))
     return render_chat(checked)
 
 
-def sampling(body: dict) -> SamplingParams:
-    temperature, top_p, top_k = body.get("temperature", 1.0), body.get("top_p", 1.0), body.get("top_k", 0)
-    temperature = 1.0 if temperature is None else temperature
-    top_p = 1.0 if top_p is None else top_p
-    top_k = 0 if top_k is None else top_k
-    if not is_number(temperature) or not (math.isfinite(temperature) and temperature >= 0):  # JSON may say Infinity
-        raise BadRequest(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}", "temperature")
-    if not is_number(top_p) or not 0 < top_p <= 1:
-        raise BadRequest(f"top_p must be a number in (0, 1], got {top_p!r}", "top_p")
-    if not is_int(top_k) or top_k < 0:
-        raise BadRequest(f"top_k must be an integer >= 0 (0: off), got {top_k!r}", "top_k")
-    return SamplingParams(float(temperature), top_k, float(top_p))
-
-
-def stop_strings(stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise BadRequest(f"stop must be a non-empty text or a list of at most {MAX_STOPS} of them", "stop")
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if len(stops) > MAX_STOPS or not all(0 < len(s) <= MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"stop must be {MUST['stop']}", "stop")
     return tuple(stops)
 
 

@@ -68,6 +68,7 @@ class SpecStats:
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_length": (self.accepted + self.steps) / self.steps if self.steps else 0.0,
             "accepted_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)],
+            "drafted_at": list(self.drafted_per_position), "accepted_at": list(self.accepted_per_position),
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_histogram.items())},
             "phase_ms": {k: 1000 * v for k, v in self.phase_s.items()},
             "rollbacks": self.rollbacks, "preemptions": self.preemptions,
