@@ -7,6 +7,9 @@ needs when every client brings its own temperature, seed and stops, and may leav
     cancel    a waiting sequence and a running one cancelled between steps: the running one's slot, KV blocks and
               reservation are freed and on_finish is called; the others are unaffected (still their solo
               tokens); no block leaks; cancelling a finished sequence is refused
+    draft_n   sequences capped at different drafts per step (Engine.add draft_n: 0, 1, 3, and the engine's
+              policy) in the same verify passes: each gets the tokens and the counts of its solo run with that
+              draft_n; the policies plan within each cap; a cap out of 0..k_max is the sequence's error
 
 Models: the shipped tiny-target.gguf (with an MTP head) and tiny-draft.gguf on the numpy oracle and the cpu
 backend; a random quantized file on the cuda backend's Python side (the fake CuPy) for a mixed pass there.
@@ -24,6 +27,7 @@ from test_batch import one_numba_thread  # noqa: F401  (autouse: the cpu kernels
 import tinyspec
 from tinyspec.backends import load_model, numba_available
 from tinyspec.draft import DraftModelDrafter
+from tinyspec.drafting import FixedDraftLength
 from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.mtp import MTPDrafter
@@ -64,8 +68,6 @@ def solo(kind: str, prompt, params, seed, stops, k: int, backend: str = "numpy")
 
 def engine_for(kind: str, slots: int, k: int, backend: str = "numpy", on_finish=None) -> Engine:
     target, _ = models(backend)
-    from tinyspec.drafting import FixedDraftLength
-
     policy = FixedDraftLength(0 if kind == "none" else k)
     return Engine(target, drafter_for(kind, backend), policy,
                   EngineOptions(slots=slots, n_blocks=64, block_size=4), on_finish=on_finish)
@@ -144,8 +146,6 @@ def test_a_mixed_pass_on_the_cuda_backend_brings_its_logits_to_the_host_and_stay
     fake_cupy.install(monkeypatch)
     write_quantized(tmp_path / "target.gguf", seed=1)
     target = load_model(tmp_path / "target.gguf", "cuda")
-    from tinyspec.drafting import FixedDraftLength
-
     engine = Engine(target, MTPDrafter(target), FixedDraftLength(3),
                     EngineOptions(slots=3, n_blocks=64, block_size=4))
     seqs = [SeqResult(i, p) for i, p in enumerate(PROMPTS)]
@@ -175,3 +175,107 @@ def test_a_trunk_without_attention_layers_still_batches_with_its_mtp_head(tmp_pa
     prompts = [[1, 2, 3 + i] for i in range(3)]
     out = batch_generate(model, prompts, 4, drafter=MTPDrafter(model), draft_n=2, options=EngineOptions(slots=3))
     assert [s.tokens for s in out.sequences] == [generate(model, p, 4).tokens for p in prompts]
+
+
+# draft_n per sequence: (prompt, draft_n, params, seed); None is the engine's policy, FixedDraftLength(3)
+CAPPED = [([1, 2, 3, 4, 5], 0, SamplingParams(0.9, 20), 11), ([7, 8], 1, SamplingParams(1.1), 12),
+          ([9, 10, 11, 12], 3, SamplingParams(0.8, 0, 0.9), 13), ([5, 6, 5, 6, 5], None, SamplingParams(0.9, 20), 14)]
+CAPPED_NEW = 24
+COUNTS = ("steps", "plain_steps", "drafted", "accepted", "k_max", "accepted_per_position", "accepted_length_histogram")
+
+
+def capped_solo(prompt, draft_n: int, params: SamplingParams, seed: int, drafter: bool = True):
+    target, _ = models()
+    return generate(target, prompt, CAPPED_NEW, params, np.random.default_rng(seed),
+                    drafter=MTPDrafter(target) if drafter else None, draft_n=draft_n)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_each_sequence_drafts_at_most_its_draft_n_and_gets_its_solo_run_with_that_draft_n(sampled):
+    """Four sequences in one engine of FixedDraftLength(3) over the MTP head, capped at 0, 1, 3 drafts a step and
+    not at all. Greedy: every one's tokens are plain greedy generate's. Sampled with a seed: draft_n = d gets the
+    tokens of generate(..., drafter=MTPDrafter(model), draft_n=d) with that seed, and d = 0 also those of
+    generate with no drafter at all (a step that drafts nothing draws one token from the target's row with the
+    sequence's stream, drafter or not). Either way its counts (steps, drafted, accepted, per position; k_max is
+    its cap) are its solo run's, draft_n = 0 drafts nothing, and no step emits more than draft_n + 1 tokens."""
+    target, _ = models()
+    runs: dict[int, list[int]] = {}
+    engine = Engine(target, MTPDrafter(target), FixedDraftLength(3), EngineOptions(slots=4, n_blocks=64, block_size=4),
+                    on_emit=lambda seq, tokens, marks: runs.setdefault(seq.index, []).append(len(tokens)))
+    seqs = [SeqResult(i, prompt) for i, (prompt, *_) in enumerate(CAPPED)]
+    for seq, (_, draft_n, params, seed) in zip(seqs, CAPPED):
+        engine.add(seq, CAPPED_NEW, seed, params=params if sampled else GREEDY, draft_n=draft_n)
+    while not engine.done():
+        engine.step()
+    for seq, (prompt, draft_n, params, seed) in zip(seqs, CAPPED):
+        d = engine.k_max if draft_n is None else draft_n
+        params = params if sampled else GREEDY
+        assert seq.error is None and len(seq.tokens) == CAPPED_NEW
+        alone = capped_solo(prompt, d, params, seed)
+        assert seq.tokens == alone.tokens, (seq.index, d)
+        assert {c: seq.stats[c] for c in COUNTS} == {c: alone.stats[c] for c in COUNTS}, (seq.index, d)
+        assert max(runs[seq.index]) <= d + 1
+        if d == 0:
+            assert seq.stats["drafted"] == 0 and seq.stats["plain_steps"] == seq.stats["steps"]
+            assert seq.tokens == capped_solo(prompt, None, params, seed, drafter=False).tokens
+        else:
+            assert seq.stats["drafted"] > 0
+    if not sampled:
+        for seq in seqs:
+            assert seq.tokens == generate(target, seq.prompt_tokens, CAPPED_NEW).tokens, seq.index
+
+
+def test_the_policies_plan_within_each_sequences_cap():
+    """The engine hands a policy min(room, draft_n) per sequence: the fixed policy plans exactly that, the adaptive
+    and batch-aware ones at most that (their own choice below it), whatever they would choose for the others;
+    and an adaptive engine's capped sequences still get plain greedy tokens."""
+    from tinyspec.fast.adaptive import AdaptiveDraftLength
+    from tinyspec.fast.batch_draft_length import BatchDraftLength
+
+    rooms = [0, 1, 3, 2]
+    assert [pl.k for pl in FixedDraftLength(3).plan(rooms)] == rooms
+    for policy in (AdaptiveDraftLength(3, a0=0.99), BatchDraftLength(3, a0=0.99)):
+        for _ in range(6):
+            assert all(pl.k <= room for pl, room in zip(policy.plan(rooms), rooms)), type(policy).__name__
+
+    target, _ = models()
+    runs: dict[int, list[int]] = {}
+    drafter = MTPDrafter(target)
+    policy = AdaptiveDraftLength.for_drafter(drafter, 3, a0=0.99)
+    engine = Engine(target, drafter, policy, EngineOptions(slots=3, n_blocks=64, block_size=4),
+                    on_emit=lambda seq, tokens, marks: runs.setdefault(seq.index, []).append(len(tokens)))
+    seqs = [SeqResult(i, prompt) for i, (prompt, *_) in enumerate(CAPPED[:3])]
+    for seq, (_, draft_n, _, _) in zip(seqs, CAPPED):
+        engine.add(seq, CAPPED_NEW, 0, draft_n=draft_n)
+    while not engine.done():
+        engine.step()
+    assert any(k > 1 for k in policy.chosen)  # it drafted past the caps for the uncapped sequence
+    assert seqs[0].stats["drafted"] == 0 and max(runs[0]) == 1 and max(runs[1]) <= 2 and max(runs[2]) > 2
+    for seq in seqs:
+        assert seq.tokens == generate(target, seq.prompt_tokens, CAPPED_NEW).tokens, seq.index
+
+
+@pytest.mark.parametrize("draft_n", [-1, 4, 1.5, True, "2"])
+def test_a_draft_n_out_of_range_is_that_sequences_error(draft_n):
+    target, _ = models()
+    engine = Engine(target, MTPDrafter(target), FixedDraftLength(3), EngineOptions(slots=2, n_blocks=64, block_size=4))
+    bad, good = SeqResult(0, PROMPTS[0]), SeqResult(1, PROMPTS[1])
+    engine.add(bad, MAX_NEW, 0, draft_n=draft_n)
+    engine.add(good, MAX_NEW, 0, draft_n=2)
+    assert bad.error is not None and "draft_n" in bad.error and "0..3" in bad.error
+    while not engine.done():
+        engine.step()
+    assert bad.tokens == [] and good.error is None
+    assert good.tokens == generate(target, PROMPTS[1], MAX_NEW).tokens
+
+
+def test_an_engine_without_a_drafter_takes_draft_n_0_only():
+    target, _ = models()
+    engine = Engine(target, options=EngineOptions(slots=2, n_blocks=32, block_size=4))
+    plain, asks = SeqResult(0, PROMPTS[0]), SeqResult(1, PROMPTS[1])
+    engine.add(plain, MAX_NEW, 0, draft_n=0)
+    engine.add(asks, MAX_NEW, 0, draft_n=1)
+    assert plain.error is None and "0..0" in asks.error
+    while not engine.done():
+        engine.step()
+    assert plain.tokens == generate(target, PROMPTS[0], MAX_NEW).tokens

@@ -29,7 +29,7 @@ def step_ms(step_s: list[float]) -> dict:
 @dataclass
 class SpecStats:
     """One sequence's counts: what it drafted, kept and emitted, per draft position too, and its time."""
-    k_max: int  # drafts a step at most (the policy's)
+    k_max: int  # drafts a step at most (the policy's, or the sequence's own cap: Engine.add draft_n)
     steps: int = 0  # target passes after the prefill (a plain step, no drafts, is one too)
     plain_steps: int = 0  # of which drafted nothing (k = 0: the policy's choice, or no room left)
     drafted: int = 0
@@ -111,11 +111,14 @@ class Running:
     save_at: list[int] = field(default_factory=list)  # token counts where the prefix cache keeps its GDN state
     order: int = 0  # admission order: the newest is preempted first
     resume: object = None  # what its drafter's release() returned when it was preempted: handed to start() on resume
+    k_cap: int | None = None  # its own most drafts a step (Engine.add draft_n; 0: never drafts), None: the policy's
 
     @property
     def prefilling(self) -> bool:
         return self.state.pos < len(self.history)
 
     def room(self, k_max: int) -> int:
-        """Drafts it may make this step: k_max, fewer where max_new leaves less room (the last token is never fed)."""
-        return min(k_max, self.max_new - len(self.seq.tokens) - 1)
+        """Drafts it may make this step: k_max, or its own cap k_cap if lower, fewer where max_new leaves less room
+        (the last token is never fed). The policy plans within it, and the scheduler budgets its rows by it."""
+        cap = k_max if self.k_cap is None else min(k_max, self.k_cap)
+        return min(cap, self.max_new - len(self.seq.tokens) - 1)

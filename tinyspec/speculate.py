@@ -197,10 +197,20 @@ class Engine:
     prefix_cache = property(lambda self: self.scheduler.cache)
 
     def add(self, seq: SeqResult, max_new: int, seed: int | np.random.Generator,
-            params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None) -> None:
+            params: SamplingParams | None = None, stop_ids: Sequence[int] | None = None,
+            draft_n: int | None = None) -> None:
         """Queue a sequence with its random stream (a seed, or a Generator), its sampling and its stop ids (None:
         the engine's); one that cannot run gets seq.error instead (the others are not affected). Sequences with
-        different params share a pass: each gets the tokens it gets alone."""
+        different params share a pass: each gets the tokens it gets alone.
+
+        draft_n: its most drafts a step, 0..k_max (0: it never drafts; None: as the policy plans). The policy is
+        handed min(room, draft_n) for it (Running.room), so a fixed policy drafts exactly that and an adaptive one
+        at most that, while the others in the pass keep theirs. What it then gets alone: greedy, plain greedy
+        output (as always); sampled, the tokens and counts of generate(..., drafter=<this engine's kind>,
+        draft_n=draft_n) with its seed, under a fixed policy; and with draft_n = 0 also those of generate with no
+        drafter, since a step that drafts nothing draws its one token from the target's row with the sequence's
+        stream, drafter or not (its drafter is still told every kept token: commit, so it stays consistent).
+        tests/test_batch_requests.py checks each."""
         seq.params = self.options.params if params is None else params
         seq.stop_ids = frozenset(self.options.stop_ids if stop_ids is None else (int(t) for t in stop_ids))
         seq.error = check_prompt(self.model, seq.prompt_tokens, max_new)
@@ -209,8 +219,15 @@ class Engine:
                 seq.error = f"a seed must be a non-negative integer, got {seed}"
             else:
                 seed = np.random.default_rng(int(seed))
+        if seq.error is None and draft_n is not None:
+            whole = isinstance(draft_n, (int, np.integer)) and not isinstance(draft_n, bool)
+            if not whole or not 0 <= draft_n <= self.k_max:
+                seq.error = f"draft_n must be an integer in 0..{self.k_max} (the engine's k_max), got {draft_n!r}"
+            else:
+                draft_n = int(draft_n)
         if seq.error is None:
-            self.scheduler.add(Running(seq, seed, max_new, SpecStats(self.k_max), time.perf_counter()))
+            k_max = self.k_max if draft_n is None else draft_n  # its stats count positions up to its own cap
+            self.scheduler.add(Running(seq, seed, max_new, SpecStats(k_max), time.perf_counter(), k_cap=draft_n))
 
     def done(self) -> bool:
         return self.scheduler.done()
