@@ -619,3 +619,42 @@ def test_batch_adaptive_keeps_each_sequences_greedy_tokens(prompts_file, capsys)
         assert main(["generate", "--prompt", prompt, "--max-new", "12", "--backend", "numpy", "--json"]) == 0
         assert seq["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
     assert out["stats"]["policy"]["chosen_k"] and out["stats"]["k_max"] == 3
+
+
+EOS_PROMPT = "def main():\n    pass\n\n\nif __name__ == '__main__':\n"  # the shipped model ends it at <|endoftext|>
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_the_end_of_generation_token_is_counted_but_its_text_not_printed(tmp_path, capsys, spec):
+    """The bug: generate and batch printed "...\\n<|endoftext|>" when a sequence ended at its end-of-generation id:
+    that token's text was decoded into the answer (llama-server and vLLM leave it out). On the shipped model this
+    prompt ends at <|endoftext|> after some 50 tokens: the id stays in "tokens" (and the counts), its text is in
+    no output, printed, streamed (the same text), marked (--show), batch's or --json's (textstream.text_ids)."""
+    from tinyspec.demo import TARGET
+    from tinyspec.gguf import read_gguf
+    from tinyspec.tokenizer import Tokenizer
+
+    with read_gguf(TARGET) as f:
+        tok = Tokenizer.from_gguf(dict(f.metadata))
+    base = ["generate", "--prompt", EOS_PROMPT, "--max-new", "80", "--spec", spec, "--backend", "numpy"]
+    base += ["--draft-n", "3"] if spec != "none" else []
+    assert main(base + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"][-1] in tok.eog_ids and len(out["tokens"]) < 80 and "<|endoftext|>" not in out["text"]
+    assert out["text"] == tok.decode(out["tokens"][:-1]) and out["text"].strip()
+    assert main(base + ["--no-stream"]) == 0
+    assert capsys.readouterr().out == out["text"] + "\n"
+    assert main(base + ["--stream"]) == 0
+    assert capsys.readouterr().out == out["text"] + "\n"
+    if spec != "none":
+        for stream in ("--stream", "--no-stream"):
+            assert main(base + ["--show", stream]) == 0
+            shown = capsys.readouterr().out
+            assert shown.startswith(out["text"] + "\n") and "endoftext" not in shown
+    (tmp_path / "p.txt").write_text(json.dumps({"prompt": EOS_PROMPT}) + "\n", encoding="utf-8")
+    batch = ["batch", "--prompts", str(tmp_path / "p.txt"), "--max-new", "80", "--spec", spec, "--backend", "numpy"]
+    assert main(batch) == 0
+    assert capsys.readouterr().out == f"[0] {out['text']}\n"
+    assert main(batch + ["--json"]) == 0
+    seq = json.loads(capsys.readouterr().out)["sequences"][0]
+    assert seq["tokens"] == out["tokens"] and seq["text"] == out["text"]

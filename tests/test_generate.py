@@ -93,3 +93,26 @@ def test_marks_in_a_pipe_are_not_code_brackets(monkeypatch):
         from tinyspec.report import render_marked
 
         render_marked(_ByteTokens(), [1], ["target"], "bold")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_tiny_temperature_generates_the_greedy_tokens_on_the_shipped_model(backend):
+    """The bug: temperature 1e-308 divided the logits into +-inf, the law came out NaN, and generation emitted
+    <|endoftext|> at once. Any positive temperature is a proper law now (sampling.probs_from_logits), and so small
+    a one is one-hot on the argmax: the shipped model's tokens equal greedy's, plain and with its MTP drafter
+    (whose laws go through the same function), on the numpy oracle and the cpu backend."""
+    from pathlib import Path
+
+    import tinyspec
+    from tinyspec.backends import load_model
+    from tinyspec.mtp import MTPDrafter
+    from tinyspec.tokenizer import Tokenizer
+
+    model = load_model(Path(tinyspec.__file__).resolve().parent / "assets" / "tiny-target.gguf", backend)
+    tok = Tokenizer.from_gguf(model.metadata)
+    prompt = tok.encode("def fibonacci(n):\n")
+    greedy = generate(model, prompt, 24, stop_ids=tok.eog_ids).tokens
+    for drafter in (None, MTPDrafter(model)):
+        tiny = generate(model, prompt, 24, SamplingParams(1e-308), np.random.default_rng(0), stop_ids=tok.eog_ids,
+                        drafter=drafter, draft_n=3 if drafter else None).tokens
+        assert tiny == greedy and tok.eos_id not in tiny

@@ -50,3 +50,24 @@ def test_draft_probability_is_the_drafters_confidence():
     assert abs(draft_probability(logits, 0, None) - p[0] / p.sum()) < 4 * 2.0**-24
     q = np.array([0.1, 0.7, 0.2])
     assert draft_probability(logits, 2, q) == 0.2
+
+
+@pytest.mark.parametrize("temperature", [1e-308, 1e-300, 5e-324, 1e-30])
+def test_a_tiny_temperature_is_a_proper_law_one_hot_on_the_argmax(temperature):
+    """The bug: z = logits / temperature overflowed at temperature 1e-308 (every |logit| > 1.8 becomes +-inf),
+    z - z.max() was inf - inf = NaN, and the server, drawing from a NaN law, emitted <|endoftext|>. Subtracting the
+    max before dividing keeps every z <= 0: a law with no NaN that sums to 1, one-hot on the argmax, uniform over
+    tied maxima (the limit as the temperature goes to 0 from above), with top-k and top-p still applied."""
+    logits = np.array([2.5, 7.0, -3.0, 6.999, 5.0])
+    for params, expected in ((SamplingParams(temperature), [0, 1, 0, 0, 0]),
+                             (SamplingParams(temperature, top_k=2), [0, 1, 0, 0, 0]),
+                             (SamplingParams(temperature, top_p=0.5), [0, 1, 0, 0, 0])):
+        probs = probs_from_logits(logits, params)
+        assert not np.isnan(probs).any() and probs.sum() == 1.0
+        np.testing.assert_array_equal(probs, expected)
+    ties = probs_from_logits(np.array([1.0, 300.0, 300.0, -2.0], np.float32), SamplingParams(temperature))
+    np.testing.assert_array_equal(ties, [0, 0.5, 0.5, 0])
+    one = probs_from_logits(np.array([1.0, 300.0, 300.0, -2.0]), SamplingParams(temperature, top_p=0.5))
+    np.testing.assert_array_equal(one, [0, 1, 0, 0])  # top-p keeps the first of the tied pair (a stable sort)
+    np.testing.assert_array_equal(probs_from_logits(np.array([-1e30, 1e30]), SamplingParams(temperature)), [0, 1])
+

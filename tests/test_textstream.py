@@ -8,7 +8,13 @@ from itertools import pairwise
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinyspec.textstream import MAX_STOP_CHARS, TextStream, failure_function
+from tinyspec.textstream import (
+    MAX_STOP_CHARS,
+    StreamPrinter,
+    TextStream,
+    failure_function,
+    text_ids,
+)
 
 
 class ByteTokens:
@@ -93,3 +99,20 @@ def test_a_100k_character_stop_string_costs_work_linear_in_the_text():
     out.append(stream.finish())
     assert "".join(out) == "a" * (150_001 - len(stop)) and stream.stopped
     assert stream.steps <= 3 * (len(text) + len(stop))
+
+
+def test_text_ids_leave_out_a_final_stop_id_only():
+    """The end-of-generation token ends a sequence: its text is not shown, its id is still counted elsewhere."""
+    assert text_ids([5, 6, 9], (9,)) == [5, 6] and text_ids([9], (9,)) == [] and text_ids([], (9,)) == []
+    assert text_ids([9, 5], (9,)) == [9, 5] and text_ids([5, 9], ()) == [5, 9]
+
+
+def test_stream_printer_prints_no_stop_text():
+    import io
+
+    out = io.StringIO()
+    printer = StreamPrinter(ByteTokens([b"ab", b"\xc3", b"\xa9", b"<|endoftext|>"]), stop_ids=(3,), out=out)
+    printer([0, 1], ["target", "accepted"])
+    printer([2, 3], ["accepted", "bonus"])
+    printer.close()
+    assert out.getvalue() == "ab\u00e9\n"

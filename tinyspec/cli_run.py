@@ -125,7 +125,7 @@ def run_generate(args) -> int:
     from .drafting import check_draft_length
     from .generate import generate
     from .report import mark_style, marks_legend, render_marked, run_summary
-    from .textstream import StreamPrinter
+    from .textstream import StreamPrinter, text_ids
 
     params, ignored = decoding_args(args)
     if args.draft_max is not None:
@@ -141,7 +141,7 @@ def run_generate(args) -> int:
     model, tokenizer = open_model(args.model, args.backend)
     tokens = prompt_tokens(args, tokenizer, model.cfg.n_ctx)
     stream = not args.json and (args.stream if args.stream is not None else sys.stdout.isatty())
-    printer = StreamPrinter(tokenizer) if stream else None
+    printer = StreamPrinter(tokenizer, tokenizer.eog_ids) if stream else None
     drafter = drafter_from_flags(args, model, tokenizer)
     policy = None
     if adaptive and drafter is not None:
@@ -150,7 +150,8 @@ def run_generate(args) -> int:
         policy = AdaptiveDraftLength.for_drafter(drafter, draft_n, model)
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
                       drafter=drafter, draft_n=None if adaptive else draft_n, policy=policy, on_emit=printer)
-    text = tokenizer.decode(result.tokens)
+    shown = text_ids(result.tokens, tokenizer.eog_ids)  # the end-of-generation token's text left out
+    text = tokenizer.decode(shown)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
                           "stats": result.stats}))
@@ -162,7 +163,7 @@ def run_generate(args) -> int:
     if args.show and drafter is not None and result.marks:  # the same text again, marked by how each token was made
         style = mark_style(sys.stdout)
         print("\n--- the same output, marked: " + marks_legend(style))
-        print(render_marked(tokenizer, result.tokens, result.marks, style))
+        print(render_marked(tokenizer, shown, result.marks, style))
     print(run_summary(result.stats), file=sys.stderr)
     return 0
 
@@ -181,6 +182,7 @@ def run_batch(args) -> int:
     from .batch import batch_generate
     from .report import batch_summary
     from .scheduler import EngineOptions, blocks_per_run, check_prompt
+    from .textstream import text_ids
 
     options = EngineOptions(slots=args.slots, chunk=args.chunk, n_blocks=args.kv_blocks, block_size=args.block_size,
                             prefix_cache=args.prefix_cache)  # checked before the model loads
@@ -213,11 +215,14 @@ def run_batch(args) -> int:
 
     ended, shown = {}, [0]  # the sequences that ended, by index; how many are printed
 
+    def text(seq) -> str:  # without the end-of-generation token's text (textstream.text_ids)
+        return tokenizer.decode(text_ids(seq.tokens, tokenizer.eog_ids))
+
     def show(seq) -> None:  # as sequences end, in input order: each once every earlier one has ended
         ended[seq.index] = seq
         while shown[0] < len(prompts) and (shown[0] in ended or errors[shown[0]]):
             if shown[0] in ended:
-                print(f"[{shown[0]}] {tokenizer.decode(ended.pop(shown[0]).tokens)}", flush=True)
+                print(f"[{shown[0]}] {text(ended.pop(shown[0]))}", flush=True)
             shown[0] += 1
 
     policy = batch_policy(args, k)
@@ -232,14 +237,14 @@ def run_batch(args) -> int:
             print(f"[batch] prompt {seq.index}: skipped: {seq.error}", file=sys.stderr)
         error = error or seq.error  # a bad JSON line's own message, not the engine's "the prompt is empty"
         sequences.append({"index": seq.index, "prompt_tokens": seq.prompt_tokens, "tokens": seq.tokens,
-                          "text": tokenizer.decode(seq.tokens), "stats": seq.stats, "error": error})
+                          "text": text(seq), "stats": seq.stats, "error": error})
     stats = result.stats | {"sequences": len(sequences), "failed": sum(bool(s["error"]) for s in sequences),
                             "spec": args.spec, "draft_n": result.stats["k_max"], "adaptive": policy is not None}
     if args.json:
         print(json.dumps({"sequences": sequences, "stats": stats}))
         return 0
     for i in sorted(ended):  # after one the engine could not run after all: the rest, in order
-        print(f"[{i}] {tokenizer.decode(ended[i].tokens)}", flush=True)
+        print(f"[{i}] {text(ended[i])}", flush=True)
     for line in batch_summary(stats, sequences):
         print(line, file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ from .drafters import DRAFTERS, DraftOptions, build_drafter
 from .generate import generate
 from .report import mark_style, marks_legend, render_marked
 from .scheduler import EngineOptions
+from .textstream import text_ids
 from .tokenizer import Tokenizer
 
 # Continuations of held-out-style code, and one "edit this code" prompt whose answer repeats its input.
@@ -169,15 +170,16 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     drafter = build_drafter("mtp", target)
     shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
                      policy=auto_policy(drafter, 8))
+    answer = text_ids(shown.tokens, stop_ids)  # the end-of-generation token's text left out, as `generate` does
     style = mark_style(out)
     say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer can copy most of it.")
     say()
     say("  prompt:")
     say(gutter(SHOWN))
     say("  answer (plain text, as `generate` prints it):")
-    say(gutter(tok.decode(shown.tokens)))
+    say(gutter(tok.decode(answer)))
     say("  the same answer, marked by how each token was made:")
-    say(gutter(render_marked(tok, shown.tokens, shown.marks, style)))
+    say(gutter(render_marked(tok, answer, shown.marks, style)))
     say("  " + marks_legend(style))
     return 0 if same and together else 1
 

@@ -2,6 +2,9 @@
 
     probs = softmax(logits / temperature) restricted to the top-k tokens and then to the smallest
             set of most likely tokens whose mass reaches top_p, renormalised
+          = exp(z) / sum exp(z),  z = (logits - max logits) / temperature  (the same law for every
+            temperature > 0, however small: z <= 0, the argmax's exactly 0, nothing overflows; as the
+            temperature shrinks the law tends to one-hot on the argmax, uniform over tied maxima)
     temperature = 0 means greedy: probs is one-hot on argmax (ties -> lowest id), so ratio tests in
             speculative sampling stay exact (jaymody/speculative-sampling issue #3)
 
@@ -42,11 +45,13 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs = np.zeros_like(logits)
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    z = logits / params.temperature
-    if params.top_k and params.top_k < z.size:
-        kth = np.partition(z, -params.top_k)[-params.top_k]
-        z = np.where(z >= kth, z, -np.inf)
-    e = np.exp(z - z.max())  # float64 throughout: probabilities feed ratio tests
+    if params.top_k and params.top_k < logits.size:  # on the logits: the temperature does not change the order
+        kth = np.partition(logits, -params.top_k)[-params.top_k]
+        logits = np.where(logits >= kth, logits, -np.inf)
+    # the max subtracted BEFORE dividing: every z <= 0 and the argmax's is exactly 0, so no T > 0 overflows
+    # (logits / 1e-308 is +-inf, and inf - inf a NaN law); a tiny T sends the others to -inf, exp to 0
+    z = (logits - logits.max()) / params.temperature
+    e = np.exp(z)  # float64 throughout: probabilities feed ratio tests
     probs = e / e.sum()
     if params.top_p < 1:
         order = np.argsort(-probs, kind="stable")

@@ -10,7 +10,8 @@ are exactly tokenizer.decode(every token) (both replace bytes that are not UTF-8
     finish()    -> ""        (bytes still waiting at the end: U+FFFD each)
 
 Used by `generate --stream` (StreamPrinter, below) and by the HTTP server, through TextStream (below), which adds
-what only a server needs: text held back while it could be the start of a stop string.
+what only a server needs: text held back while it could be the start of a stop string. Which ids have text at
+all is text_ids' one rule (a final end-of-generation id has none), for `generate`, `batch` and the demo alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import codecs
 import sys
 from collections import deque
+from collections.abc import Collection, Sequence
 
 MAX_STOP_CHARS = 1000  # characters a stop string may have: the server refuses longer ones (a request names its
 # stops; TextStream's work is linear in their length, but its held-back text is not bounded by anything else)
@@ -37,15 +39,26 @@ class TokenText:
         return self.utf8.decode(b"", final=True)
 
 
+def text_ids(tokens: Sequence[int], stop_ids: Collection[int]) -> list[int]:
+    """The ids whose text is shown: all of them but a last one that is a stop id. A sequence that ends at its
+    end-of-generation token has that id in its tokens (and in every count of them), but its text, such as
+    "<|endoftext|>", is no part of the answer: llama-server and vLLM leave it out too. A stop id only ever comes
+    last (generation ends there), in the whole sequence and in the run of tokens a step emits, so this applies
+    to both: `generate` prints text_ids(result.tokens, ...), `generate --stream` each run's."""
+    tokens = list(tokens)
+    return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
+
+
 class StreamPrinter:
     """on_emit for generate(): writes tokens to `out` (standard output) as they are decided, so the stream
-    equals the final text; close() ends it with a newline, as print(text) would."""
+    equals the final text (text_ids: a stop id's text is not shown); close() ends it with a newline, as
+    print(text) would."""
 
-    def __init__(self, tokenizer, out=None):
-        self.text, self.out = TokenText(tokenizer), out
+    def __init__(self, tokenizer, stop_ids: Collection[int] = (), out=None):
+        self.text, self.stop_ids, self.out = TokenText(tokenizer), stop_ids, out
 
     def __call__(self, tokens: list[int], marks: list[str]) -> None:
-        self._write(self.text.feed(tokens))
+        self._write(self.text.feed(text_ids(tokens, self.stop_ids)))
 
     def close(self) -> None:
         self._write(self.text.finish() + "\n")
