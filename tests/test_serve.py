@@ -8,7 +8,6 @@
                context, an unknown path: a 4xx with a JSON error body, and the server still serves
     clients    a client that disconnects mid-stream is cancelled, its slot and KV blocks freed, the others
                unaffected; the CLI prints its URL, serves, and exits 0 on Ctrl-C, ending a running stream
-    TextStream stop strings and UTF-8 characters split anywhere across tokens (hypothesis)
 
 The servers run in this process on a free loopback port (port 0), on the shipped tiny model and the numpy
 oracle, and are closed by their fixtures; every client call has a timeout, so a bug cannot hang the suite.
@@ -30,8 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import tinyspec
 from tinyspec.backends import load_model
@@ -40,7 +37,7 @@ from tinyspec.gguf import RawTensor, read_gguf, write_gguf
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
 from tinyspec.scheduler import EngineOptions
-from tinyspec.serve import Server, TextStream
+from tinyspec.serve import Server
 from tinyspec.tokenizer import Tokenizer
 
 openai = pytest.importorskip("openai")
@@ -372,41 +369,6 @@ def test_prompts_sharing_a_prefix_hit_the_prefix_cache_and_still_equal_generate(
     stats = get(server, "/v1/stats")
     assert stats["prefix_hits"] >= hits_before + 2 and stats["preemptions"] >= 0
     assert server.prefix_cache is not None and server.engine.chunk == 16
-
-
-# ------------------------------------------------------------------------------------------ TextStream
-
-class ByteTokens:
-    """A tokenizer whose token i is the i-th byte string given: any cut of a text into tokens."""
-
-    def __init__(self, pieces: list[bytes]):
-        self.pieces = pieces
-
-    def decode_bytes(self, ids) -> bytes:
-        return b"".join(self.pieces[i] for i in ids)
-
-
-@settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet="ab€ \n", max_size=30), stops=st.lists(st.text(alphabet="ab€", min_size=1, max_size=3),
-                                                                     max_size=2),
-       cuts=st.lists(st.integers(0, 100), max_size=12), runs=st.lists(st.integers(1, 3), max_size=12))
-def test_text_stream_releases_the_text_cut_at_the_first_stop_however_it_is_split(text, stops, cuts, runs):
-    """Tokens cut the UTF-8 bytes anywhere (inside a character too) and arrive in runs of 1..3 tokens, as verify
-    steps emit them; what the stream releases, joined, is the text up to where the first stop string to be
-    completed begins (as if it came one character at a time), and no released piece is ever taken back."""
-    data = text.encode()
-    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:])]
-    stream = TextStream(ByteTokens(pieces), tuple(stops))
-    ids, out, i = list(range(len(pieces))), [], 0
-    for n in runs + [len(ids)]:
-        out.append(stream.feed(ids[i : i + n]))
-        i += n
-    out.append(stream.finish())
-    ends = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]  # the first one completed
-    first = min(ends)[1] if ends else len(text)
-    assert "".join(out) == text[:first]
-    assert stream.stopped == (first < len(text))
 
 
 def test_a_client_that_leaves_while_waiting_for_a_whole_answer_is_cancelled(server):

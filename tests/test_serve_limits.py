@@ -41,8 +41,8 @@ from tinyspec.tokenizer import Tokenizer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
-from tinyspec.serve import Limits, Server  # noqa: E402  (after the skip: the serve extra)
-from tinyspec.textstream import MAX_STOP_CHARS  # noqa: E402
+from tinyspec.serve import Limits, Server  # after the skip: the serve extra
+from tinyspec.textstream import MAX_STOP_CHARS
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 TIMEOUT = 30  # seconds any one client call may take
@@ -67,8 +67,9 @@ def shown(ids) -> str:
     return tok.decode([t for t in ids if t not in tok.eog_ids])
 
 
-def make_server(limits: Limits = Limits(), slots: int = 4, spec: bool = True) -> Server:
+def make_server(limits: Limits | None = None, slots: int = 4, spec: bool = True) -> Server:
     model, tok = target()
+    limits = limits or Limits()
     return Server(model, tok, "tiny-target", EngineOptions(slots=slots, chunk=None if spec else 16,
                                                            prefix_cache=True),
                   drafter=MTPDrafter(model) if spec else None, spec="mtp" if spec else "none", port=0,
@@ -98,13 +99,15 @@ KEY = {"Authorization": "Bearer sesame"}
 
 def exchange(srv: Server, method: str, path: str, body=None, headers=None, raw: bytes | None = None,
              timeout: float = TIMEOUT) -> tuple[int, dict, dict]:
-    """(status, headers, JSON body) of one request on a new connection."""
+    """(status, headers, body: parsed if JSON, else text) of one request on a new connection."""
     conn = http.client.HTTPConnection(srv.host, srv.port, timeout=timeout)
     try:
         data = raw if raw is not None else None if body is None else json.dumps(body)
         conn.request(method, path, data, {"Content-Type": "application/json"} | (headers or {}))
         response = conn.getresponse()
-        return response.status, dict(response.getheaders()), json.loads(response.read() or b"null")
+        data = response.read()
+        is_json = (response.getheader("content-type") or "").startswith("application/json")
+        return response.status, dict(response.getheaders()), json.loads(data) if is_json else data.decode()
     finally:
         conn.close()
 
@@ -271,8 +274,9 @@ def test_max_tokens_is_capped_and_a_chat_without_it_gets_the_cap(strict):
     """Before: no cap; a chat request without max_tokens ran to the end of the context (4,071 tokens)."""
     status, _, body = exchange(strict, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 601}, KEY)
     assert status == 400 and "--max-tokens" in body["error"]["message"]
-    assert exchange(strict, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 600, "temperature": 0,
-                                                         "stream": True}, KEY)[0] == 200
+    status, headers, body = exchange(strict, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 600,
+                                                                         "temperature": 0, "stream": True}, KEY)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream") and "data: " in body
 
 
 def test_a_request_past_its_deadline_gets_a_504(strict):
@@ -291,7 +295,7 @@ def test_fair_admission_a_short_request_does_not_wait_for_long_ones(strict):
     order, lock = [], threading.Lock()
 
     def run(name: str, body: dict) -> None:
-        status, _, answer = exchange(strict, "POST", "/v1/completions", body, KEY, timeout=60)
+        status, _, _ = exchange(strict, "POST", "/v1/completions", body, KEY, timeout=60)
         with lock:
             order.append((name, status))
 
@@ -310,6 +314,7 @@ def test_fair_admission_a_short_request_does_not_wait_for_long_ones(strict):
     assert names[0] == "short", order  # the longs run 500 tokens each (or hit the 1.5 s deadline: 504)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine thread's end
 def test_health_is_503_when_the_engine_thread_is_stuck_or_dead():
     srv = make_server(Limits(stuck_after_s=0.3), slots=1, spec=False)
     try:
@@ -322,8 +327,10 @@ def test_health_is_503_when_the_engine_thread_is_stuck_or_dead():
             raise SystemExit  # the engine thread ends: a dead engine
 
         srv.engine.step = stuck_step
-        threading.Thread(target=exchange, args=(srv, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3}),
-                         daemon=True).start()
+        answers = []
+        asker = threading.Thread(target=lambda: answers.append(exchange(srv, "POST", "/v1/completions",
+                                                                        {"prompt": "x", "max_tokens": 3})))
+        asker.start()
         time.sleep(0.8)
         status, _, body = exchange(srv, "GET", "/health")
         assert status == 503 and body["status"] == "engine stuck"
@@ -331,6 +338,8 @@ def test_health_is_503_when_the_engine_thread_is_stuck_or_dead():
         srv.engine_thread.join(10)
         status, _, body = exchange(srv, "GET", "/health")
         assert status == 503 and body["status"] == "engine thread stopped"
+        asker.join(TIMEOUT)  # the request in flight is answered too, not left hanging
+        assert answers[0][0] == 503 and "engine" in answers[0][2]["error"]["message"]
     finally:
         srv.close(grace_s=1)
 
@@ -376,7 +385,6 @@ def test_created_is_the_response_time_and_get_on_a_post_endpoint_is_405(server):
 
 def test_metrics_are_prometheus_text_and_count_what_happened(server):
     exchange(server, "POST", "/v1/completions", {"prompt": "def f(x):", "max_tokens": 12, "temperature": 0})
-    status, headers, _ = 0, {}, None
     conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
     conn.request("GET", "/metrics")
     response = conn.getresponse()

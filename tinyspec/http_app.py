@@ -57,18 +57,20 @@ from .openai_api import BadRequest, completion_body, parse_request, usage
 
 WRITE_TIMEOUT_S = 30.0  # a streamed chunk not taken by the client within this: the client is dropped
 GRACE_S = 5.0  # how long close() waits for handlers to write their last bytes
+ENGINE_LOOK_S = 1.0  # how often a waiting handler looks whether the engine thread is still alive
 
 
 def error_response(e: BadRequest, close: bool = False) -> JSONResponse:
     return JSONResponse(e.body(), e.status, headers={"Connection": "close"} if close else None)
 
 
-def refuse(transport, status: int, phrase: str, message: str) -> None:
-    """A whole HTTP/1.1 error response written straight to a connection, which is then closed."""
+def refuse(transport, status: int, phrase: str, message: str, close: bool = True) -> None:
+    """A whole HTTP/1.1 error response written straight to a connection (then closed, unless close=False)."""
     body = json.dumps(BadRequest(message, status=status).body()).encode()
     transport.write(f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\nConnection: close\r\n"
                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    transport.close()
+    if close:
+        transport.close()
 
 
 class DeadlineProtocol(H11Protocol):
@@ -79,9 +81,17 @@ class DeadlineProtocol(H11Protocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.header_timer = None
-        if len(self.connections) > self.limits.max_connections:
-            return refuse(transport, 503, "Service Unavailable", "too many connections: try again later")
+        self.refused = len(self.connections) > self.limits.max_connections
+        if self.refused:  # answered at once; what the client sends is read and dropped until it closes
+            refuse(transport, 503, "Service Unavailable", "too many connections: try again later", close=False)
+            transport.write_eof()
+            self.loop.call_later(self.limits.header_timeout_s, transport.close)
+            return
         self.arm()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.refused:
+            super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:
         """h11 could not parse the request (a bad request line, HTTP/0.9, a Content-Length that is not digits):
@@ -222,7 +232,8 @@ class HTTPFront:
             return Response(status_code=499)  # nobody to answer
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         try:
-            first = await next_event(events, request)  # before the headers: a refusal is still a plain 4xx / 503
+            # the first event before the headers: a refusal is still a plain 4xx / 503
+            first = await next_event(events, request.receive, server.engine_thread)
         except ClientDisconnect:
             server.cancel(job)
             return Response(status_code=499)
@@ -236,7 +247,7 @@ class HTTPFront:
         try:
             while event[0] == "text":
                 parts.append(event[1])
-                event = await next_event(events, request)
+                event = await next_event(events, request.receive, server.engine_thread)
         except ClientDisconnect:
             server.cancel(job)
             return Response(status_code=499)
@@ -284,15 +295,19 @@ def post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, event: tuple) -
         pass
 
 
-async def next_event(events: asyncio.Queue, request: Request) -> tuple:
+async def next_event(events: asyncio.Queue, receive, engine_thread: threading.Thread) -> tuple:
     """The job's next event; ClientDisconnect if the client goes away first (its body has been read, so the
-    only message left to receive is the disconnect)."""
+    only message left to receive is the disconnect); a 503 error event if the engine thread has died (nobody
+    would ever answer)."""
     if not events.empty():
         return events.get_nowait()
     get = asyncio.ensure_future(events.get())
-    gone = asyncio.ensure_future(wait_disconnect(request))
+    gone = asyncio.ensure_future(wait_disconnect(receive))
     try:
-        done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+        while not (done := (await asyncio.wait({get, gone}, timeout=ENGINE_LOOK_S,
+                                                return_when=asyncio.FIRST_COMPLETED))[0]):
+            if not engine_thread.is_alive():
+                return "error", BadRequest("the engine thread has stopped: see the server's log", status=503)
     finally:
         for task in (get, gone):
             task.cancel()
@@ -301,8 +316,8 @@ async def next_event(events: asyncio.Queue, request: Request) -> tuple:
     raise ClientDisconnect()
 
 
-async def wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -318,7 +333,6 @@ class EventStream(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         server, job, ask = self.server, self.job, self.job.ask
-        gone = asyncio.ensure_future(self.wait_gone(receive))
         try:
             await self.write(send, {"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             event, first = self.first, True
@@ -341,22 +355,10 @@ class EventStream(Response):
                                                 "model": self.model, "choices": [],
                                                 "usage": usage(len(job.seq.prompt_tokens), n)})
                     break
-                get = asyncio.ensure_future(self.events.get())
-                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    raise ConnectionError("the client went away")
-                event = get.result()
+                event = await next_event(self.events, receive, server.engine_thread)
             await self.write(send, {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-        except (OSError, asyncio.TimeoutError):  # gone, or not reading: the job ends, its slot serves another
-            server.cancel(job)
-        finally:
-            gone.cancel()
-
-    @staticmethod
-    async def wait_gone(receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        except (ClientDisconnect, OSError, asyncio.TimeoutError):  # gone, or not reading: the job ends, its slot
+            server.cancel(job)  # serves another
 
     async def chunk(self, send, body: dict) -> None:
         data = b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -50,7 +50,8 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         logits = np.where(logits >= kth, logits, -np.inf)
     # the max subtracted BEFORE dividing: every z <= 0 and the argmax's is exactly 0, so no T > 0 overflows
     # (logits / 1e-308 is +-inf, and inf - inf a NaN law); a tiny T sends the others to -inf, exp to 0
-    z = (logits - logits.max()) / params.temperature
+    with np.errstate(over="ignore"):  # -inf is the intended value for the others at a tiny T
+        z = (logits - logits.max()) / params.temperature
     e = np.exp(z)  # float64 throughout: probabilities feed ratio tests
     probs = e / e.sum()
     if params.top_p < 1:

@@ -50,7 +50,7 @@ from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate
 from .scheduler import EngineOptions, check_prompt
 from .sequence import SeqResult
 from .speculate import Engine
-from .textstream import TextStream
+from .textstream import TextStream, text_ids
 from .tokenizer import TooManyTokens
 
 BLOCK_SIZE = 16  # positions per KV block
@@ -279,7 +279,8 @@ class Server:
             if job is None:
                 return
             self.queue.remove(job)
-            engine.add(job.seq, job.max_new, job.seed, params=job.ask.params, stop_ids=self.tokenizer.eog_ids)  # TODO draft_n
+            engine.add(job.seq, job.max_new, job.seed, params=job.ask.params, stop_ids=self.tokenizer.eog_ids,
+                       draft_n=job.ask.draft_n)
             if job.seq.error is not None:  # checked before, so rare: the engine's own word
                 self._refuse(job, BadRequest(job.seq.error, "prompt"))
                 continue
@@ -327,7 +328,7 @@ class Server:
         if job.t_start is None:
             job.t_start = time.perf_counter()
             self._first_token(job.t_start - job.t_arrive)
-        text = job.text.feed([t for t in tokens if t not in seq.stop_ids])  # TODO helper
+        text = job.text.feed(text_ids(tokens, seq.stop_ids))
         if text:
             job.post(("text", text))
         if job.text.stopped and job not in self.stop_met:
