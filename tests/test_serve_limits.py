@@ -419,3 +419,17 @@ def test_a_request_may_turn_speculation_off_or_down(server):
         assert body["tinyspec"]["drafted"] <= d * body["tinyspec"]["steps"]
     status, _, body = exchange(server, "POST", "/v1/completions", {"prompt": "x", "tinyspec": {"draft_n": K + 1}})
     assert status == 400 and body["error"]["param"] == "tinyspec"
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+def test_the_cli_refuses_bad_limits_and_unreadable_key_files_before_it_loads(tmp_path, capsys):
+    from tinyspec.__main__ import main
+
+    assert main(["serve", "--max-tokens", "0", "--port", "0"]) == 2
+    assert "max_tokens must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--api-key-file", str(tmp_path / "none"), "--port", "0"]) == 2
+    assert "cannot read --api-key-file" in capsys.readouterr().err
+    (tmp_path / "empty").write_text("\n\n")
+    assert main(["serve", "--api-key-file", str(tmp_path / "empty"), "--port", "0"]) == 2
+    assert "holds no key" in capsys.readouterr().err
