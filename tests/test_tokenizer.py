@@ -214,6 +214,27 @@ def test_a_limit_refuses_a_huge_word_before_bpe_runs_on_it():
     assert len(tok.encode(text, limit=5_200)) == 5_200
 
 
+def test_a_limit_stops_pre_tokenizing_too():
+    """Pre-tokenization is lazy (iter_words): a refused text of 100,000 words stops after the words the limit
+    needed. Before, split_words cut all of it first: 0.23 s for a 720 KB prompt refused at 4,096 tokens."""
+    tok = toy([("aa", T.NORMAL)], ["a a"])
+    looked = []
+
+    class Counted:  # the pre-tokenizer's pattern, counting the matches it is asked for
+        def __init__(self, pattern):
+            self.pattern = pattern
+
+        def finditer(self, text):
+            for m in self.pattern.finditer(text):
+                looked.append(1)
+                yield m
+
+    tok.patterns = [Counted(p) for p in tok.patterns]
+    with pytest.raises(TooManyTokens):
+        tok.encode("b " * 100_000, limit=50)
+    assert len(looked) < 200
+
+
 @pytest.mark.parametrize("text", ["", "hello there", "a<|im_end|>b<|im_end|>", " hin hin\n\n" * 7, "€" * 9 + " x"])
 def test_ids_under_a_limit_are_those_without_one(text):
     """limit = the token count gives the same ids bit for bit; one less is refused."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from enum import IntEnum
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import regex
 
@@ -90,20 +90,24 @@ def split_words(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
 
     split_words("Hi  there!", [compiled GPT2]) -> ["Hi", " ", " there", "!"]
     """
-    words = [text]
-    for pattern in patterns:
-        pieces = []
-        for word in words:
-            end = 0
-            for m in pattern.finditer(word):
-                if m.start() > end:
-                    pieces.append(word[end:m.start()])  # a gap no alternative matched
-                pieces.append(m.group())
-                end = m.end()
-            if end < len(word):
-                pieces.append(word[end:])
-        words = pieces
-    return words
+    return list(iter_words(text, patterns))
+
+
+def iter_words(text: str, patterns: Sequence[regex.Pattern]) -> Iterator[str]:
+    """split_words one word at a time, in order: each match of the first pattern (and each gap between matches,
+    which no alternative matched) split by the others in turn. Lazy, so that encode(limit=) stops a long text
+    after the words it needed, not after pre-tokenizing all of it."""
+    if not patterns:
+        yield text
+        return
+    end = 0
+    for m in patterns[0].finditer(text):
+        if m.start() > end:
+            yield from iter_words(text[end:m.start()], patterns[1:])  # a gap no alternative matched
+        yield from iter_words(m.group(), patterns[1:])
+        end = m.end()
+    if end < len(text):
+        yield from iter_words(text[end:], patterns[1:])
 
 
 CACHE_WORD_CHARS = 64  # longer pre-tokens are not cached (Tokenizer.encode_word)
@@ -240,7 +244,7 @@ class Tokenizer:
             if isinstance(piece, int):
                 ids.append(piece)
             else:
-                for word in split_words(piece, self.patterns):
+                for word in iter_words(piece, self.patterns):
                     if limit is not None and len(ids) + self.fewest_tokens(word) > limit:
                         raise TooManyTokens(limit)
                     ids.extend(self.encode_word(word))
