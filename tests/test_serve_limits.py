@@ -433,3 +433,18 @@ def test_the_cli_refuses_bad_limits_and_unreadable_key_files_before_it_loads(tmp
     (tmp_path / "empty").write_text("\n\n")
     assert main(["serve", "--api-key-file", str(tmp_path / "empty"), "--port", "0"]) == 2
     assert "holds no key" in capsys.readouterr().err
+
+
+def test_refusals_are_paced_so_a_flood_cannot_take_the_loop(server):
+    """A client sending bad requests as fast as they are answered is slowed to REFUSALS_PER_S answers a second
+    (a lower bound on time, which a busy machine can only lengthen). Before: 413s were answered about 3,800 a
+    second to one flooding client, and a 32-token request beside it took 2.5x its time alone (10 s beside four
+    such clients; tools/serve_faults.py)."""
+    from tinyspec.http_app import REFUSALS_PER_S
+
+    n = 6
+    t0 = time.monotonic()
+    for _ in range(n):
+        assert exchange(server, "POST", "/v1/completions", raw=b'{"prompt": ')[0] == 400
+    assert time.monotonic() - t0 >= (n - 1) / REFUSALS_PER_S
+    assert server.http.next_refusal >= t0 + n / REFUSALS_PER_S

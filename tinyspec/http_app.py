@@ -57,6 +57,7 @@ from .openai_api import BadRequest, completion_body, parse_request, usage
 
 WRITE_TIMEOUT_S = 30.0  # a streamed chunk not taken by the client within this: the client is dropped
 GRACE_S = 5.0  # how long close() waits for handlers to write their last bytes
+REFUSALS_PER_S = 20  # refusals answered a second at most; more wait their turn (HTTPFront.paced)
 ENGINE_LOOK_S = 1.0  # how often a waiting handler looks whether the engine thread is still alive
 
 
@@ -136,6 +137,7 @@ class HTTPFront:
         self.host, self.port = self.sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
         self.parsing: asyncio.Semaphore | None = None  # made on the loop's thread
+        self.next_refusal = 0.0  # the loop's clock: when the next refusal may be answered (paced)
         routes = [Route("/health", self.health), Route("/metrics", self.metrics),
                   Route("/v1/models", self.models), Route("/v1/stats", self.stats), Route("/stats", self.stats),
                   Route("/v1/completions", self.completions, methods=["POST"]),
@@ -183,10 +185,25 @@ class HTTPFront:
         return PlainTextResponse(self.server.metrics(), media_type="text/plain; version=0.0.4")
 
     async def models(self, request: Request) -> JSONResponse:
-        return self.authorized(request) or JSONResponse(self.server.models())
+        if denied := self.authorized(request):
+            return await self.paced(denied)
+        return JSONResponse(self.server.models())
 
     async def stats(self, request: Request) -> JSONResponse:
-        return self.authorized(request) or JSONResponse(self.server.stats())
+        if denied := self.authorized(request):
+            return await self.paced(denied)
+        return JSONResponse(self.server.stats())
+
+    async def paced(self, refusal: Response) -> Response:
+        """A refusal, answered no sooner than 1 / REFUSALS_PER_S after the one before it. A client that sends
+        bad requests as fast as they are answered (a flood, a key guessed) is slowed to that pace, so the event
+        loop and the GIL stay with the requests that run; one refusal alone waits nothing."""
+        loop = asyncio.get_running_loop()
+        turn = max(self.next_refusal, loop.time())
+        self.next_refusal = turn + 1 / REFUSALS_PER_S
+        if turn > loop.time():
+            await asyncio.sleep(turn - loop.time())
+        return refusal
 
     def authorized(self, request: Request) -> JSONResponse | None:
         """None if the request may go on; a 401 if the server has keys and the request does not carry one."""
@@ -210,7 +227,7 @@ class HTTPFront:
     async def answer(self, request: Request, chat: bool) -> Response:
         server = self.server
         if denied := self.authorized(request):
-            return denied
+            return await self.paced(denied)
         try:
             if chat and server.chat_unavailable:
                 raise BadRequest(server.chat_unavailable, "messages", status=501)
@@ -227,7 +244,7 @@ class HTTPFront:
             job = server.submit(ask, tokens, lambda event: post(loop, events, event))
         except BadRequest as e:
             server.refused()
-            return error_response(e, close=e.status in (408, 411, 413, 415))
+            return await self.paced(error_response(e, close=e.status in (408, 411, 413, 415)))
         except ClientDisconnect:
             return Response(status_code=499)  # nobody to answer
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -239,7 +256,7 @@ class HTTPFront:
             return Response(status_code=499)
         if first[0] == "error":
             server.refused()
-            return error_response(first[1])
+            return await self.paced(error_response(first[1]))
         if ask.stream:
             return EventStream(server, job, events, first, rid, model)
         parts = []
