@@ -399,9 +399,9 @@ def cpu() -> dict:
 
 def table(out: dict) -> str:
     c = out["cpu"]
-    lines = [f"serve faults: backend {out['backend']}, {c['model']} ({c['cores']} cores, avx512_vnni "
-             f"{c['avx512_vnni']}); short request: {out['short']['max_tokens']} tokens greedy, "
-             f"{out['repeats']} repeats each",
+    lines = [(f"serve faults: backend {out['backend']}, {c['model']} ({c['cores']} cores, avx512_vnni "
+              f"{c['avx512_vnni']}); short request: {out['short']['max_tokens']} tokens greedy, "
+              f"{out['repeats']} repeats each"),
              f"  {'scenario':20s} {'median':>8s} {'min':>8s} {'max':>8s} {'ratio':>6s}  within 2x"]
     for r in out["scenarios"]:
         lines.append(f"  {r['name']:20s} {r['median_s'] * 1e3:6.0f}ms {r['min_s'] * 1e3:6.0f}ms "
@@ -426,7 +426,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.repeats < 1 or a.refusals < 0:
         ap.error("--repeats must be >= 1 and --refusals >= 0")
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     t0 = time.perf_counter()
     out = measure(a.backend, a.repeats, a.refusals, say)
     out["wall_s"] = time.perf_counter() - t0
