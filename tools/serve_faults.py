@@ -117,7 +117,7 @@ class Stream(threading.Thread):
                 self.reply += more
                 if b"data: " in self.reply:
                     self.first.set()
-                if self.reply.rstrip().endswith(b"data: [DONE]"):
+                if b"data: [DONE]" in self.reply:  # (chunked: the chunk framing follows it)
                     break
         except OSError:
             pass
@@ -356,7 +356,7 @@ def run_scenarios(srv: Server, tok: Tokenizer, backend: str, repeats: int, n_ref
             for s in streams:
                 s.close()
             return {"slots_busy": health["slots_busy"], "waiting": health["waiting"],
-                    "longs_still_running": all(not s.reply.rstrip().endswith(b"data: [DONE]") for s in streams)}
+                    "longs_still_running": all(b"data: [DONE]" not in s.reply for s in streams)}
         return setup, teardown
 
     run("3 long", *longs(3))
