@@ -182,6 +182,31 @@ def test_a_body_over_max_body_is_refused_before_it_is_sent(server):
     assert status_of(reply) == 413 and "max-body" in json_of(reply)["error"]["message"]
 
 
+def test_a_client_uploading_a_huge_body_reads_the_413_not_a_reset(server):
+    """http.client (as the openai client) sends the whole body before it reads: the server answers 413 from the
+    Content-Length and must keep reading (and dropping) the upload until the client is done. Before: the socket
+    closed with unread bytes, which sends a reset, and the client saw ConnectionResetError, not the 413."""
+    statuses = []
+
+    def upload() -> None:
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
+        try:
+            conn.request("POST", "/v1/completions", b'{"prompt": "' + b"x" * (30 << 20) + b'"}',
+                         {"Content-Type": "application/json"})
+            statuses.append(conn.getresponse().status)
+        except OSError as e:
+            statuses.append(repr(e))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=upload) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert statuses == [413] * 3
+
+
 # ------------------------------------------------------------------------------------------ slow and bad clients
 
 def test_malformed_http_gets_a_well_formed_400(server):

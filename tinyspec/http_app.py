@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -58,6 +59,7 @@ from .openai_api import BadRequest, completion_body, parse_request, usage
 WRITE_TIMEOUT_S = 30.0  # a streamed chunk not taken by the client within this: the client is dropped
 GRACE_S = 5.0  # how long close() waits for handlers to write their last bytes
 REFUSALS_PER_S = 20  # refusals answered a second at most; more wait their turn (HTTPFront.paced)
+LINGER_S = 5.0  # how long a closed connection still reads (and drops) a body its client is sending (Lingering)
 ENGINE_LOOK_S = 1.0  # how often a waiting handler looks whether the engine thread is still alive
 
 
@@ -74,13 +76,37 @@ def refuse(transport, status: int, phrase: str, message: str, close: bool = True
         transport.close()
 
 
+class Lingering:
+    """A connection's transport whose close() lingers while the client is still sending a body (a 413 sent from
+    the Content-Length, a 408): the reply is sent and the write side shut, then what the client sends is read and
+    dropped for up to LINGER_S before the socket closes. Closing a socket with unread bytes in it sends a reset,
+    and a client still uploading a 30 MB body (http.client, the openai client) sees "connection reset" instead of
+    the 413 (nginx lingers for the same reason). Everything else is the transport's own."""
+
+    def __init__(self, transport, protocol: "DeadlineProtocol"):
+        self.transport, self.protocol = transport, protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
+
+    def close(self) -> None:
+        p, t = self.protocol, self.transport
+        if p.lingering or t.is_closing() or p.conn.their_state is not h11.SEND_BODY or not t.can_write_eof():
+            return t.close()
+        p.lingering = True
+        t.write_eof()  # after the reply already queued
+        t.resume_reading()
+        p.loop.call_later(LINGER_S, t.close)
+
+
 class DeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with a header deadline and a connection cap (the module docstring: why)."""
 
     limits = None  # serve.Limits: set on the subclass HTTPFront makes for its server
 
     def connection_made(self, transport) -> None:
-        super().connection_made(transport)
+        self.lingering = False
+        super().connection_made(Lingering(transport, self))
         self.header_timer = None
         self.refused = len(self.connections) > self.limits.max_connections
         if self.refused:  # answered at once; what the client sends is read and dropped until it closes
@@ -91,7 +117,7 @@ class DeadlineProtocol(H11Protocol):
         self.arm()
 
     def data_received(self, data: bytes) -> None:
-        if not self.refused:
+        if not (self.refused or self.lingering):  # answered already: what comes is read and dropped
             super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:
@@ -122,6 +148,9 @@ class DeadlineProtocol(H11Protocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self.arm()  # the next request's headers, on this kept-alive connection
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done sending: the transport closes (a lingering one too)
 
     def connection_lost(self, exc) -> None:
         self.disarm()
