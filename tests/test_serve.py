@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_helpers import ASSETS, TIMEOUT, get, shown, target, wait_idle
 
 import tinyspec
 from tinyspec.backends import load_model
@@ -43,17 +44,9 @@ from tinyspec.tokenizer import Tokenizer
 openai = pytest.importorskip("openai")
 pytest.importorskip("jinja2")
 
-ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
-TIMEOUT = 60  # seconds any one client call may take
 K = 3  # the MTP server's draft length (serve --draft-n)
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-@functools.cache
-def target():
-    model = load_model(ASSETS / "tiny-target.gguf", "numpy")
-    return model, Tokenizer.from_gguf(model.metadata)
 
 
 @functools.cache
@@ -89,12 +82,6 @@ def chat_server(tmp_path_factory):
     srv.close()
 
 
-def shown(ids) -> str:
-    """The text a response carries for these ids: an end-of-generation token ends it and is not printed."""
-    _, tok = target()
-    return tok.decode([t for t in ids if t not in tok.eog_ids])
-
-
 def client(srv: Server):
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
 
@@ -108,26 +95,6 @@ def post(srv: Server, path: str, body=None, raw: bytes | None = None) -> tuple[i
         return response.status, json.loads(response.read())
     finally:
         conn.close()
-
-
-def get(srv: Server, path: str) -> dict:
-    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=TIMEOUT)
-    try:
-        conn.request("GET", path)
-        return json.loads(conn.getresponse().read())
-    finally:
-        conn.close()
-
-
-def wait_idle(srv: Server) -> dict:
-    """/health once nothing runs or waits (a cancelled job leaves the engine between steps)."""
-    t_end = time.monotonic() + TIMEOUT
-    while time.monotonic() < t_end:
-        health = get(srv, "/health")
-        if health["slots_busy"] == 0 and health["waiting"] == 0 and srv.engine.done():
-            return health
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not go idle: {health}")
 
 
 # ------------------------------------------------------------------------------------------ the openai client

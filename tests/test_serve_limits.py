@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import http.client
 import json
-import re
 import socket
 import threading
 import time
@@ -31,28 +30,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinyspec
-from tinyspec.backends import load_model
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
 from tinyspec.scheduler import EngineOptions
-from tinyspec.tokenizer import Tokenizer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
+from serve_helpers import rss_mb, shown, target
+
 from tinyspec.serve import Limits, Server  # after the skip: the serve extra
 from tinyspec.textstream import MAX_STOP_CHARS
 
-ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 TIMEOUT = 30  # seconds any one client call may take
 K = 3
-
-
-@functools.cache
-def target():
-    model = load_model(ASSETS / "tiny-target.gguf", "numpy")
-    return model, Tokenizer.from_gguf(model.metadata)
 
 
 @functools.cache
@@ -60,11 +51,6 @@ def greedy(prompt: tuple[int, ...], max_new: int) -> tuple[int, ...]:
     model, tok = target()
     return tuple(generate(model, list(prompt), max_new, SamplingParams(0.0), np.random.default_rng(0),
                           stop_ids=tok.eog_ids).tokens)
-
-
-def shown(ids) -> str:
-    _, tok = target()
-    return tok.decode([t for t in ids if t not in tok.eog_ids])
 
 
 def make_server(limits: Limits | None = None, slots: int = 4, spec: bool = True) -> Server:
@@ -132,11 +118,6 @@ def status_of(reply: bytes) -> int:
 
 def json_of(reply: bytes) -> dict:
     return json.loads(reply.partition(b"\r\n\r\n")[2])
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
 
 
 # ------------------------------------------------------------------------------------------ one request freezes all

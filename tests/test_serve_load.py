@@ -17,7 +17,6 @@ and the numpy oracle; every client call has a timeout, so a bug cannot hang the 
 from __future__ import annotations
 
 import functools
-import http.client
 import json
 import os
 import re
@@ -28,32 +27,25 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import tinyspec
-from tinyspec.backends import load_model
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
 from tinyspec.sampling import SamplingParams
 from tinyspec.scheduler import EngineOptions
-from tinyspec.tokenizer import Tokenizer
 
 pytest.importorskip("uvicorn")
+from serve_helpers import TIMEOUT, get, rss_mb, shown, target, wait_idle
+
 from tinyspec.serve import Server  # after the skip: the serve extra
 from tinyspec.textstream import MAX_STOP_CHARS
 
-ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
-TIMEOUT = 60  # seconds any one client call may take
 K = 3  # the server's draft length (the batch engine's default with MTP)
 CTX = 1024  # a smaller context than the model's, so a prompt refused at encode costs less
-
-
-@functools.cache
-def target():
-    model = load_model(ASSETS / "tiny-target.gguf", "numpy")
-    return model, Tokenizer.from_gguf(model.metadata)
 
 
 @functools.cache
@@ -64,7 +56,7 @@ def solo(prompt: str, max_new: int, temperature: float = 0.0, seed: int = 0) -> 
     drafter = MTPDrafter(model) if temperature > 0 else None
     result = generate(model, tok.encode(prompt), max_new, SamplingParams(temperature), np.random.default_rng(seed),
                       stop_ids=tok.eog_ids, drafter=drafter, draft_n=K if drafter else None)
-    return tok.decode([t for t in result.tokens if t not in tok.eog_ids])
+    return shown(result.tokens)
 
 
 @pytest.fixture(scope="module")
@@ -76,26 +68,6 @@ def server():
     assert srv.engine.k_max == K
     yield srv
     srv.close()
-
-
-def get(host: str, port: int, path: str) -> dict:
-    conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
-    try:
-        conn.request("GET", path)
-        return json.loads(conn.getresponse().read())
-    finally:
-        conn.close()
-
-
-def wait_idle(srv: Server) -> dict:
-    """/health once nothing runs or waits (a cancelled job leaves the engine between steps)."""
-    t_end = time.monotonic() + TIMEOUT
-    while time.monotonic() < t_end:
-        health = get(srv.host, srv.port, "/health")
-        if health["slots_busy"] == 0 and health["waiting"] == 0 and srv.engine.done():
-            return health
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not go idle: {health}")
 
 
 def send(host: str, port: int, body: dict) -> socket.socket:
@@ -173,11 +145,6 @@ def stream_text(events: list) -> tuple[str, str | None]:
     return "".join(c["choices"][0]["text"] for c in chunks), chunks[-1]["choices"][0]["finish_reason"]
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
-
-
 # ------------------------------------------------------------------------------------------ streams
 
 PROMPTS = ("def main(", "import os\n", "class Foo:", "for i in range(", "def f(x):", "import numpy as np\n")
@@ -188,7 +155,7 @@ def test_24_streams_with_leavers_and_slow_readers_are_each_exact_and_the_leavers
     read an event every 0.1 s. The others get exactly their solo text, whatever joined or left the passes they
     shared; each leaver is counted cancelled once, and at the end no KV block is held and no slot is busy."""
     wait_idle(server)
-    before = get(server.host, server.port, "/v1/stats")
+    before = get(server, "/v1/stats")
     clients = []  # (kind, prompt, temperature, seed)
     for i in range(24):
         prompt, temperature, seed = PROMPTS[i % len(PROMPTS)], (0.0 if i % 2 else 0.8), i % 5
@@ -225,7 +192,7 @@ def test_24_streams_with_leavers_and_slow_readers_are_each_exact_and_the_leavers
         assert status == 200 and what == "stream" and events[-1] == "[DONE]", (status, events)
         assert stream_text(events)[0] == expected[prompt, temperature, seed], (kind, prompt, temperature, seed)
     health = wait_idle(server)
-    after = get(server.host, server.port, "/v1/stats")
+    after = get(server, "/v1/stats")
     n_leavers = sum(kind == "leaver" for kind, *_ in clients)
     assert after["cancelled"] - before["cancelled"] == n_leavers
     assert after["requests"] - before["requests"] == len(clients) - n_leavers
@@ -324,7 +291,7 @@ def test_sigterm_under_load_exits_0_and_every_client_gets_a_well_formed_reply():
             socks.append(send("127.0.0.1", port, {"prompt": PROMPTS[i % len(PROMPTS)], "temperature": 0,
                                                   "max_tokens": 1000 if i % 4 < 2 else 250, "stream": i % 2 == 0}))
         t_end, seen = time.monotonic() + TIMEOUT, []
-        while (h := get("127.0.0.1", port, "/health"))["slots_busy"] < 2 or h["waiting"] < 1:
+        while (h := get(SimpleNamespace(host="127.0.0.1", port=port), "/health"))["slots_busy"] < 2 or h["waiting"] < 1:
             seen.append(h)
             assert time.monotonic() < t_end, seen[-20:]
             time.sleep(0.01)
