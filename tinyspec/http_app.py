@@ -105,9 +105,9 @@ class DeadlineProtocol(H11Protocol):
     limits = None  # serve.Limits: set on the subclass HTTPFront makes for its server
 
     def connection_made(self, transport) -> None:
-        self.lingering = False
+        self.lingering = False  # answered and closing: see Lingering
+        self.header_timer: asyncio.TimerHandle | None = None  # armed while a request's headers are awaited
         super().connection_made(Lingering(transport, self))
-        self.header_timer = None
         self.refused = len(self.connections) > self.limits.max_connections
         if self.refused:  # answered at once; what the client sends is read and dropped until it closes
             refuse(transport, 503, "Service Unavailable", "too many connections: try again later", close=False)
@@ -130,7 +130,7 @@ class DeadlineProtocol(H11Protocol):
         self.header_timer = self.loop.call_later(self.limits.header_timeout_s, self.headers_late)
 
     def disarm(self) -> None:
-        if getattr(self, "header_timer", None) is not None:
+        if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
 

@@ -1,36 +1,34 @@
 """An OpenAI-shaped HTTP server over ONE running batch engine: `python -m tinyspec serve`.
 
-    client --HTTP--> handler thread --inbox--> engine thread --events--> handler thread --HTTP--> client
-                     (one per connection:         (the only one that      (its own request's events:
-                      parse, check, encode)        touches the engine)     text, end, error)
+    client --HTTP--> http_app (uvicorn + Starlette: read under limits, parse, encode) --inbox--> engine thread
+           <--JSON / server-sent events-- http_app <--job events (text, end, error)-- engine thread
 
-Thread model. http.server's ThreadingHTTPServer gives each connection a thread; a thread parses and checks its
-request (openai_api.py), encodes the prompt, and puts a Job on the engine's inbox, then waits on the job's own
-event queue. ONE engine thread owns the Engine (speculate.py, over a paged KV pool as batch.py's): between two
-steps it takes what arrived (new jobs: Engine.add with the request's own sampling, seed and stop ids;
-cancellations: Engine.cancel), then makes one step for every running sequence. Why one thread: a step is ONE
-verify pass for every sequence (that is the point of batching), and the model's states, the KV pool, the
-rollback rings and the drafters are plain objects no lock guards; with a single owner they need none, and a
-request's tokens are exactly its solo run's (greedy, and sampled with its seed: the engine's guarantee, whatever
-else shares the pass).
+This module is the engine side; http_app.py is the HTTP side (docs/http-server.md: the stack and why).
 
-Streaming. Each step's run reaches its job through on_emit: the ids are decoded incrementally (a character
-split across tokens waits for its last byte) and held back while the text's end could still begin a stop string
-(TextStream). Released text goes to the handler, which writes it as a server-sent event in OpenAI's chunk shape;
-the stream ends with a chunk carrying finish_reason and the request's speculation stats, then `data: [DONE]`.
-A stop string met cuts the text there and cancels the sequence after the step.
+One engine thread. It owns the Engine (speculate.py, over a paged KV pool as batch.py's): between two steps it
+takes what arrived (new jobs, cancellations), ends jobs past their deadline (504), admits waiting jobs into free
+slots (Engine.add with the request's own sampling, seed, stop ids and draft_n), then makes one step for every
+running sequence. Why one thread: a step is ONE verify pass for every sequence (that is the point of batching),
+and the model's states, the KV pool, the rollback rings and the drafters are plain objects no lock guards; with
+a single owner they need none, and a request's tokens are exactly its solo run's (greedy, and sampled with its
+seed: the engine's guarantee, whatever else shares the pass).
 
-Cancellation. A client that goes away (its socket reads as closed while it waits, or a write fails mid-stream)
-cancels its job: the engine thread removes the sequence between steps and its slot and KV blocks serve the next
-one. Ctrl-C (Server.close) stops accepting, ends every job in flight with a 503 error (an error event
-mid-stream), and lets the handlers write it before the process exits.
+Fair admission. Free slots take waiting jobs in arrival order, but long jobs (max_tokens above
+Limits.short_tokens) hold at most slots - 1 slots, so a short request never waits for a long one to end.
 
-Stats. Every response carries usage and a `tinyspec` object with its own speculation stats (steps, drafted,
-accepted, acceptance_rate, tokens_per_step, ...); GET /v1/stats sums the server's (requests, tokens, tok/s,
-acceptance, the prefix cache's hits and the engine's preemptions).
+Streaming. Each step's run reaches its job through on_emit: the ids are decoded incrementally and held back
+while the text's end could still begin a stop string (textstream.TextStream, linear in the text), the end-of-
+generation token's text left out (textstream.text_ids). A stop string met cuts the text there and cancels the
+sequence after the step. Cancellation (a client gone) and shutdown (Server.close: every job in flight ends with
+a 503) reach the engine thread through the same inbox.
 
-Does NOT include: authentication, TLS, several choices per request, request priorities (FIFO), the Responses
-API. For a serving stack, see vLLM or llama.cpp's llama-server; this is the smallest one that shows the loop.
+Limits. What one request or client may take (Limits) is checked on both sides: sizes, counts and deadlines of the
+HTTP exchange in http_app, tokens, deadlines and the queue here. Stats: each response's own speculation stats,
+/v1/stats and /metrics (Prometheus) for the server's.
+
+Does NOT include: TLS, per-key quotas, several choices per request, request priorities, the Responses API. For a
+serving stack, see vLLM or llama.cpp's llama-server; this is the smallest one that shows the loop and can be left
+running.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .drafting import Drafter, DraftPolicy, policy_for
+from .http_app import HTTPFront
 from .openai_api import DEFAULT_MAX_TOKENS, Ask, BadRequest, ChatTemplate
 from .scheduler import EngineOptions, check_prompt
 from .sequence import SeqResult
@@ -139,8 +138,6 @@ class Server:
         rest). The server sizes its KV pool (every slot's longest run: ctx positions and a pass's drafts, its
         drafter's KV too, so admission never waits) and stops at the tokenizer's end-of-generation ids. limits:
         what a request or a client may take (Limits)."""
-        from .http_app import HTTPFront  # the HTTP side needs the serve extra (starlette, uvicorn, pydantic)
-
         self.model, self.tokenizer, self.spec, self.log, self.limits = model, tokenizer, spec, log, limits
         self.names = limits.served_model_names or (model_name,)
         self.model_name = self.names[0]
