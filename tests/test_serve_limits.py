@@ -32,6 +32,7 @@ import pytest
 
 from tinyspec.generate import generate
 from tinyspec.mtp import MTPDrafter
+from tinyspec.openai_api import Ask
 from tinyspec.sampling import SamplingParams
 from tinyspec.scheduler import EngineOptions
 
@@ -283,6 +284,11 @@ def test_max_tokens_is_capped_and_a_chat_without_it_gets_the_cap(strict):
     status, headers, body = exchange(strict, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 600,
                                                                          "temperature": 0, "stream": True}, KEY)
     assert status == 200 and headers["content-type"].startswith("text/event-stream") and "data: " in body
+    events = []
+    chat = Ask(True, "<|user|>hi\n<|assistant|>", None, SamplingParams(0.0), None, (), False, False, None)
+    job = strict.submit(chat, [1, 2, 3], events.append)  # what /v1/chat/completions hands the engine
+    assert job.max_new == strict.limits.max_tokens  # not the rest of the context (4,093)
+    strict.cancel(job)
 
 
 def test_a_request_past_its_deadline_gets_a_504(strict):
