@@ -157,6 +157,17 @@ class DeadlineProtocol(H11Protocol):
         super().connection_lost(exc)
 
 
+class LogTo(logging.Handler):
+    """uvicorn's log records as lines for serve's own log (`serve --verbose`: stderr)."""
+
+    def __init__(self, say):
+        super().__init__()
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+
 class HTTPFront:
     """The listening socket, the uvicorn server in its own thread, and the routes, for one serve.Server."""
 
@@ -174,8 +185,11 @@ class HTTPFront:
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self.http_error})
         protocol = type("Protocol", (DeadlineProtocol,), {"limits": self.limits})
         verbose = server.log is not None
-        for name in ("uvicorn.error", "uvicorn.access"):  # uvicorn's own lines only with --verbose
-            logging.getLogger(name).setLevel(logging.INFO if verbose else logging.CRITICAL)
+        for name in ("uvicorn.error", "uvicorn.access"):  # uvicorn's own lines, through server.log, with --verbose
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO if verbose else logging.CRITICAL)
+            if verbose:
+                logger.addHandler(LogTo(server.log))
         config = uvicorn.Config(self.app, http=protocol, lifespan="off", log_config=None, access_log=verbose,
                                 timeout_keep_alive=self.limits.idle_timeout_s, timeout_graceful_shutdown=GRACE_S,
                                 limit_concurrency=None, server_header=False)
