@@ -84,7 +84,7 @@ class Limits:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: `in` and remove() on the queue compare identity
 class Job:
     """One request inside the server: its Ask, its sequence in the engine, its text, and where its events go.
     post(event) is called on the engine thread (the HTTP side hands it over to its own thread); events:
