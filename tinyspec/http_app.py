@@ -36,6 +36,8 @@ Every refusal is OpenAI's JSON error body, 4xx or 5xx, with the field at fault.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -57,9 +59,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .openai_api import BadRequest, completion_body, parse_request, usage
 
 WRITE_TIMEOUT_S = 30.0  # a streamed chunk not taken by the client within this: the client is dropped
-GRACE_S = 5.0  # how long close() waits for handlers to write their last bytes
 REFUSALS_PER_S = 20  # refusals answered a second at most; more wait their turn (HTTPFront.paced)
 LINGER_S = 5.0  # how long a closed connection still reads (and drops) a body its client is sending (Lingering)
+BODY_BYTES = 64 << 20  # bytes of request bodies held at once, read or waiting to be parsed (HTTPFront.body_room)
 ENGINE_LOOK_S = 1.0  # how often a waiting handler looks whether the engine thread is still alive
 
 
@@ -79,7 +81,7 @@ def refuse(transport, status: int, phrase: str, message: str, close: bool = True
 class Lingering:
     """A connection's transport whose close() lingers while the client is still sending a body (a 413 sent from
     the Content-Length, a 408): the reply is sent and the write side shut, then what the client sends is read and
-    dropped for up to LINGER_S before the socket closes. Closing a socket with unread bytes in it sends a reset,
+    dropped for up to LINGER_S (or the idle timeout, whichever comes first) before the socket closes. Closing a socket with unread bytes in it sends a reset,
     and a client still uploading a 30 MB body (http.client, the openai client) sees "connection reset" instead of
     the 413 (nginx lingers for the same reason). Everything else is the transport's own."""
 
@@ -102,7 +104,9 @@ class Lingering:
 class DeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with a header deadline and a connection cap (the module docstring: why)."""
 
-    limits = None  # serve.Limits: set on the subclass HTTPFront makes for its server
+    def __init__(self, *args, limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits  # serve.Limits
 
     def connection_made(self, transport) -> None:
         self.lingering = False  # answered and closing: see Lingering
@@ -122,8 +126,12 @@ class DeadlineProtocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """h11 could not parse the request (a bad request line, HTTP/0.9, a Content-Length that is not digits):
-        uvicorn answers 400 in plain text; this answers it in OpenAI's JSON error shape, and closes."""
-        refuse(self.transport, 400, "Bad Request", f"malformed HTTP request: {msg}")
+        uvicorn answers 400 in plain text; this answers it in OpenAI's JSON error shape, and closes. If this
+        request was answered already (a 413 while its chunked body went on, malformed), it only closes."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            refuse(self.transport, 400, "Bad Request", f"malformed HTTP request: {msg}")
+        else:
+            self.transport.close()
 
     def arm(self) -> None:
         self.disarm()
@@ -145,12 +153,9 @@ class DeadlineProtocol(H11Protocol):
             self.disarm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+        super().on_response_complete()  # may start a pipelined request at once (its headers already in)
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self.arm()  # the next request's headers, on this kept-alive connection
-
-    def eof_received(self) -> bool | None:
-        return None  # the client is done sending: the transport closes (a lingering one too)
 
     def connection_lost(self, exc) -> None:
         self.disarm()
@@ -178,20 +183,23 @@ class HTTPFront:
         self.url = f"http://{self.host}:{self.port}"
         self.parsing: asyncio.Semaphore | None = None  # made on the loop's thread
         self.next_refusal = 0.0  # the loop's clock: when the next refusal may be answered (paced)
+        self.body_bytes = 0  # bytes of bodies held now (body_room)
         routes = [Route("/health", self.health), Route("/metrics", self.metrics),
                   Route("/v1/models", self.models), Route("/v1/stats", self.stats), Route("/stats", self.stats),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self.http_error})
-        protocol = type("Protocol", (DeadlineProtocol,), {"limits": self.limits})
+        protocol = functools.partial(DeadlineProtocol, limits=self.limits)  # uvicorn makes one per connection
         verbose = server.log is not None
+        self.log_handlers = []  # (logger, handler): removed by stop()
         for name in ("uvicorn.error", "uvicorn.access"):  # uvicorn's own lines, through server.log, with --verbose
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO if verbose else logging.CRITICAL)
             if verbose:
-                logger.addHandler(LogTo(server.log))
+                self.log_handlers.append((logger, LogTo(server.log)))
+                logger.addHandler(self.log_handlers[-1][1])
         config = uvicorn.Config(self.app, http=protocol, lifespan="off", log_config=None, access_log=verbose,
-                                timeout_keep_alive=self.limits.idle_timeout_s, timeout_graceful_shutdown=GRACE_S,
+                                timeout_keep_alive=self.limits.idle_timeout_s, timeout_graceful_shutdown=5.0,
                                 limit_concurrency=None, server_header=False)
         self.uvicorn = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
@@ -207,9 +215,12 @@ class HTTPFront:
         return self.thread.is_alive()
 
     def stop(self, grace_s: float) -> None:
+        self.uvicorn.config.timeout_graceful_shutdown = grace_s  # read by uvicorn's shutdown, after should_exit
         self.uvicorn.should_exit = True
         self.thread.join(timeout=grace_s + 2)
         self.sock.close()
+        for logger, handler in self.log_handlers:
+            logger.removeHandler(handler)
 
     # ------------------------------------------------------------------------------------------ the routes
 
@@ -274,49 +285,70 @@ class HTTPFront:
         try:
             if chat and server.chat_unavailable:
                 raise BadRequest(server.chat_unavailable, "messages", status=501)
-            raw = await self.read_body(request)
-            if self.parsing is None:
-                self.parsing = asyncio.Semaphore(self.limits.parse_at_once)
-            async with self.parsing:  # the body parsed and its prompt encoded, a few requests at a time
-                ask = parse_request(raw, chat, server.chat.render if server.chat else None)
-                del raw
-                model = server.check_model(ask.model)
-                tokens = await run_in_threadpool(server.encode, ask)
+            async with self.body_room(request):  # the bytes of bodies held at once are bounded
+                raw = await self.read_body(request)
+                if self.parsing is None:
+                    self.parsing = asyncio.Semaphore(self.limits.parse_at_once)
+                async with self.parsing:  # parsed, rendered and encoded on a worker thread, a few at a time
+                    ask, model, tokens = await run_in_threadpool(self.prepare, raw, chat)
+                    del raw
             events: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             job = server.submit(ask, tokens, lambda event: post(loop, events, event))
-        except BadRequest as e:
+        except BadRequest as e:  # the client's fault: counted and paced here
             server.refused()
             return await self.paced(error_response(e, close=e.status in (408, 411, 413, 415)))
         except ClientDisconnect:
             return Response(status_code=499)  # nobody to answer
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        gone = asyncio.ensure_future(wait_disconnect(request.receive))  # one watcher for the whole answer
+        streaming = False  # the stream takes `gone` over
         try:
-            # the first event before the headers: a refusal is still a plain 4xx / 503
-            first = await next_event(events, request.receive, server.engine_thread)
-        except ClientDisconnect:
-            server.cancel(job)
-            return Response(status_code=499)
-        if first[0] == "error":
-            server.refused()
-            return await self.paced(error_response(first[1]))
-        if ask.stream:
-            return EventStream(server, job, events, first, rid, model)
-        parts = []
-        event = first
-        try:
+            # the first event before the headers: an error is still a plain 4xx / 5xx (the engine counted it)
+            first = await next_event(events, gone, server.engine_thread)
+            if first[0] == "error":
+                return error_response(first[1])
+            if ask.stream:
+                streaming = True
+                return EventStream(server, job, events, first, rid, model, gone)
+            parts, event = [], first
             while event[0] == "text":
                 parts.append(event[1])
-                event = await next_event(events, request.receive, server.engine_thread)
+                event = await next_event(events, gone, server.engine_thread)
         except ClientDisconnect:
             server.cancel(job)
             return Response(status_code=499)
+        finally:
+            if not streaming:
+                gone.cancel()
         if event[0] == "error":
             return error_response(event[1])
         _, finish_reason, n, stats = event
         body = completion_body(ask, rid, int(time.time()), model, "".join(parts), finish_reason, chunk=False)
         body["usage"], body["tinyspec"] = usage(len(job.seq.prompt_tokens), n), stats
         return JSONResponse(body)
+
+    def prepare(self, raw: bytes, chat: bool) -> tuple:
+        """On a worker thread: the body parsed (pydantic), a chat rendered (Jinja), the model name checked and the
+        prompt encoded; (Ask, the model name to answer with, the prompt's ids) or BadRequest."""
+        server = self.server
+        ask = parse_request(raw, chat, server.chat.render if server.chat else None)
+        return ask, server.check_model(ask.model), server.encode(ask)
+
+    @contextlib.asynccontextmanager
+    async def body_room(self, request: Request):
+        """Room for this request's body among the bodies held at once (BODY_BYTES in all, from Content-Length; a
+        chunked body counts as max_body): past it, 503. Bodies wait for a parse slot after they are read, and
+        without this the connection cap times max_body could sit in memory."""
+        length = request.headers.get("content-length")
+        need = min(int(length), self.limits.max_body) if length is not None else self.limits.max_body
+        if self.body_bytes + need > BODY_BYTES:
+            raise BadRequest("too many large request bodies at once: try again later", status=503)
+        self.body_bytes += need
+        try:
+            yield
+        finally:
+            self.body_bytes -= need
 
     async def read_body(self, request: Request) -> bytes:
         """The body, under the limits: JSON Content-Type (415), a length (411), at most max_body bytes (413,
@@ -355,22 +387,20 @@ def post(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, event: tuple) -
         pass
 
 
-async def next_event(events: asyncio.Queue, receive, engine_thread: threading.Thread) -> tuple:
-    """The job's next event; ClientDisconnect if the client goes away first (its body has been read, so the
-    only message left to receive is the disconnect); a 503 error event if the engine thread has died (nobody
-    would ever answer)."""
+async def next_event(events: asyncio.Queue, gone: asyncio.Future, engine_thread: threading.Thread) -> tuple:
+    """The job's next event; ClientDisconnect if the client goes away first (`gone`: the request's one
+    wait_disconnect task; one per request, not per event, as each receive() lets the connection read more);
+    a 503 error event if the engine thread has died (nobody would ever answer)."""
     if not events.empty():
         return events.get_nowait()
     get = asyncio.ensure_future(events.get())
-    gone = asyncio.ensure_future(wait_disconnect(receive))
     try:
         while not (done := (await asyncio.wait({get, gone}, timeout=ENGINE_LOOK_S,
                                                 return_when=asyncio.FIRST_COMPLETED))[0]):
             if not engine_thread.is_alive():
                 return "error", BadRequest("the engine thread has stopped: see the server's log", status=503)
     finally:
-        for task in (get, gone):
-            task.cancel()
+        get.cancel()
     if get in done:
         return get.result()
     raise ClientDisconnect()
@@ -386,8 +416,10 @@ class EventStream(Response):
     Starlette's StreamingResponse, so a write the client does not take within WRITE_TIMEOUT_S drops the client,
     and a disconnect (or a failed write) cancels the job."""
 
-    def __init__(self, server, job, events: asyncio.Queue, first: tuple, rid: str, model: str):
+    def __init__(self, server, job, events: asyncio.Queue, first: tuple, rid: str, model: str,
+                 gone: asyncio.Future):
         super().__init__()
+        self.gone = gone  # the request's disconnect watcher (next_event)
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
         self.server, self.job, self.events, self.first, self.rid, self.model = server, job, events, first, rid, model
 
@@ -415,10 +447,12 @@ class EventStream(Response):
                                                 "model": self.model, "choices": [],
                                                 "usage": usage(len(job.seq.prompt_tokens), n)})
                     break
-                event = await next_event(self.events, receive, server.engine_thread)
+                event = await next_event(self.events, self.gone, server.engine_thread)
             await self.write(send, {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         except (ClientDisconnect, OSError, asyncio.TimeoutError):  # gone, or not reading: the job ends, its slot
             server.cancel(job)  # serves another
+        finally:
+            self.gone.cancel()
 
     async def chunk(self, send, body: dict) -> None:
         data = b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -300,7 +300,8 @@ class Server:
             self._count("timed_out")
 
     def _refuse(self, job: Job, error: BadRequest) -> None:
-        job.post(("error", error))  # its handler answers it (and counts it refused)
+        job.post(("error", error))  # its route answers it
+        self._count("refused")
 
     def _count(self, name: str) -> None:
         with self.lock:
@@ -310,11 +311,13 @@ class Server:
         """Every job in flight ends with `error` (shutdown, or a failed step) and leaves the engine."""
         for job in list(self.jobs.values()) + list(self.queue):
             job.post(("error", error))
-            job.gone = True
+            job.gone = True  # a running one's on_finish counts it cancelled
             try:
                 self.engine.cancel(job.seq)
             except Exception:  # after a failed step the engine's books may be off: the job is gone regardless
                 pass
+        with self.lock:
+            self.totals.cancelled += len(self.queue) + len(self.jobs)  # queued, or left without an on_finish
         self.jobs.clear()
         self.queue.clear()
         self.stop_met.clear()
