@@ -1,18 +1,20 @@
 """What the `serve` tests share (test_serve.py, test_serve_limits.py, test_serve_load.py): the shipped model on the
-numpy oracle, the text a response shows for some ids, GET as JSON, waiting for an idle server, the process's RSS."""
+numpy oracle, the text a response shows for some ids, waiting for an idle server; GET as JSON and the process's RSS
+are tools/serve_faults.py's."""
 
 from __future__ import annotations
 
 import functools
-import http.client
-import json
-import re
+import sys
 import time
 from pathlib import Path
 
 import tinyspec
 from tinyspec.backends import load_model
 from tinyspec.tokenizer import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from serve_faults import get, rss_mb  # noqa: F401 (re-exported: the measuring tool's GET and RSS, not a copy of them)
 
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 TIMEOUT = 60  # seconds any one client call may take
@@ -30,15 +32,6 @@ def shown(ids) -> str:
     return tok.decode([t for t in ids if t not in tok.eog_ids])
 
 
-def get(srv, path: str) -> dict:
-    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=TIMEOUT)
-    try:
-        conn.request("GET", path)
-        return json.loads(conn.getresponse().read())
-    finally:
-        conn.close()
-
-
 def wait_idle(srv) -> dict:
     """/health once nothing runs or waits (a cancelled job leaves the engine between steps)."""
     t_end = time.monotonic() + TIMEOUT
@@ -48,8 +41,3 @@ def wait_idle(srv) -> dict:
             return health
         time.sleep(0.05)
     raise AssertionError(f"the server did not go idle: {health}")
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024

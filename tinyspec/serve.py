@@ -385,24 +385,21 @@ class Server:
         return name
 
     def encode(self, ask: Ask) -> list[int]:
-        """The prompt's ids, refused (400) as soon as it cannot fit the context: by its byte length before
-        encoding, and while encoding (the tokenizer stops past ctx tokens: a refused text costs at most a
-        context's worth of work and leaves at most that in the tokenizer's cache). Called on a worker thread."""
-        where = "messages" if ask.chat else "prompt"
-        if not isinstance(ask.prompt, str):
-            tokens = list(ask.prompt)
-        elif (fewest := self.tokenizer.fewest_tokens(ask.prompt)) > self.ctx:
-            raise BadRequest(f"the prompt is at least {fewest} tokens: more than the server's context of "
-                             f"{self.ctx} tokens per request", where)
-        else:
-            try:
+        """The prompt's ids, refused (400) as soon as it cannot fit the context: Tokenizer.encode(limit=) refuses
+        by the byte length before encoding where that decides, else stops one context in (a refused text costs
+        at most a context's worth of work and leaves at most that in the tokenizer's cache). Called on a worker
+        thread."""
+        try:
+            if isinstance(ask.prompt, str):
                 with self.encoding:
                     tokens = self.tokenizer.encode(ask.prompt, limit=self.ctx)
-            except TooManyTokens:
-                tokens = None
-        if tokens is None or len(tokens) > self.ctx:
+            else:
+                tokens = list(ask.prompt)
+            if len(tokens) > self.ctx:
+                raise TooManyTokens(self.ctx)
+        except TooManyTokens:
             raise BadRequest(f"the prompt is more than {self.ctx} tokens: the server's context per request "
-                             "(prompt and output)", where)
+                             "(prompt and output)", "messages" if ask.chat else "prompt") from None
         return tokens
 
     def submit(self, ask: Ask, tokens: list[int], post: Callable[[tuple], None]) -> Job:

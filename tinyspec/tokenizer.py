@@ -231,7 +231,7 @@ class Tokenizer:
         ("<think>") are always matched, as in llama.cpp. Never adds BOS.
 
         limit: raise TooManyTokens as soon as the text is known to have more than `limit` tokens, so a text
-        that will be refused costs its pre-tokenization (regex passes, linear) and BPE on no more than its first
+        that will be refused costs the pre-tokenization (lazy: iter_words) and BPE of no more than its first
         `limit` tokens' words, none of them cached beyond encode_word's bound: a word of b bytes is at least
         ceil(b / max_token_bytes) tokens, so one that cannot fit is refused before BPE runs on it (a word can
         be a megabyte without a space), and so is a whole text whose byte length already says so. Under the
