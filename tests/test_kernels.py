@@ -95,7 +95,7 @@ def test_a_swapped_function_without_its_ragged_form_is_refused(path, one):
 
 def test_each_backend_names_its_functions(path):
     pytest.importorskip("numba")
-    from tinyspec.fast import numba_attention, numba_gdn
+    from tinyspec.fast import numba_attention, numba_gdn, numba_rows
 
     oracle = load_model(path, "numpy").kernels
     assert (oracle.attend, oracle.gdn_scan, oracle.causal_conv) == (attention.attend, gdn.gdn_scan, gdn.causal_conv)
@@ -105,7 +105,8 @@ def test_each_backend_names_its_functions(path):
     assert cpu.name == "cpu" and place.rollback == "replay"
     assert (cpu.attend, cpu.gdn_scan, cpu.causal_conv) == (numba_attention.attend, numba_gdn.gdn_scan,
                                                           numba_gdn.causal_conv)
-    assert cpu.rms_norm is ops.rms_norm and place == dataclasses.replace(HOST, rollback="replay")  # the host's
+    assert (cpu.rms_norm, cpu.silu) == (numba_rows.rms_norm, numba_rows.silu)  # one compiled call each
+    assert place == dataclasses.replace(HOST, rollback="replay")  # the host's
 
 
 def test_the_core_never_imports_the_fast_wing():

@@ -135,11 +135,10 @@ class PackedWeight:
     def __init__(self, raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], kernels):
         self.raw, self.ggml_type, self.shape, self.kernels = raw, GGMLType(ggml_type), tuple(shape), kernels
         self.nbytes = raw.nbytes
-        # q8=True: K-quant weights multiply x rounded to Q8_K in integers, as llama.cpp's CPU does (cpu only)
-        self._linear = kernels.bind(raw, ggml_type, shape, q8=True)
-
-    def linear(self, x: np.ndarray) -> np.ndarray:  # [T, in] -> [T, out]
-        return self._linear(x)
+        # linear(x): [T, in] -> [T, out], the bound kernel itself (no method in between: a decode step makes
+        # dozens of these calls). q8=True: K-quant weights multiply x rounded to Q8_K in integers, as llama.cpp's
+        # CPU does (cpu only)
+        self.linear = kernels.bind(raw, ggml_type, shape, q8=True)
 
     def __getitem__(self, ids) -> np.ndarray:  # embedding lookup: [n] host or device ids -> [n, in]
         return self.kernels.get_rows(self.raw, self.ggml_type, self.shape, ids)
@@ -292,8 +291,8 @@ def cuda_gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=N
 
 
 def cpu_kernels() -> Kernels:
-    """The oracle's functions with Numba's attention, scan and conv."""
-    from .fast import numba_attention, numba_gdn, threads
+    """The oracle's functions with Numba's attention, scan, conv and row functions."""
+    from .fast import numba_attention, numba_gdn, numba_rows, threads
 
     threads.yield_when_idle()
 
@@ -307,6 +306,9 @@ def cpu_kernels() -> Kernels:
         gdn_scan_ragged=numba_gdn.gdn_scan_ragged,
         causal_conv_ragged=numba_gdn.causal_conv_ragged,
         attend_paged_ragged=numba_attention.attend_paged_ragged,
+        # one compiled call each instead of three to six NumPy operations (the same functions to float rounding)
+        rms_norm=numba_rows.rms_norm, l2_norm=numba_rows.l2_norm, sigmoid=numba_rows.sigmoid, silu=numba_rows.silu,
+        softplus=numba_rows.softplus,
     )
 
 

@@ -97,7 +97,6 @@ Q8_1 blocks in ggml) and the grid I-quants IQ1..IQ3 (the float path), repacked w
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -851,36 +850,26 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8:
     row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
     serial = n_out * n_in < SERIAL_BELOW or n_out <= ROWS
     integer = q8 and qtype in Q8_TYPES
-    kernel = _quant_linear_q8_parallel if integer else _quant_linear_parallel
-
-    def run(x, y):  # the kernel for this weight: threaded, or on the calling thread for a small matrix
-        if integer and qtype in X_Q8_0:  # x in Q8_0 blocks: a kernel of its own
-            (_quant_linear_q8_0_serial if serial else _quant_linear_q8_0_parallel)(x, flat, row_bytes, kind, n_in, y)
-        elif serial and integer:
-            _quant_linear_q8_serial(x, flat, row_bytes, kind, n_in, y)
-        elif serial and (threads := numba.get_num_threads()) > 1:
-            # Small matrix: the same kernel on the calling thread only. (Waking the pool waits for a scheduler
-            # slice when another process holds a core: LESSONS 18.)
-            numba.set_num_threads(1)
-            try:
-                kernel(x, flat, row_bytes, kind, n_in, y)
-            finally:
-                numba.set_num_threads(threads)
-        else:
-            kernel(x, flat, row_bytes, kind, n_in, y)
+    if integer and qtype in X_Q8_0:  # x in Q8_0 blocks: a kernel of its own
+        kernel = _quant_linear_q8_0_serial if serial else _quant_linear_q8_0_parallel
+    elif integer:  # x in Q8_K blocks
+        kernel = _quant_linear_q8_serial if serial else _quant_linear_q8_parallel
+    else:  # the float path
+        kernel = _quant_linear_serial if serial else _quant_linear_parallel
 
     def linear(x: np.ndarray) -> np.ndarray:
+        # The kernel is chosen above, once: a small matrix (SERIAL_BELOW) runs on the calling thread, since waking
+        # the pool costs more than its work and waits for a scheduler slice when another process holds a core
+        # (LESSONS 18). Below, only what every call needs: x as C-contiguous float32 rows, checked.
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != n_in:
             raise ValueError(f"numba_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
         y = np.empty((x.shape[0], n_out), dtype=np.float32)  # the kernels write every element
-        if y.size == 0:
-            return y
         if n_in == 0:
             y[:] = 0
-        else:
-            run(x, y)
+        elif y.size:
+            kernel(x, flat, row_bytes, kind, n_in, y)
         return y
 
     return linear
