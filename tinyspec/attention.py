@@ -123,7 +123,7 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     key and value go and what each row attends to, read from it (the caches were claimed before the pass: nothing
     here changes on the host), the same numbers as the host path computes.
     """
-    q, gate, k, v = project(x, w, cfg, kern)  # 1. projections
+    q, gate, k, v = kern.attention_project(x, w, cfg, kern)  # 1. projections (project, or a fused one)
     if rows is None:
         positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
         q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
@@ -131,7 +131,7 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     else:
         q, k = norm_rope_rows(q, k, rows, w, cfg, kern)  # 2. q/k norm, rope with the map's angles
         o = attend_rows_own(q, k, v, caches, rows, cfg, kern)  # 3. into the pool at the map's rows, attention
-    return output(o, gate, w, kern)  # 4. gate and out projection
+    return kern.attention_output(o, gate, w, kern)  # 4. gate and out projection (output, or a fused one)
 
 
 def project(x, w, cfg: ModelConfig, kern):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]

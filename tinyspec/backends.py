@@ -291,8 +291,8 @@ def cuda_gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=N
 
 
 def cpu_kernels() -> Kernels:
-    """The oracle's functions with Numba's attention, scan, conv and row functions."""
-    from .fast import numba_attention, numba_gdn, numba_rows, threads
+    """The oracle's functions with Numba's attention, scan, conv, row functions and fused layer steps."""
+    from .fast import numba_attention, numba_gdn, numba_rows, numba_steps, threads
 
     threads.yield_when_idle()
 
@@ -309,6 +309,10 @@ def cpu_kernels() -> Kernels:
         # one compiled call each instead of three to six NumPy operations (the same functions to float rounding)
         rms_norm=numba_rows.rms_norm, l2_norm=numba_rows.l2_norm, sigmoid=numba_rows.sigmoid, silu=numba_rows.silu,
         softplus=numba_rows.softplus,
+        # a layer's steps of small matmuls and row functions in one compiled call each (the same bits as the
+        # separate calls; a step with a matrix large enough for threads keeps them)
+        swiglu=numba_steps.swiglu, gdn_project=numba_steps.gdn_project, gdn_output=numba_steps.gdn_output,
+        attention_project=numba_steps.attention_project, attention_output=numba_steps.attention_output,
     )
 
 

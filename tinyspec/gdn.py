@@ -265,11 +265,11 @@ def gdn_layer_ragged(
         if ring is not None and (chunked or any(len(b) < hi - lo for b in (ring.conv_states, ring.ssm_states)
                                                 if b is not None)):
             raise ValueError(f"a ring needs the scan and room for {hi - lo} tokens (chunked={chunked})")
-    mixed, z, beta, log_decay = gdn_project(x, w, kern)  # 1. projections
+    mixed, z, beta, log_decay = kern.gdn_project(x, w, kern)  # 1. projections (gdn_project, or a fused one)
     c, conv_after = gdn_conv(mixed, bounds, w, states, kern, rings)  # 2. conv, every sequence from its window
     q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
     o = gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after, w, states, kern, chunked, rings)  # 4.
-    return gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection
+    return kern.gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection (gdn_output, or a fused one)
 
 
 def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern) -> tuple:
@@ -306,13 +306,11 @@ def gdn_qkv(c: np.ndarray, cfg: ModelConfig, kern) -> tuple[np.ndarray, np.ndarr
     head. c [T, C] -> q, k [T, HV, K], v [T, HV, V]."""
     T = c.shape[0]
     n_k, HV, K, V = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
-    q, k, v = np.split(c, [n_k * K, 2 * n_k * K], axis=1)
-    q = kern.l2_norm(q.reshape(T, n_k, K), cfg.rms_eps)  # [T, n_k, K]
-    k = kern.l2_norm(k.reshape(T, n_k, K), cfg.rms_eps)
-    v = v.reshape(T, HV, V)  # [T, HV, V]
+    qk = kern.l2_norm(c[:, :2 * n_k * K].reshape(T, 2 * n_k, K), cfg.rms_eps)  # [T, 2 n_k, K]: q heads, k heads
+    v = c[:, 2 * n_k * K:].reshape(T, HV, V)  # [T, HV, V]
     # GGUF tiles value heads: value head j uses key head j % n_k (HF groups them, j // (HV / n_k))
-    q = np.tile(q, (1, HV // n_k, 1)) * np.float32(1.0 / np.sqrt(K))  # [T, HV, K], scaled after the norm
-    k = np.tile(k, (1, HV // n_k, 1))  # [T, HV, K]
+    q = np.concatenate((qk[:, :n_k],) * (HV // n_k), axis=1) * np.float32(1.0 / np.sqrt(K))  # [T, HV, K], scaled
+    k = np.concatenate((qk[:, n_k:],) * (HV // n_k), axis=1)  # [T, HV, K]
     return q, k, v
 
 

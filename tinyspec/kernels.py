@@ -36,6 +36,14 @@ path by following an argument, not by searching for who patched what.
                                          -> o: attend_paged_ragged with every length and block id read from a
                                          device pass's row map (Placement.device_pass), where the model computes
     rms_norm, l2_norm, sigmoid, silu, softplus    ops': the same functions to float rounding
+    the steps: a layer's step of several matmuls and row functions, which a backend may compute in one call
+    (fast/numba_steps.py: the same bits as the step composed of the backend's own separate calls); each takes
+    the caller's Kernels, whose separate functions the oracle's step composes:
+    swiglu        ops.swiglu             (x [T, D], gate, up, down, kern) -> [T, D]: a dense layer's FFN
+    gdn_project   gdn.gdn_project        (x [T, D], w, kern) -> mixed, z, beta, log_decay: a GDN layer's step 1
+    gdn_output    gdn.gdn_output         (o [T, HV, V], z, w, cfg, kern) -> [T, D]: its step 5
+    attention_project  attention.project (x [T, D], w, cfg, kern) -> q, gate, k, v: an attention layer's step 1
+    attention_output   attention.output  (o [T, H*d], gate, w, kern) -> [T, D]: its step 4
     route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
                                          ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
                                          expert (moe.py); weights, order and offsets where the model computes. The
@@ -67,6 +75,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import ops
+from . import attention, gdn
 from .attention import attend, attend_paged, attend_paged_ragged, attend_rows
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
 from .moe import route_experts
@@ -93,6 +102,11 @@ class Kernels:
     silu: Callable = ops.silu
     softplus: Callable = ops.softplus
     route_experts: Callable = route_experts
+    swiglu: Callable = ops.swiglu
+    gdn_project: Callable = gdn.gdn_project
+    gdn_output: Callable = gdn.gdn_output
+    attention_project: Callable = attention.project
+    attention_output: Callable = attention.output
 
     def __post_init__(self):
         # The layers call the ragged forms; the oracle's ragged form loops over the oracle's one-sequence

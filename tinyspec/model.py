@@ -56,8 +56,7 @@ def ffn(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels = NUMPY, n_use
     experts per token)."""
     if "ffn_gate_inp.weight" in w:
         return moe_ffn(x, w, n_used, kern)
-    gate, up = kern.linear(x, w["ffn_gate.weight"]), kern.linear(x, w["ffn_up.weight"])  # [T, F] each
-    return kern.linear(kern.silu(gate) * up, w["ffn_down.weight"])
+    return kern.swiglu(x, w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"], kern)  # ops.swiglu
 
 
 def ffn_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -65,6 +65,11 @@ def softmax(x: np.ndarray) -> np.ndarray:  # [..., N] -> [..., N]
     return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32, copy=False)
 
 
+def swiglu(x: np.ndarray, gate, up, down, kern) -> np.ndarray:  # [T, D] -> [T, D]
+    """The SwiGLU FFN: down(silu(gate x) * (up x)), with kern's matmul and silu (a Kernels: the caller's)."""
+    return kern.linear(kern.silu(kern.linear(x, gate)) * kern.linear(x, up), down)  # [T, F] inside
+
+
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:  # [T, in], [out, in] -> [T, out]
     """y[t] = w @ x[t], one matrix-vector product per row (batch-invariant, see module docstring).
 

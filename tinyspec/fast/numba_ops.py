@@ -840,39 +840,59 @@ def _weight_blocks(raw: np.ndarray, ggml_type, shape) -> tuple[GGMLType, np.ndar
     return qtype, flat
 
 
-def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False):
+FAMILY_Q8_0, FAMILY_Q8_K, FAMILY_FLOAT = 0, 1, 2  # which kernel family a bound weight takes (Bound.family)
+
+
+class Bound:
+    """One weight checked and planned once; call it as linear(x): [T, in] -> [T, out] float32.
+
+    Its plan is public, for the fused steps of fast/numba_steps.py that multiply it inside one compiled call:
+    flat (the weight's bytes, read-only uint8), row_bytes, kind (the ggml type id), n_in, n_out, family
+    (FAMILY_Q8_0: x rounded to Q8_0 blocks; FAMILY_Q8_K: to Q8_K; FAMILY_FLOAT: float x), serial (True: a
+    small matrix, multiplied on the calling thread, since waking the pool costs more than its work and waits for
+    a scheduler slice when another process holds a core: LESSONS 18) and plan, the tuple (flat, row_bytes, kind,
+    n_in, family) a compiled step takes."""
+
+    __slots__ = ("flat", "row_bytes", "kind", "n_in", "n_out", "family", "serial", "kernel", "shape", "plan")
+
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False):
+        qtype, self.flat = _weight_blocks(raw, ggml_type, shape)
+        self.shape = tuple(shape)
+        self.n_out, self.n_in = int(shape[0]), int(shape[1])
+        self.row_bytes, self.kind = qtype.row_nbytes(self.n_in), int(qtype)
+        self.serial = self.n_out * self.n_in < SERIAL_BELOW or self.n_out <= ROWS
+        integer = q8 and qtype in Q8_TYPES
+        if integer and qtype in X_Q8_0:  # x in Q8_0 blocks: a kernel of its own
+            self.family = FAMILY_Q8_0
+            self.kernel = _quant_linear_q8_0_serial if self.serial else _quant_linear_q8_0_parallel
+        elif integer:  # x in Q8_K blocks
+            self.family = FAMILY_Q8_K
+            self.kernel = _quant_linear_q8_serial if self.serial else _quant_linear_q8_parallel
+        else:  # the float path
+            self.family = FAMILY_FLOAT
+            self.kernel = _quant_linear_serial if self.serial else _quant_linear_parallel
+        self.plan = (self.flat, self.row_bytes, self.kind, self.n_in, self.family)  # what a compiled step takes
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        n_in = self.n_in
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"numba_ops: x must be [T, {n_in}] for weight shape {self.shape}, got {x.shape}")
+        y = np.empty((x.shape[0], self.n_out), dtype=np.float32)  # the kernels write every element
+        if n_in == 0:
+            y[:] = 0
+        elif y.size:
+            self.kernel(x, self.flat, self.row_bytes, self.kind, n_in, y)
+        return y
+
+
+def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False) -> Bound:
     """Check the weight once and return `linear(x)`: [T, in] -> [T, out] float32, its quant_linear, or
     with q8=True and a type in Q8_TYPES its quant_linear_q8 (what PackedWeight calls per token). bind checks
     and converts once; quant_linear does it on every call, which added up over a decode step's many matmuls
     (docs/performance-log.md old 19)."""
-    qtype, flat = _weight_blocks(raw, ggml_type, shape)
-    n_out, n_in = int(shape[0]), int(shape[1])
-    row_bytes, kind = qtype.row_nbytes(n_in), int(qtype)
-    serial = n_out * n_in < SERIAL_BELOW or n_out <= ROWS
-    integer = q8 and qtype in Q8_TYPES
-    if integer and qtype in X_Q8_0:  # x in Q8_0 blocks: a kernel of its own
-        kernel = _quant_linear_q8_0_serial if serial else _quant_linear_q8_0_parallel
-    elif integer:  # x in Q8_K blocks
-        kernel = _quant_linear_q8_serial if serial else _quant_linear_q8_parallel
-    else:  # the float path
-        kernel = _quant_linear_serial if serial else _quant_linear_parallel
-
-    def linear(x: np.ndarray) -> np.ndarray:
-        # The kernel is chosen above, once: a small matrix (SERIAL_BELOW) runs on the calling thread, since waking
-        # the pool costs more than its work and waits for a scheduler slice when another process holds a core
-        # (LESSONS 18). Below, only what every call needs: x as C-contiguous float32 rows, checked.
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != n_in:
-            raise ValueError(f"numba_ops: x must be [T, {n_in}] for weight shape {tuple(shape)}, got {x.shape}")
-        y = np.empty((x.shape[0], n_out), dtype=np.float32)  # the kernels write every element
-        if n_in == 0:
-            y[:] = 0
-        elif y.size:
-            kernel(x, flat, row_bytes, kind, n_in, y)
-        return y
-
-    return linear
+    return Bound(raw, ggml_type, shape, q8)
 
 
 def bind_experts(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int, int], q8: bool = False):

@@ -1,0 +1,181 @@
+"""Fused layer steps for the cpu backend: a step of a layer that is several matmuls and row functions, as one
+compiled call.
+
+A decode step of a small model is hundreds of Python-level calls around kernels that each take microseconds
+(issue 46: the shipped model's ~21 MFLOP a token ran at 2.1 ms, llama.cpp's at 0.46). Each function here is the
+oracle's step of the same name computed in one Numba call, with every matmul the kernel its weight is bound to
+(numba_ops.Bound: the same compiled serial kernel a separate call runs) and every row function numba_rows'
+operations, in the same order: so each is bitwise the step composed of the cpu backend's separate calls
+(tests/test_numba_steps.py), and batch-invariant as they are.
+
+    swiglu(x, gate, up, down, kern)       ops.swiglu          down(silu(gate x) * (up x))
+    gdn_project(x, w, kern)               gdn.gdn_project     the qkv, gate, beta and alpha projections; beta's
+                                                              sigmoid, ssm_a * softplus(alpha + dt_bias)
+    gdn_output(o, z, w, cfg, kern)        gdn.gdn_output      rms_norm(o, ssm_norm) * silu(z), then ssm_out
+    attention_project(x, w, cfg, kern)    attention.project   q (with its gate), k and v projections
+    attention_output(o, gate, w, kern)    attention.output    o * sigmoid(gate), then attn_output
+
+Only a step whose matmuls are all small (numba_ops.Bound.serial: one thread) is fused. A larger matrix is split
+across threads by its own kernel, where a parallel region per matmul pays for itself, and its step takes the
+separate calls: the oracle's step with the cpu backend's kernels. So does a step whose weights are not all
+numba_ops-bound (a float32 tensor) or whose input is not float32. The threads a call uses are chosen from its size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import attention, gdn, ops
+from ..backends import PackedWeight
+from . import numba_ops
+from .numba_ops import FAMILY_Q8_0, FAMILY_Q8_K
+from .numba_rows import _norm_rows
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _linear(x, w, y):  # x [T, in] -> y [T, out]; w: a Bound's plan (flat, row_bytes, kind, n_in, family)
+    flat, row_bytes, kind, n_in, family = w
+    if n_in == 0:
+        y[:] = np.float32(0)
+    elif family == FAMILY_Q8_0:
+        numba_ops._quant_linear_q8_0_serial(x, flat, row_bytes, kind, n_in, y)
+    elif family == FAMILY_Q8_K:
+        numba_ops._quant_linear_q8_serial(x, flat, row_bytes, kind, n_in, y)
+    else:
+        numba_ops._quant_linear_serial(x, flat, row_bytes, kind, n_in, y)
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _sigmoid(v):  # numba_rows.sigmoid's operations on one value
+    return np.float32(1) / (np.float32(1) + np.exp(-v))
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _softplus(v):  # numba_rows.softplus's
+    return max(v, np.float32(0)) + np.log1p(np.exp(-abs(v)))
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _swiglu(x, gate, up, down, g, u, y):  # x [T, D]; g, u [T, F] scratch; y [T, D]
+    _linear(x, gate, g)
+    _linear(x, up, u)
+    for t in range(g.shape[0]):
+        for j in range(g.shape[1]):
+            v = g[t, j]
+            g[t, j] = np.float32(v * _sigmoid(v)) * u[t, j]  # silu(gate) * up, as kern.silu(g) * u
+    _linear(g, down, y)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _gdn_project(x, qkv, gate, beta_w, alpha_w, ssm_a, dt_bias, mixed, z, beta, log_decay):
+    _linear(x, qkv, mixed)  # [T, C]
+    _linear(x, gate, z)  # [T, HV*V]
+    _linear(x, beta_w, beta)  # [T, HV], then its sigmoid in place
+    _linear(x, alpha_w, log_decay)  # [T, HV] alpha, then ssm_a * softplus(alpha + dt_bias) in place
+    for t in range(beta.shape[0]):
+        for h in range(beta.shape[1]):
+            beta[t, h] = _sigmoid(beta[t, h])
+            log_decay[t, h] = ssm_a[h] * _softplus(np.float32(log_decay[t, h] + dt_bias[h]))
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _gated_out(o, z, norm_w, eps, out_w, y):  # o [T*HV, V] rows, z [T, HV*V], norm_w [V] -> y [T, D]
+    T = z.shape[0]
+    n = np.empty_like(o)
+    _norm_rows(o, norm_w, n, eps, True, True)
+    g = n.reshape(T, z.shape[1])
+    for t in range(T):
+        for j in range(z.shape[1]):
+            v = z[t, j]
+            g[t, j] = g[t, j] * np.float32(v * _sigmoid(v))  # rms_norm(o) * silu(z)
+    _linear(g, out_w, y)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _attention_project(x, q_w, k_w, v_w, qg, k, v):
+    _linear(x, q_w, qg)
+    _linear(x, k_w, k)
+    _linear(x, v_w, v)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _gated_attention_out(o, gate, out_w, y):  # o, gate [T, H*d] -> y [T, D]
+    g = np.empty_like(o)
+    for t in range(o.shape[0]):
+        for j in range(o.shape[1]):
+            g[t, j] = o[t, j] * _sigmoid(gate[t, j])  # o * sigmoid(gate)
+    _linear(g, out_w, y)
+
+
+def _plans(*weights) -> tuple | None:
+    """The numba_ops plans of weights that are all small and numba-bound, else None (the step runs unfused)."""
+    plans = []
+    for w in weights:
+        if not isinstance(w, PackedWeight) or not isinstance(w.linear, numba_ops.Bound) or not w.linear.serial:
+            return None
+        plans.append(w.linear.plan)
+    return tuple(plans)
+
+
+def _f32(*arrays) -> bool:  # every input float32 and C-contiguous (what the kernels read)
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def swiglu(x, gate, up, down, kern):  # [T, D] -> [T, D]
+    """ops.swiglu in one call (kern: the cpu backend's Kernels, for the unfused path)."""
+    plans = _plans(gate, up, down)
+    if plans is None or not _f32(x) or x.ndim != 2 or x.shape[1] != gate.shape[1]:
+        return ops.swiglu(x, gate, up, down, kern)
+    T, F = x.shape[0], gate.shape[0]
+    g, u, y = np.empty((T, F), np.float32), np.empty((T, F), np.float32), np.empty((T, down.shape[0]), np.float32)
+    _swiglu(x, *plans, g, u, y)
+    return y
+
+
+def gdn_project(x, w, kern) -> tuple:  # [T, D] -> mixed [T, C], z [T, HV*V], beta, log_decay [T, HV]
+    """gdn.gdn_project in one call."""
+    plans = _plans(w["attn_qkv.weight"], w["attn_gate.weight"], w["ssm_beta.weight"], w["ssm_alpha.weight"])
+    a, dt = w["ssm_a"], w["ssm_dt.bias"]
+    if plans is None or not _f32(x, a, dt) or x.ndim != 2 or a.shape != dt.shape or a.ndim != 1 \
+            or a.shape[0] != w["ssm_beta.weight"].shape[0]:
+        return gdn.gdn_project(x, w, kern)
+    T = x.shape[0]
+    mixed, z = (np.empty((T, w[n].shape[0]), np.float32) for n in ("attn_qkv.weight", "attn_gate.weight"))
+    beta, log_decay = np.empty((T, a.shape[0]), np.float32), np.empty((T, a.shape[0]), np.float32)
+    _gdn_project(x, *plans, a, dt, mixed, z, beta, log_decay)
+    return mixed, z, beta, log_decay
+
+
+def gdn_output(o, z, w, cfg, kern):  # o [T, HV, V], z [T, HV*V] -> [T, D]
+    """gdn.gdn_output in one call."""
+    plans, norm = _plans(w["ssm_out.weight"]), w["ssm_norm.weight"]
+    if plans is None or not _f32(o, z, norm) or o.ndim != 3 or norm.shape != (o.shape[2],) \
+            or z.shape != (o.shape[0], o.shape[1] * o.shape[2]):
+        return gdn.gdn_output(o, z, w, cfg, kern)
+    y = np.empty((o.shape[0], w["ssm_out.weight"].shape[0]), np.float32)
+    _gated_out(o.reshape(-1, o.shape[2]), z, norm, np.float32(cfg.rms_eps), *plans, y)
+    return y
+
+
+def attention_project(x, w, cfg, kern):  # [T, D] -> q [T, H, d], gate [T, H*d], k, v [T, H_kv, d]
+    """attention.project in one call."""
+    plans = _plans(w["attn_q.weight"], w["attn_k.weight"], w["attn_v.weight"])
+    if plans is None or not _f32(x) or x.ndim != 2:
+        return attention.project(x, w, cfg, kern)
+    T, H, H_kv, d = x.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    qg = np.empty((T, w["attn_q.weight"].shape[0]), np.float32)
+    k, v = (np.empty((T, w[n].shape[0]), np.float32) for n in ("attn_k.weight", "attn_v.weight"))
+    _attention_project(x, *plans, qg, k, v)
+    qg = qg.reshape(T, H, 2 * d)
+    return qg[..., :d], qg[..., d:].reshape(T, H * d), k.reshape(T, H_kv, d), v.reshape(T, H_kv, d)
+
+
+def attention_output(o, gate, w, kern):  # [T, H*d] x2 -> [T, D]
+    """attention.output in one call."""
+    plans = _plans(w["attn_output.weight"])
+    if plans is None or not _f32(o, gate) or o.ndim != 2 or gate.shape != o.shape:
+        return attention.output(o, gate, w, kern)
+    y = np.empty((o.shape[0], w["attn_output.weight"].shape[0]), np.float32)
+    _gated_attention_out(o, gate, *plans, y)
+    return y
