@@ -50,8 +50,7 @@ def test_cpu_counts_on_the_shipped_model_are_consistent(cpu_model):
     assert set(p) == FIELDS and p["steps"] == 3 and p["threads"] == numba.get_num_threads()
     matmuls = sum(isinstance(t, PackedWeight) for layer in cpu_model.layers for t in layer.values()) + 1  # + output
     assert p["kernel_calls_per_token"] >= matmuls  # each matmul weight a token reads is one kernel call at least
-    for key in ("kernel_calls_per_token", "python_calls_per_token", "builtin_calls_per_token"):
-        assert p[key] == int(p[key]) and p[key] > 0, key  # every step does the same work
+    assert p["python_calls_per_token"] > 0 and p["builtin_calls_per_token"] > 0
     parallel = sum(k["calls_per_token"] for k in p["by_kernel"].values() if k["parallel"])
     assert p["parallel_regions_per_token"] + p["one_thread_parallel_calls_per_token"] == parallel
     assert p["parallel_regions_per_token"] <= p["kernel_calls_per_token"]

@@ -20,10 +20,13 @@ three alike), after two untimed calls (a cold Numba cache compiles on first use)
 The dict (per-token figures are means over the n_steps steps of their pass):
 
     kernel_calls_per_token     calls into Numba dispatchers made from Python (0 on the numpy backend). cProfile lists
-                               such a call under the kernel's Python source; each profiled entry is mapped to the
-                               dispatcher by its code object (the dispatchers are found in tinyspec's loaded
-                               modules: kernel_codes). Calls one kernel makes to another inside compiled code are
-                               not calls from Python and are not counted.
+                               such a call under the kernel's Python source (file, first line, name: its key),
+                               which is mapped to the dispatcher whose py_func has that code (the dispatchers are
+                               found in tinyspec's loaded modules: kernel_codes). A dispatcher found nowhere there
+                               (one made inside a function, another package's) would count as Python calls;
+                               tests/test_step_profile.py counts compiled calls without the scan to catch that.
+                               Calls one kernel makes to another inside compiled code are not calls from Python and
+                               are not counted.
     parallel_regions_per_token calls of kernels compiled with parallel=True made while numba.get_num_threads() > 1:
                                each opens an OpenMP parallel region and wakes the pool. Every parallel kernel the
                                shipped model calls compiles to one region (Numba's parallel diagnostics, 2026-11-28:
@@ -39,11 +42,14 @@ The dict (per-token figures are means over the n_steps steps of their pass):
                                *_one_thread twins share their parallel kernel's source), counts as the parallel one:
                                the twins are only called from compiled code, where no profiler sees them.
     python_calls_per_token     calls of Python functions: tinyspec's own, NumPy's Python-level functions (np.mean,
-                               np.tile, ...), Numba's (set_num_threads), generator resumptions; not the kernels
+                               np.tile, ...), Numba's (set_num_threads), generator resumptions; not the kernels.
+                               A mean: one step in 128 of the shipped model's makes 4 more (892.03 a token)
     builtin_calls_per_token    calls of C functions and methods that cProfile sees (np.array, ndarray.reshape,
                                ufunc.reduce, isinstance, ...); it does not see operators (a + b) or ufunc calls
                                (np.exp(x)), so this is a lower bound on the C-level work
-    step_ms                    median seconds of a plain (unprofiled) step, in ms
+    step_ms                    median seconds of a plain (unprofiled) step, in ms. Each runs right after a hooked
+                               step, so it can come out a little above bench's decode_ms, timed back to back
+                               (shipped model, cpu, three runs: 0-10% above)
     kernel_ms                  median, over the profiled steps, of the seconds inside the compiled kernels, in ms:
                                from the profiler's entry into the compiled function's wrapper to its return (the
                                compiled code and its arguments' unboxing; Numba's dispatch, matching the arguments to
@@ -58,9 +64,10 @@ The dict (per-token figures are means over the n_steps steps of their pass):
                                noise. 1.0 on the numpy backend (no compiled kernels).
     outside_kernels_share_profiled
                                1 - kernel_ms / profiled_step_ms: the same share inside the profiled steps, inflated
-                               by the profiler's cost per call; an upper bound, for comparison
+                               by the profiler's cost per call: above the true share in practice, for comparison
     threads                    Numba's thread count when the steps ran (None where Numba is not loaded)
-    by_kernel                  {"module.kernel": {"calls_per_token", "regions_per_token", "ms_per_token"}}
+    by_kernel                  {"module.kernel": {"calls_per_token", "regions_per_token", "ms_per_token" (under
+                               cProfile), "parallel"}}, the most called first
     steps                      n_steps
 
 On the cuda backend the kernels are CuPy launches that run asynchronously on the GPU: none of these figures
