@@ -328,6 +328,10 @@ def add_bench(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=32, help="random prompt length when no prompt is given (32)")
     add_backend_arg(p)
     p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")
+    p.add_argument("--profile-steps", type=int, default=None, metavar="N",
+                   help="after the timed runs, N rounds of a plain, a cProfiled and a hooked one-token pass: kernel "
+                        "calls, parallel regions and Python calls per token and the share of a step outside the "
+                        "kernels (step_profile in the report; 0: skip it; not on cuda) (default: --decode-n)")
     p.add_argument("--repeats", type=int, default=5, help="timings per verify size; the median is reported (5)")
     p.add_argument("--verify-sizes", default=None, metavar="T,T,..",
                    help="verify pass sizes to time, T = k + 1: comma-separated or a range such as 1..9, including 1 "

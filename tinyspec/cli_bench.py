@@ -64,6 +64,8 @@ def run_bench(args) -> int:
         raise ValueError(f"--synth-acceptance must be in [0, 1], got {args.synth_acceptance}")
     if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1 or args.spec_repeats < 1:
         raise ValueError("--draft-n, --max-new, --repeats, --spec-repeats and --decode-n must be >= 1")
+    if args.profile_steps is not None and args.profile_steps < 0:
+        raise ValueError(f"--profile-steps must be >= 0 (0: no step profile), got {args.profile_steps}")
     if args.synth_len is not None and not 1 <= args.synth_len <= args.draft_n + 1:
         raise ValueError(f"--synth-len must be in 1..{args.draft_n + 1} (tokens per step with --draft-n "
                          f"{args.draft_n}), got {args.synth_len}")
@@ -87,7 +89,8 @@ def run_bench(args) -> int:
     report = bench(model, tokens, decode_n=args.decode_n, sizes=sizes, repeats=args.repeats, max_new=args.max_new,
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
-                   spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy, say=say)
+                   spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy,
+                   profile_steps=args.profile_steps, say=say)
     print(json.dumps(report) if args.json else report_text(report))
     return 0
 

@@ -1,6 +1,17 @@
 """bench: what speculation costs and buys on one model and backend, measured in one run.
 
     decode_tok_s       1 / median time of a one-token forward pass (greedy decode after a prefill)
+    step_profile       where that one-token pass's time goes, taken after every timed run (fast/step_profile.py,
+                       which says exactly what each figure means): kernel_calls_per_token (calls into Numba's
+                       compiled kernels; 0 on numpy), parallel_regions_per_token (calls of parallel=True kernels
+                       while Numba runs more than one thread: each wakes the OpenMP pool),
+                       one_thread_parallel_calls_per_token (parallel kernels called on one thread: no region),
+                       python_calls_per_token, builtin_calls_per_token (C calls cProfile sees), outside_kernels_share
+                       (1 - the kernels' seconds under cProfile / a plain step's median: the share of a step spent
+                       in Python, NumPy and dispatch; 1.0 on numpy), outside_kernels_share_profiled (the same inside
+                       the profiled steps: inflated by the profiler's cost per Python call), step_ms, kernel_ms,
+                       profiled_step_ms, threads, by_kernel; null with --profile-steps 0 and on cuda (asynchronous
+                       GPU launches: the figures would not describe them)
     verify_cost_ratio  median time of a verify pass of T tokens (with the model's ring) / a one-token pass, keyed
                        by T = k + 1 (the pending token and k drafts): T = 1, 2, 4, 8 are k = 0, 1, 3, 7 drafts
     rollback           which ring the verify passes use (Model.placement.rollback: snapshot or replay, state.py)
@@ -49,6 +60,7 @@ import numpy as np
 
 from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
+from .step_profile import step_profile, step_profile_text
 from ..generate import generate
 from ..drafters import DRAFTERS, DraftOptions, build_drafter
 from ..model import Model
@@ -348,7 +360,7 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
           max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
           spec_repeats: int = 1, slot_counts: tuple[int, ...] = (), slots_policy: Callable[[int], object] | None = None,
-          say: Callable[[str], None] = lambda msg: None) -> dict:
+          profile_steps: int | None = None, say: Callable[[str], None] = lambda msg: None) -> dict:
     """The whole report as a dict (the --json output of `python -m tinyspec bench`).
 
     synth_len L (needs the MTP head): also "mtp_synth", real MTP drafting whose drafts are right with the
@@ -356,7 +368,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
     also the "_vocab" variants of the MTP runs; adaptive: also "mtp_adaptive" (k chosen per step);
     slot_counts: also "slots" and "slots_setup", many sequences at once (bench_slots; slots_policy is its
     policy_factory); sizes: the verify passes timed, T = k + 1 starting at 1 (default 1, 2, 4, 8; 1..9 on a MoE
-    model)."""
+    model); profile_steps: the rounds of step_profile taken after every timed run (None: decode_n; 0: none,
+    "step_profile" null; never on cuda)."""
     makers: dict[str, Callable] = {}
     for name in drafters:  # a registry drafter (drafters.py) that can draft for this model, or the wing's synthetic one
         if name in DRAFTERS and DRAFTERS[name].unavailable(model) is None:
@@ -427,12 +440,17 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
                    "uniform_union": {T: uniform_union(E, k_e, T) for T in sizes},
                    "note": "random (synth) routers spread tokens over the experts nearly uniformly; a trained router "
                            "sends neighbouring tokens to shared experts, so a real pass reads fewer"}
+    profile, profile_steps = None, decode_n if profile_steps is None else profile_steps
+    if profile_steps and model.backend != "cuda":  # after the timed runs, so it disturbs none of them
+        say(f"step profile: {profile_steps} rounds of a plain, a profiled and a hooked one-token pass")
+        profile = step_profile(model, profile_steps, prompt)
     wb = weight_bytes(model)
     report = {"model": str(model.path or ""), "backend": model.backend,
               "rollback": model.placement.rollback,
               "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
               "weight_bytes": wb, "prompt_tokens": len(prompt),
               "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1, "decode_ms_range": [1e3 * v for v in spread(decode)],
+              "step_profile": profile,
               "verify_ms": {k: 1e3 * v for k, v in costs.items()},
               "verify_ms_range": {T: [1e3 * v for v in spread(t)] for T, t in verify.items()},
               "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
@@ -462,6 +480,8 @@ def report_text(report: dict) -> str:
     lo, hi = report["decode_ms_range"]
     out.append(f"decode          {report['decode_tok_s']:8.2f} tok/s   ({report['decode_ms']:.1f} ms per token, median; "
                f"{lo:.1f}-{hi:.1f} ms over the timed passes)")
+    if report.get("step_profile"):
+        out += step_profile_text(report["step_profile"])
     out.append(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
                f"({100 * report['weight_bw_fraction']:.0f}%)")
     out.append("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
