@@ -33,12 +33,10 @@ The dict (per-token figures are means over the n_steps steps of their pass):
                                one prange loop each, the inner loops serialized), so this counts regions; a kernel
                                with two top-level parallel loops would open two per call and is counted once.
     one_thread_parallel_calls_per_token
-                               calls of parallel=True kernels made while Numba ran ONE thread: numba_ops.bind sets
-                               one thread around a small matrix's float kernel (set_num_threads(1), then back), and
-                               --threads 1 runs every kernel so. Such a call runs on the calling thread and wakes no
-                               worker, so it is a kernel call but not a region; it is reported here so that the
-                               set_num_threads round trips (their Python calls are in python_calls_per_token) stay
-                               visible. A code object compiled twice, once with parallel=True (numba_ops's
+                               calls of parallel=True kernels made while Numba ran ONE thread (--threads 1, or
+                               set_threads(1)). Such a call runs on the calling thread and wakes no worker, so it is
+                               a kernel call but not a region. (A small matrix needs none: numba_ops.Bound runs its
+                               serial twin.) A code object compiled twice, once with parallel=True (numba_ops's
                                *_one_thread twins share their parallel kernel's source), counts as the parallel one:
                                the twins are only called from compiled code, where no profiler sees them.
     python_calls_per_token     calls of Python functions: tinyspec's own, NumPy's Python-level functions (np.mean,
