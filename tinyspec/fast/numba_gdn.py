@@ -17,7 +17,14 @@ The same float32 operations in the same order as the oracle: a product rounded, 
 multiply-add, no fast-math), and the sums over K run kk = 0, 1, ... exactly as NumPy reduces a
 non-contiguous axis. exp(log_decay) is taken by NumPy before the kernel. So the result is bitwise the
 oracle's (tests/test_numba_gdn.py), and batch invariance needs no argument of its own: a T-token call
-is T one-token steps. Value heads run in parallel (prange) above a size where threads pay.
+is T one-token steps.
+
+Threads by size: a call's (sequence, value head) pairs are independent, each the same operations wherever it
+runs. From SERIAL_BELOW state floats times rows up they are shared by the threads (prange); below it, one after
+another on the calling thread, because a parallel region costs a wake-up of the sleeping workers (fast/threads.py:
+OMP_WAIT_POLICY=PASSIVE) that a small model's decode token (8 heads of 32 x 32) does not repay. Both loops are in
+one compiled kernel (one cache entry, compiled by one warm-up call), which has no parallel loop but the prange
+(PRANGE_ONLY), so the other loop opens no region; tests/test_numba_serial.py checks they give the same bits.
 
 The new state goes to `out` (the model passes the state itself: an update in place) or, without it, to
 a fresh array, leaving the caller's state untouched; states_out[t] receives a copy of the state after
@@ -26,15 +33,36 @@ in a 4-token pass at the 0.8B shape (18 layers x 4 tokens x 1 MB), which a norma
 line by line before overwriting it (docs/performance-log.md old 24). Token 0's first pass reads the
 caller's state and writes the new one, so no copy is made first. (A fresh 1 MB array per layer and call
 paid its page faults on every call: LESSONS 14.)
+
+The Python wrappers run once per layer and pass, so they stay cheap: checks on Python ints (bounds.tolist())
+and array flags, no conversion of an array that already fits, and every sequence's arrays handed to the kernel
+as one int64 record array (addresses, sizes, modes) built by one np.array call. A bad input still gets a
+ValueError naming it before the kernel runs, which itself checks nothing.
 """
 
 from __future__ import annotations
 
+from ctypes import addressof, c_char
+
 import numpy as np
 from numba import carray, njit, prange, types
+from numba.core.cpu import ParallelOptions
 from numba.extending import intrinsic
 
 from . import kernel_cache, simd
+
+# R * HV * K * V (state floats times rows) below this, or a single (sequence, value head) pair: the scan on the
+# calling thread, no parallel region. Measured, kernel only, on the 2-core Xeon VM (OMP_WAIT_POLICY=PASSIVE), quiet,
+# calling thread / threaded: a tiny-model token (8 x 32 x 32 = 8192) 2.5 / 12.6 us, 4 tokens 8.8 / 17.0 us; about
+# even near 2^17; threads ahead above (24 tiny-model tokens 40.1 / 31.2 us). Beside a busy process they lose longer.
+SERIAL_BELOW = 1 << 17
+
+# parallel=True with only prange on: the kernels' other array statements (a slice filled, a row copied) stay
+# plain loops instead of becoming parallel loops of their own, so the branch that runs on the calling thread
+# opens no parallel region. (An instance, not a dict: Numba pops a dict's keys, so a second compile would get
+# every option back.)
+PRANGE_ONLY = ParallelOptions({"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False,
+                               "numpy": False, "stencil": False, "fusion": False, "prange": True})
 
 
 @intrinsic
@@ -51,8 +79,18 @@ def _f32_at(typingctx, address):
     return types.CPointer(types.float32)(types.int64), codegen
 
 
-def _addresses(arrays) -> np.ndarray:
-    return np.array([a.ctypes.data for a in arrays], np.int64)
+def _address(a: np.ndarray) -> int:
+    """The data address of a C-contiguous array the caller keeps alive through the kernel call. ctypes' view of
+    its buffer costs a third of a.ctypes.data (which builds a helper object every time: ~0.8 us, several times
+    per layer and pass); that view needs a writeable, non-empty buffer, so any other array takes a.ctypes.data."""
+    try:
+        return addressof(c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
+def _f32(a) -> np.ndarray:  # a itself when it is already a C-contiguous float32 array
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 @njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
@@ -85,43 +123,66 @@ def _head_step(S0, S, q, k, v, decay, beta, pred, o):  # S0 -> S [K, V] (S0 may 
                 o[j] = o[j] + s * qv
 
 
-@njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
-def _scan_ragged(q, k, v, decay, beta, bounds, S0_at, S_at, o, snaps_at, snap_rows, keep, stream):
-    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1]; per sequence b, by address (int64 [B]):
-    # S0 [HV, K, V] read, S written (may be S0), snaps [snap_rows[b], HV, K, V] if keep[b]; o [R, HV, V]
-    R, HV, K = q.shape
+# seqs, the per-sequence int64 record the Python side hands the scan (one array for any B: numba_gdn._f32_at):
+# the address of the state read, of the state written (the same one for an update in place), of the snapshots
+# (_NO_SNAPS' when the sequence keeps none), how many snapshot rows that holds, and how they are written
+# (0: not at all, 1: plain stores, 2: streaming stores).
+_S0, _S, _SNAPS, _SNAP_ROWS, _MODE = range(5)
+_SCAN_FIELDS = 5
+
+
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _scan_pair(item, q, k, v, decay, beta, bounds, seqs, o):
+    # One (sequence b, value head h) pair, item = b * HV + h, over the sequence's rows: it reads and writes only
+    # its own head of its own sequence's state, so pairs run in any order, on any thread, with the same bits.
+    # q, k [R, HV, K], v [R, HV, V], decay, beta [R, HV], bounds [B+1], seqs [B, _SCAN_FIELDS]; o [R, HV, V]
+    HV, K = q.shape[1], q.shape[2]
     V = v.shape[2]
-    B = bounds.shape[0] - 1
-    for item in prange(B * HV):  # (sequence, value head) pairs: each reads only its own sequence's state
-        b, h = item // HV, item % HV
-        lo, hi = bounds[b], bounds[b + 1]
-        S0, S = carray(_f32_at(S0_at[b]), (HV, K, V)), carray(_f32_at(S_at[b]), (HV, K, V))
-        sn, kp, st = carray(_f32_at(snaps_at[b]), (snap_rows[b], HV, K, V)), keep[b], stream[b]
-        pred = np.empty(V, np.float32)
-        if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
-            mode = (2 if st else 1) if kp else 0
-            Sf = S[h].reshape(-1)
-            for t in range(lo, hi):  # token lo reads the caller's state, the rest update S in place
-                simd.decay_predict_rows8(S0[h].reshape(-1) if t == lo else Sf, Sf, K, decay[t, h], k[t, h], pred)
-                for j in range(V):
-                    pred[j] = beta[t, h] * (v[t, h, j] - pred[j])  # pred now holds delta
-                snap = sn[t - lo, h].reshape(-1) if kp else Sf
-                simd.write_read_rows8(Sf, K, pred, k[t, h], q[t, h], o[t, h], snap, mode)
-        else:
-            for t in range(lo, hi):
-                _head_step(S0[h] if t == lo else S[h], S[h], q[t, h], k[t, h], v[t, h], decay[t, h], beta[t, h],
-                           pred, o[t, h])
-                if kp and st:  # streaming stores: 64-byte aligned, whole vectors (checked by the caller)
-                    dst, src = sn[t - lo, h].reshape(-1), S[h].reshape(-1)
-                    for j in range(0, src.size, 16):
-                        simd.stream16(dst, j, src, j)
-                elif kp:
-                    sn[t - lo, h] = S[h]
-        if kp and st:
-            simd.store_fence()
+    b, h = item // HV, item % HV
+    lo, hi = bounds[b], bounds[b + 1]
+    S0, S = carray(_f32_at(seqs[b, _S0]), (HV, K, V)), carray(_f32_at(seqs[b, _S]), (HV, K, V))
+    sn, mode = carray(_f32_at(seqs[b, _SNAPS]), (seqs[b, _SNAP_ROWS], HV, K, V)), seqs[b, _MODE]
+    kp, st = mode > 0, mode == 2
+    pred = np.empty(V, np.float32)
+    if V == 128:  # whole rows a step, pred and o in registers (simd.decay_predict_rows8 / write_read_rows8)
+        Sf = S[h].reshape(-1)
+        for t in range(lo, hi):  # token lo reads the caller's state, the rest update S in place
+            simd.decay_predict_rows8(S0[h].reshape(-1) if t == lo else Sf, Sf, K, decay[t, h], k[t, h], pred)
+            for j in range(V):
+                pred[j] = beta[t, h] * (v[t, h, j] - pred[j])  # pred now holds delta
+            snap = sn[t - lo, h].reshape(-1) if kp else Sf
+            simd.write_read_rows8(Sf, K, pred, k[t, h], q[t, h], o[t, h], snap, mode)
+    else:
+        for t in range(lo, hi):
+            _head_step(S0[h] if t == lo else S[h], S[h], q[t, h], k[t, h], v[t, h], decay[t, h], beta[t, h],
+                       pred, o[t, h])
+            if kp and st:  # streaming stores: 64-byte aligned, whole vectors (checked by the caller)
+                dst, src = sn[t - lo, h].reshape(-1), S[h].reshape(-1)
+                for j in range(0, src.size, 16):
+                    simd.stream16(dst, j, src, j)
+            elif kp:
+                sn[t - lo, h] = S[h]
+    if kp and st:
+        simd.store_fence()
+
+
+@njit(cache=True, parallel=PRANGE_ONLY, error_model="numpy", boundscheck=False)
+def _scan_ragged(q, k, v, decay, beta, bounds, seqs, o, threaded):
+    # Every (sequence, value head) pair (_scan_pair): threaded, the pairs shared by the threads (prange); else
+    # one after another on the calling thread. One compiled kernel holds both loops, so fast/warm.py's one call
+    # compiles both, and the second loop costs no parallel region (PRANGE_ONLY).
+    B, HV = bounds.shape[0] - 1, q.shape[1]
+    per = seqs.reshape((B, _SCAN_FIELDS))
+    if threaded:
+        for item in prange(B * HV):
+            _scan_pair(item, q, k, v, decay, beta, bounds, per, o)
+    else:
+        for item in range(B * HV):
+            _scan_pair(item, q, k, v, decay, beta, bounds, per, o)
 
 
 _NO_SNAPS = np.empty((0, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+_NO_SNAPS_AT = _NO_SNAPS.ctypes.data
 
 
 def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
@@ -129,7 +190,7 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
     """The gated delta rule over T tokens, bitwise equal to tinyspec.gdn.gdn_scan (out: the same contract,
     `state` itself or an array that does not overlap it). gdn_scan_ragged with one sequence."""
     T = q.shape[0]
-    o, (S,) = gdn_scan_ragged(q, k, v, log_decay, beta, np.array([0, T]), [state],
+    o, (S,) = gdn_scan_ragged(q, k, v, log_decay, beta, np.array([0, T], np.int64), [state],
                               None if states_out is None else [states_out], None if out is None else [out])
     return o, S
 
@@ -137,27 +198,29 @@ def gdn_scan(q, k, v, log_decay, beta, state, states_out=None, out=None):
 def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, outs=None):
     # [R, HV, K] x2, [R, HV, V], [R, HV] x2, [B+1], B x [HV, K, V] -> [R, HV, V], B x [HV, K, V]
     """tinyspec.gdn.gdn_scan_ragged bit for bit: the scan of each sequence b over its rows bounds[b] ..
-    bounds[b+1]-1 from states[b], all in one kernel whose threads take (sequence, value head) pairs, so two
-    cores stay busy however the work is split. states_outs[b] / outs[b] as gdn_scan's states_out / out
-    (None, or a list with None for a sequence that keeps no per-token states / takes a fresh array)."""
-    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
-    q, k, v, beta = f32(q), f32(k), f32(v), f32(beta)
-    decay = f32(np.exp(f32(log_decay)))  # NumPy's exp, as the oracle's
+    bounds[b+1]-1 from states[b], all in one kernel call. Threads take (sequence, value head) pairs, so two
+    cores stay busy however the work is split, once it is worth a parallel region: below SERIAL_BELOW state
+    floats times rows (a decode token of a small model) the pairs run on the calling thread, the same bits.
+    states_outs[b] / outs[b] as gdn_scan's states_out / out (None, or a list with None for a sequence that
+    keeps no per-token states / takes a fresh array).
+    The checks run on Python ints and flags, not NumPy calls: this runs once per GDN layer and pass, and on a
+    small model NumPy's per-call cost on tiny arrays was several times the kernel's."""
+    q, k, v, beta = _f32(q), _f32(k), _f32(v), _f32(beta)
+    decay = np.exp(_f32(log_decay))  # NumPy's exp, as the oracle's (of a C-contiguous float32 array: one too)
     bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    S0s = [_f32(s) for s in states]  # read by each first step
     R, HV, K = q.shape
-    B = len(states)
+    B = len(S0s)
     V = v.shape[2]
     if k.shape != q.shape or v.shape[:2] != (R, HV) or decay.shape != (R, HV) or beta.shape != (R, HV) \
-            or any(s.shape != (HV, K, V) for s in states):
+            or any(s.shape != (HV, K, V) for s in S0s):
         raise ValueError(f"numba_gdn: shapes q {q.shape}, k {k.shape}, v {v.shape}, log_decay {decay.shape}, "
-                         f"beta {beta.shape}, states {[s.shape for s in states]} do not fit [T, HV, K] / [HV, K, V]")
-    if bounds.shape != (B + 1,) or bounds[0] != 0 or bounds[-1] != R or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"numba_gdn: bounds {bounds.tolist()} do not cut {R} rows into {B} sequences")
-    states_outs = states_outs or [None] * B
-    outs = outs or [None] * B
-    S0s = tuple(np.ascontiguousarray(s, dtype=np.float32) for s in states)  # read by each first step
+                         f"beta {beta.shape}, states {[s.shape for s in S0s]} do not fit [T, HV, K] / [HV, K, V]")
+    cuts = bounds.tolist()
+    if bounds.shape != (B + 1,) or cuts[0] != 0 or cuts[-1] != R or cuts != sorted(cuts):
+        raise ValueError(f"numba_gdn: bounds {cuts} do not cut {R} rows into {B} sequences")
     Ss = []
-    for S0, out in zip(S0s, outs):
+    for S0, out in zip(S0s, outs or [None] * B):
         if out is None:
             Ss.append(np.empty_like(S0))  # a fresh array (it pays page faults: LESSONS 14; the model passes out)
         elif out.shape != S0.shape or out.dtype != np.float32 or not out.flags.c_contiguous \
@@ -166,28 +229,28 @@ def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, 
                              f"{out.shape}")
         else:
             Ss.append(out)
-    keep = np.array([s is not None for s in states_outs], np.bool_)
-    stream = np.zeros(B, np.bool_)
-    snaps = []
-    for b, so in enumerate(states_outs):
-        T = bounds[b + 1] - bounds[b]
+    seqs = []  # [B, _SCAN_FIELDS], flat
+    for b, so in enumerate(states_outs or [None] * B):
+        T = cuts[b + 1] - cuts[b]
+        at = _address(S0s[b])
+        seqs += (at, at if Ss[b] is S0s[b] else _address(Ss[b]))
         if so is None:
-            snaps.append(_NO_SNAPS)
+            seqs += (_NO_SNAPS_AT, 0, 0)
             continue
         if so.ndim != 4 or so.shape[0] < T or so.shape[1:] != (HV, K, V) or so.dtype != np.float32 \
                 or not so.flags.c_contiguous:
             raise ValueError(f"numba_gdn: states_out must be C-contiguous float32 [>= {T}, {HV}, {K}, {V}], "
                              f"got {so.dtype} {so.shape}")
-        snaps.append(so)
         # snapshots by streaming stores when every head's slot starts on a 64-byte line (SnapshotRing allocates so)
-        stream[b] = so.ctypes.data % 64 == 0 and (K * V) % 16 == 0
+        at = _address(so)
+        seqs += (at, so.shape[0], 2 if at % 64 == 0 and (K * V) % 16 == 0 else 1)
     for b in range(B):
-        if bounds[b + 1] == bounds[b] and Ss[b] is not S0s[b]:  # no tokens: the state passes through
+        if cuts[b + 1] == cuts[b] and Ss[b] is not S0s[b]:  # no tokens: the state passes through
             Ss[b][...] = S0s[b]
     o = np.empty((R, HV, V), np.float32)
     if R:
-        _scan_ragged(q, k, v, decay, beta, bounds, _addresses(S0s), _addresses(Ss), o, _addresses(snaps),
-                     np.array([sn.shape[0] if kp else 0 for sn, kp in zip(snaps, keep)], np.int64), keep, stream)
+        threaded = B * HV > 1 and R * HV * K * V >= SERIAL_BELOW
+        _scan_ragged(q, k, v, decay, beta, bounds, np.array(seqs, np.int64), o, threaded)
     return o, Ss
 
 
@@ -228,18 +291,30 @@ def _causal_conv(x, conv_state, weight, y, new_state, states_out, keep):  # [T, 
                     states_out[t, c, j] = conv_state[c, jj] if jj < w - 1 else x[jj - (w - 1), c]
 
 
+# The conv's per-sequence record (seqs, int64, one array for any B): the address of its window [C, w-1], of its
+# states_out [rows, C, w-1] (_NO_CONV_STATES' when it keeps none), those rows, whether it keeps them (0 / 1), and
+# the address of its out (0: none; the new window stays in the fresh array).
+_WINDOW, _WINDOWS, _WINDOW_ROWS, _KEEP, _OUT = range(5)
+_CONV_FIELDS = 5
+
+
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _causal_conv_ragged(x, bounds, states_at, weight, y, new_states, outs_at, out_rows, keep):
-    # x [R, C], bounds [B+1], weight [C, w]; per sequence b, by address (int64 [B]): its window [C, w-1] and, if
-    # keep[b], its states_out [out_rows[b], C, w-1] -> y [R, C], new_states [B, C, w-1]
+def _causal_conv_ragged(x, bounds, seqs, weight, y, new_states):
+    # x [R, C], bounds [B+1], seqs [B, _CONV_FIELDS], weight [C, w] -> y [R, C], new_states [B, C, w-1], outs
     C, w = weight.shape
-    for b in range(bounds.shape[0] - 1):  # one thread: a sequence's conv is a few microseconds at the 0.8B shape
+    B = bounds.shape[0] - 1
+    per = seqs.reshape((B, _CONV_FIELDS))
+    for b in range(B):  # one thread: a sequence's conv is a few microseconds at the 0.8B shape
         lo, hi = bounds[b], bounds[b + 1]
-        _causal_conv(x[lo:hi], carray(_f32_at(states_at[b]), (C, w - 1)), weight, y[lo:hi], new_states[b],
-                     carray(_f32_at(outs_at[b]), (out_rows[b], C, w - 1)), keep[b])
+        _causal_conv(x[lo:hi], carray(_f32_at(per[b, _WINDOW]), (C, w - 1)), weight, y[lo:hi], new_states[b],
+                     carray(_f32_at(per[b, _WINDOWS]), (per[b, _WINDOW_ROWS], C, w - 1)), per[b, _KEEP] != 0)
+    for b in range(B):  # only now, every old window read, the new ones go to the outs (an out may be its window)
+        if per[b, _OUT] != 0:
+            carray(_f32_at(per[b, _OUT]), (C * (w - 1),))[:] = new_states[b].reshape(-1)
 
 
 _NO_CONV_STATES = np.empty((0, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
+_NO_CONV_STATES_AT = _NO_CONV_STATES.ctypes.data
 
 
 def causal_conv(x, conv_state, weight, states_out=None, out=None):
@@ -248,7 +323,7 @@ def causal_conv(x, conv_state, weight, states_out=None, out=None):
     most of a NumPy call, and scalar Numba spent its time on strided weight and state reads, so the channels
     go 16 at a time as vectors (simd.conv4_16; docs/performance-log.md old 24 times the three).
     out: the oracle's contract (it may be conv_state itself). causal_conv_ragged with one sequence."""
-    y, (new_state,) = causal_conv_ragged(x, np.array([0, x.shape[0]]), [conv_state], weight,
+    y, (new_state,) = causal_conv_ragged(x, np.array([0, x.shape[0]], np.int64), [conv_state], weight,
                                          None if states_out is None else [states_out], None if out is None else [out])
     return y, new_state
 
@@ -258,22 +333,23 @@ def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None, outs=No
     """tinyspec.gdn.causal_conv_ragged bit for bit: the conv of each sequence b over its rows bounds[b] ..
     bounds[b+1]-1 from its own window conv_states[b], in one call; states_outs[b] / outs[b] as causal_conv's
     states_out / out (None, or a list with None for a sequence that keeps none / takes a fresh array).
-    The kernel writes every new window into one fresh [B, C, w-1] array and only then is sequence b's copied
-    into outs[b]: so outs[b] may be conv_states[b] itself (in place), read by the kernel before the copy."""
-    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
-    x, weight = f32(x), f32(weight)
-    conv_states = tuple(f32(s) for s in conv_states)
+    The kernel writes every new window into one fresh [B, C, w-1] array and only then copies sequence b's
+    into outs[b]: so outs[b] may be conv_states[b] itself (in place), read by the kernel before the copy.
+    Checked on Python ints and flags, as gdn_scan_ragged (one call per GDN layer and pass)."""
+    x, weight = _f32(x), _f32(weight)
+    conv_states = [_f32(s) for s in conv_states]
     bounds = np.ascontiguousarray(bounds, dtype=np.int64)
     R, C = x.shape
     B, w = len(conv_states), weight.shape[1]
     if weight.shape[0] != C or any(s.shape != (C, w - 1) for s in conv_states):
         raise ValueError(f"numba_gdn: causal_conv shapes x {x.shape}, conv_state {[s.shape for s in conv_states]}, "
                          f"weight {weight.shape} do not fit [T, C] / [C, w-1] / [C, w]")
-    if bounds.shape != (B + 1,) or bounds[0] != 0 or bounds[-1] != R or np.any(np.diff(bounds) < 0):
-        raise ValueError(f"numba_gdn: bounds {bounds.tolist()} do not cut {R} rows into {B} sequences")
+    cuts = bounds.tolist()
+    if bounds.shape != (B + 1,) or cuts[0] != 0 or cuts[-1] != R or cuts != sorted(cuts):
+        raise ValueError(f"numba_gdn: bounds {cuts} do not cut {R} rows into {B} sequences")
     states_outs = states_outs or [None] * B
     for b, so in enumerate(states_outs):
-        T = bounds[b + 1] - bounds[b]
+        T = cuts[b + 1] - cuts[b]
         if so is not None and (so.ndim != 3 or so.shape[0] < T or so.shape[1:] != (C, w - 1)
                                or so.dtype != np.float32 or not so.flags.c_contiguous):
             raise ValueError(f"numba_gdn: causal_conv states_out must be C-contiguous float32 [>= {T}, {C}, {w - 1}], "
@@ -284,16 +360,15 @@ def causal_conv_ragged(x, bounds, conv_states, weight, states_outs=None, outs=No
                                 or not out.flags.writeable):
             raise ValueError(f"numba_gdn: causal_conv out must be a writeable C-contiguous float32 {(C, w - 1)}, "
                              f"got {out.dtype} {out.shape}")
-    keep = np.array([so is not None for so in states_outs], np.bool_)
-    snaps = [_NO_CONV_STATES if so is None else so for so in states_outs]
+    seqs = []  # [B, _CONV_FIELDS], flat
+    for window, so, out in zip(conv_states, states_outs, outs):
+        at = _address(window)
+        seqs += (at, _NO_CONV_STATES_AT, 0, 0) if so is None else (at, _address(so), so.shape[0], 1)
+        seqs.append(0 if out is None else at if out is window else _address(out))
     y = np.empty((R, C), np.float32)
     new_states = np.empty((B, C, w - 1), np.float32)  # sequence b's new window is new_states[b]
-    _causal_conv_ragged(x, bounds, _addresses(conv_states), weight, y, new_states, _addresses(snaps),
-                        np.array([so.shape[0] for so in snaps], np.int64), keep)
-    for new, out in zip(new_states, outs):  # after the kernel: an out that is its conv_state was read already
-        if out is not None:
-            np.copyto(out, new)
-    return y, [new if out is None else out for new, out in zip(new_states, outs)]
+    _causal_conv_ragged(x, bounds, np.array(seqs, np.int64), weight, y, new_states)
+    return y, [new_states[b] if out is None else out for b, out in enumerate(outs)]
 
 
 kernel_cache.sync(_scan_ragged)  # cached kernels compiled from older sources (simd.py) are dropped
