@@ -104,14 +104,15 @@ def test_attention_threaded_and_calling_thread_bitwise_equal(monkeypatch, seed, 
 
 
 def spy(monkeypatch, module, name):
-    """Replace module.name (a kernel) by a recorder of its last argument (threaded) that still runs it."""
-    kernel, seen = getattr(module, name), []
+    """Replace module.name (the threaded kernel) and module.name_serial (its entry on the calling thread) by
+    recorders that still run them: True for a threaded call, False for one on the calling thread."""
+    seen = []
+    for kernel_name, threaded in ((name, True), (name + "_serial", False)):
+        def run(*args, kernel=getattr(module, kernel_name), threaded=threaded):
+            seen.append(threaded)
+            return kernel(*args)
 
-    def run(*args):
-        seen.append(args[-1])
-        return kernel(*args)
-
-    monkeypatch.setattr(module, name, run)
+        monkeypatch.setattr(module, kernel_name, run)
     return seen
 
 

@@ -143,6 +143,20 @@ def _work(T: int, n_past: int) -> int:  # keys seen by T rows after n_past posit
     return T * n_past + T * (T + 1) // 2
 
 
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _attend_serial(q, k_pool, v_pool, seqs, bounds, scale, o):
+    # _attend's loop on the calling thread, entered through a kernel of its own so that a profiler
+    # (fast/step_profile.py) tells a call that opens no parallel region from one that does
+    _attend(q, k_pool, v_pool, seqs, bounds, scale, o, False)
+
+
+def _attend_any(q, k_pool, v_pool, seqs, bounds, scale, o, threaded):
+    if threaded:
+        _attend(q, k_pool, v_pool, seqs, bounds, scale, o, True)
+    else:
+        _attend_serial(q, k_pool, v_pool, seqs, bounds, scale, o)
+
+
 def attend(q, keys, values, n_past, scale):
     """tinyspec.attention.attend on the cpu backend (float32 arrays; keys/values: the cache's, unsliced)."""
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -153,7 +167,7 @@ def attend(q, keys, values, n_past, scale):
     values = np.ascontiguousarray(values, dtype=np.float32)
     o = np.empty_like(q)
     # the whole cache as one block: table [0], block size = its capacity, so key j is row j
-    _attend(q, keys[None], values[None], np.array([[n_past, 0]], np.int64), np.array([0, T], np.int64),
+    _attend_any(q, keys[None], values[None], np.array([[n_past, 0]], np.int64), np.array([0, T], np.int64),
             float(scale), o, T * H_kv > 1 and H_kv * G * d * _work(T, int(n_past)) >= SERIAL_BELOW)
     return o
 
@@ -214,7 +228,7 @@ def attend_paged_ragged(q, k_pool, v_pool, tables, n_pasts, bounds, scale):
     o = np.empty_like(q)
     work = H_kv * G * d * sum(_work(hi - lo, n) for n, lo, hi in zip(pasts, cuts, cuts[1:]))
     threaded = R * H_kv > 1 and work >= SERIAL_BELOW
-    _attend(q, np.ascontiguousarray(k_pool, dtype=np.float32), np.ascontiguousarray(v_pool, dtype=np.float32),
+    _attend_any(q, np.ascontiguousarray(k_pool, dtype=np.float32), np.ascontiguousarray(v_pool, dtype=np.float32),
             np.array(seqs, np.int64).reshape(B, 1 + width), bounds, float(scale), o, threaded)
     return o
 

@@ -181,6 +181,13 @@ def _scan_ragged(q, k, v, decay, beta, bounds, seqs, o, threaded):
             _scan_pair(item, q, k, v, decay, beta, bounds, per, o)
 
 
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _scan_ragged_serial(q, k, v, decay, beta, bounds, seqs, o):
+    # _scan_ragged's loop on the calling thread, entered through a kernel of its own so that a profiler
+    # (fast/step_profile.py) tells a call that opens no parallel region from one that does
+    _scan_ragged(q, k, v, decay, beta, bounds, seqs, o, False)
+
+
 _NO_SNAPS = np.empty((0, 1, 1, 1), np.float32)  # stands in for a sequence's states_out when it keeps none
 _NO_SNAPS_AT = _NO_SNAPS.ctypes.data
 
@@ -250,7 +257,10 @@ def gdn_scan_ragged(q, k, v, log_decay, beta, bounds, states, states_outs=None, 
     o = np.empty((R, HV, V), np.float32)
     if R:
         threaded = B * HV > 1 and R * HV * K * V >= SERIAL_BELOW
-        _scan_ragged(q, k, v, decay, beta, bounds, np.array(seqs, np.int64), o, threaded)
+        if threaded:
+            _scan_ragged(q, k, v, decay, beta, bounds, np.array(seqs, np.int64), o, True)
+        else:
+            _scan_ragged_serial(q, k, v, decay, beta, bounds, np.array(seqs, np.int64), o)
     return o, Ss
 
 
