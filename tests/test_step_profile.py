@@ -10,7 +10,7 @@ import pytest
 
 from tinyspec.__main__ import main
 from tinyspec.assets import TARGET
-from tinyspec.backends import PackedWeight, load_model
+from tinyspec.backends import load_model
 from tinyspec.fast.step_profile import profile_steps, step_profile
 
 FIELDS = {"kernel_calls_per_token", "parallel_regions_per_token", "one_thread_parallel_calls_per_token",
