@@ -12,7 +12,7 @@ pytest.importorskip("numba")
 from tinyspec import attention, gdn, ops  # noqa: E402
 from tinyspec.assets import TARGET  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
-from tinyspec.fast import numba_steps  # noqa: E402
+from tinyspec.fast import numba_steps, threads  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +87,16 @@ def test_the_whole_model_is_bitwise_the_unfused_one(model):
         np.testing.assert_array_equal(got, want)
 
 
-def test_steps_the_kernels_do_not_hold_are_composed():
+def test_steps_the_kernels_do_not_hold_are_composed(monkeypatch):
     """Float32 weights (the oracle's model) take the oracle's step, bit for bit; so does a matrix large enough for
-    threads (numba_ops.Bound.serial False)."""
+    threads (numba_ops.Bound.serial False: here the output head of the shipped model loaded as if it were large)."""
     oracle = load_model(TARGET, "numpy")
     cfg, kern, w = oracle.cfg, oracle.kernels, oracle.layers[0]
     x = np.random.default_rng(0).standard_normal((2, cfg.n_embd)).astype(np.float32)
     for got, want in zip(numba_steps.gdn_project(x, w, kern), gdn.gdn_project(x, w, kern), strict=True):
         np.testing.assert_array_equal(got, want)
+    assert load_model(TARGET, "cpu").output.linear.serial  # a model below THREADS_FROM_BYTES: all on one thread
+    monkeypatch.setattr(threads, "THREADS_FROM_BYTES", 0)
     cpu = load_model(TARGET, "cpu")
     big = cpu.output  # the [8192, 320] output matrix: multiplied by threads, so never fused
     assert not big.linear.serial and numba_steps._plans(big) is None

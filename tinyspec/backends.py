@@ -212,12 +212,15 @@ def packed_tensors(g: GGUFFile, kernels, upload: Callable = lambda raw: raw,
 
 
 def cpu_tensors(g: GGUFFile, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Packed weights are views of the memory map, multiplied by the Numba kernels."""
+    """Packed weights are views of the memory map, multiplied by the Numba kernels: threaded above a size, or all on
+    the calling thread for a model whose matmul weights are below threads.THREADS_FROM_BYTES (fast/threads.py)."""
     from .fast import numba_ops, threads
 
     threads.yield_when_idle()  # before the first parallel kernel: idle workers sleep, not spin (fast/threads.py)
-
-    return packed_tensors(g, numba_ops, progress=progress)
+    matmul_bytes = sum(t.nbytes for name, t in g.tensors.items()
+                       if name in PACKED_NAMES or name.endswith(LINEAR_SUFFIXES + EXPERT_SUFFIXES))
+    kernels = numba_ops if matmul_bytes >= threads.THREADS_FROM_BYTES else numba_ops.OneThread
+    return packed_tensors(g, kernels, progress=progress)
 
 
 class CudaWeightKernels:

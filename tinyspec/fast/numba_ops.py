@@ -850,17 +850,18 @@ class Bound:
     flat (the weight's bytes, read-only uint8), row_bytes, kind (the ggml type id), n_in, n_out, family
     (FAMILY_Q8_0: x rounded to Q8_0 blocks; FAMILY_Q8_K: to Q8_K; FAMILY_FLOAT: float x), serial (True: a
     small matrix, multiplied on the calling thread, since waking the pool costs more than its work and waits for
-    a scheduler slice when another process holds a core: LESSONS 18) and plan, the tuple (flat, row_bytes, kind,
+    a scheduler slice when another process holds a core: LESSONS 18; threads=False: always, see OneThread) and plan, the tuple (flat, row_bytes, kind,
     n_in, family) a compiled step takes."""
 
     __slots__ = ("flat", "row_bytes", "kind", "n_in", "n_out", "family", "serial", "kernel", "shape", "plan")
 
-    def __init__(self, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False):
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8: bool = False,
+                 threads: bool = True):
         qtype, self.flat = _weight_blocks(raw, ggml_type, shape)
         self.shape = tuple(shape)
         self.n_out, self.n_in = int(shape[0]), int(shape[1])
         self.row_bytes, self.kind = qtype.row_nbytes(self.n_in), int(qtype)
-        self.serial = self.n_out * self.n_in < SERIAL_BELOW or self.n_out <= ROWS
+        self.serial = not threads or self.n_out * self.n_in < SERIAL_BELOW or self.n_out <= ROWS
         integer = q8 and qtype in Q8_TYPES
         if integer and qtype in X_Q8_0:  # x in Q8_0 blocks: a kernel of its own
             self.family = FAMILY_Q8_0
@@ -893,6 +894,25 @@ def bind(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], q8:
     and converts once; quant_linear does it on every call, which added up over a decode step's many matmuls
     (docs/performance-log.md old 19)."""
     return Bound(raw, ggml_type, shape, q8)
+
+
+class OneThread:
+    """This module's weight kernels (PackedWeight's `kernels`) with every matmul on the calling thread, for a model
+    small enough to stay in the cache (backends.cpu_tensors; fast/threads.py THREADS_FROM_BYTES says why)."""
+
+    SUPPORTED = SUPPORTED
+
+    @staticmethod
+    def bind(raw, ggml_type, shape, q8: bool = False) -> Bound:
+        return Bound(raw, ggml_type, shape, q8, threads=False)
+
+    @staticmethod
+    def bind_experts(raw, ggml_type, shape, q8: bool = False):
+        return bind_experts(raw, ggml_type, shape, q8)
+
+    @staticmethod
+    def get_rows(raw, ggml_type, shape, ids):
+        return get_rows(raw, ggml_type, shape, ids)
 
 
 def bind_experts(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int, int], q8: bool = False):

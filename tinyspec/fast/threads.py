@@ -26,6 +26,13 @@ from __future__ import annotations
 import os
 
 WAIT_POLICY = "PASSIVE"
+# A model whose matmul weights are below this many bytes multiplies every matrix on the calling thread
+# (backends.cpu_tensors). Its weights stay in the cache, so a second thread adds little bandwidth, and waking a
+# sleeping worker costs ~60 us on a 2-vCPU VM (a halted vCPU woken by the hypervisor): the shipped target's one
+# threaded matmul a token (the [8192, 320] output head, 0.16 ms on one thread) made its decode 8-10% slower than
+# one thread. Qwen3.5-0.8B's weights (0.5 GB) stream from memory, where two threads read faster: its decode is
+# 13% faster threaded. docs/performance-log.md (2026-11-28, issue 46) has both.
+THREADS_FROM_BYTES = 64 << 20
 
 
 def yield_when_idle() -> None:
