@@ -614,7 +614,8 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for Q8_0, Q4_0, Q5_0 or IQ4_NL rows times x rounded to Q8_0 (llama.cpp's vec_dot_q8_0_q8_0,
     vec_dot_q4_0_q8_0, vec_dot_q5_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks one simd.*_pair call (signed codes, scales and
     the -128 sum w base unpacked once, then one vpdpbusd and one fma per input row), a lone last block
-    through simd.*_single; the fixed 16-lane tree."""
+    through simd.*_single; the fixed 16-lane tree. One input row (a decode step): simd.*_row, the same operations
+    for the whole weight row with the lanes in a register."""
     T, n_out = y.shape
     nbk = n_in // 32
     bb = row_bytes // max(nbk, 1)  # bytes a block: 34 (Q8_0), 22 (Q5_0) or 18
@@ -627,6 +628,17 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
+            if T == 1:  # one input row: the whole weight row in one call, its lanes in a register (same bits)
+                o = r * row_bytes
+                if kind == _Q8_0:
+                    y[0, r] = simd.q8_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                elif kind == _Q4_0:
+                    y[0, r] = simd.q4_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                elif kind == _Q5_0:
+                    y[0, r] = simd.q5_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                else:
+                    y[0, r] = simd.iq4_nl_row(raw, o, nbk, qxu, dxb, AHEAD)
+                continue
             acc[:] = np.float32(0)
             for p in range(nbk // 2):
                 o = r * row_bytes + 2 * bb * p

@@ -1009,9 +1009,37 @@ def _legacy_codes(context, builder, tu, u, i, kind, native):  # one 32-value blo
     return _shuffle(builder, _iq4_lookup(builder, _cat(builder, c, c), native), range(32))  # iq4_nl: KVALUES_IQ4[c]
 
 
-def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
-    size = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18, "q5_0": 22}[kind]  # bytes a block
+_LEGACY_BYTES = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18, "q5_0": 22}  # bytes a 32-value block
 
+
+def _q8_0_weights(context, builder, tu, u, o, kind: str, native: bool, blocks: int):
+    """The weight side of one pair of blocks at u8[o] (or a lone last block: blocks = 1, the second half zero
+    weights, which add 0 to every lane): its 64 signed codes, base = -128 * (4-value sums of the codes) and the
+    block scales dw (lanes 0-7: block 0's, 8-15: block 1's)."""
+    size = _LEGACY_BYTES[kind]
+    d0 = _half(context, builder, tu, u, o)
+    codes = _legacy_codes(context, builder, tu, u, o, kind, native)
+    if blocks == 2:
+        d1 = _half(context, builder, tu, u, _add(builder, o, size))
+        codes = _cat(builder, codes, _legacy_codes(context, builder, tu, u, _add(builder, o, size), kind, native))
+    else:
+        d1 = ir.Constant(F32, 0.0)
+        codes = _cat(builder, codes, ir.Constant(_vec(I8, 32), None))
+    base = builder.sub(ir.Constant(_vec(I32, 16), None), _dot4_u8i8(builder, _const(I8, 64, 128), codes, native))
+    dw = _shuffle(builder, _cat(builder, _splat(builder, d0, 1), _splat(builder, d1, 1)), [0] * 8 + [1] * 8)
+    return codes, base, dw
+
+
+def _q8_0_step(context, builder, weights, tq, q, k, tx, x, j, acc, native: bool):
+    """acc + (d_w * d_x) * (base + sum of x' w over each lane's 4 values): one input row's x' = q_x + 128 at
+    qxu[k:k+64] and its block scales at dxb[j:j+2], against a pair's weights (_q8_0_weights)."""
+    codes, base, dw = weights
+    isum = _dot4_u8i8(builder, _load(context, builder, tq, q, k, 64), codes, native, base)
+    dx = _shuffle(builder, _load(context, builder, tx, x, j, 2), [0] * 8 + [1] * 8)
+    return _fma(builder, builder.sitofp(isum, _vec(F32, 16)), builder.fmul(dw, dx), acc)
+
+
+def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
     @intrinsic
     def q8_0_pair(typingctx, u8, o, qxu, k, W, dxb, j, nb2, acc, T):
         if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)
@@ -1021,27 +1049,12 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
         def codegen(context, builder, sig, args):
             tu, _, tq, _, _, tx, _, _, ta, _ = sig.args
             u, o, q, k, W, x, j, nb2, a, T = args
-            d0 = _half(context, builder, tu, u, o)
-            codes = _legacy_codes(context, builder, tu, u, o, kind, native)
-            if blocks == 2:
-                d1 = _half(context, builder, tu, u, _add(builder, o, size))
-                second = _legacy_codes(context, builder, tu, u, _add(builder, o, size), kind, native)
-                codes = _cat(builder, codes, second)
-            else:  # the last block of an odd row: the second half is zero weights (they add 0 to every lane)
-                d1 = ir.Constant(F32, 0.0)
-                codes = _cat(builder, codes, ir.Constant(_vec(I8, 32), None))
-            zero = ir.Constant(_vec(I32, 16), None)
-            base = builder.sub(zero, _dot4_u8i8(builder, _const(I8, 64, 128), codes, native))
-            dw = _shuffle(builder, _cat(builder, _splat(builder, d0, 1), _splat(builder, d1, 1)), [0] * 8 + [1] * 8)
+            weights = _q8_0_weights(context, builder, tu, u, o, kind, native, blocks)
             with cgutils.for_range(builder, T) as loop:
                 t = loop.index
-                xs = _load(context, builder, tq, q, builder.add(k, builder.mul(t, W)), 64)
-                isum = _dot4_u8i8(builder, xs, codes, native, base)
-                dx = _shuffle(builder, _load(context, builder, tx, x, builder.add(j, builder.mul(t, nb2)), 2),
-                              [0] * 8 + [1] * 8)
                 i = builder.mul(t, ir.Constant(I64, 16))
-                r = _fma(builder, builder.sitofp(isum, _vec(F32, 16)), builder.fmul(dw, dx),
-                         _load(context, builder, ta, a, i, 16))
+                r = _q8_0_step(context, builder, weights, tq, q, builder.add(k, builder.mul(t, W)), tx, x,
+                               builder.add(j, builder.mul(t, nb2)), _load(context, builder, ta, a, i, 16), native)
                 _store(context, builder, ta, a, i, r)
             return _void(context)
 
@@ -1055,10 +1068,50 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
     return q8_0_pair
 
 
+def _q8_0_row(native: bool, kind: str = "q8_0"):
+    size = _LEGACY_BYTES[kind]
+
+    @intrinsic
+    def q8_0_row(typingctx, u8, o, nbk, qxu, dxb, ahead):
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            tu, _, _, tq, tx, _ = sig.args
+            u, o, nbk, q, x, ahead = args
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 16), None))  # a register after mem2reg
+            full = builder.sdiv(nbk, ir.Constant(I64, 2))
+            with cgutils.for_range(builder, full) as loop:
+                p = loop.index
+                ob = builder.add(o, builder.mul(p, ir.Constant(I64, 2 * size)))
+                _prefetch(context, builder, tu, u, builder.add(ob, ahead))
+                weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, 2)
+                builder.store(_q8_0_step(context, builder, weights, tq, q, builder.mul(p, ir.Constant(I64, 64)), tx, x,
+                                         builder.mul(p, ir.Constant(I64, 2)), builder.load(acc), native), acc)
+            with builder.if_then(builder.icmp_signed("!=", builder.srem(nbk, ir.Constant(I64, 2)),
+                                                     ir.Constant(I64, 0))):
+                ob = builder.add(o, builder.mul(full, ir.Constant(I64, 2 * size)))
+                weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, 1)
+                builder.store(_q8_0_step(context, builder, weights, tq, q, builder.mul(full, ir.Constant(I64, 64)), tx,
+                                         x, builder.mul(full, ir.Constant(I64, 2)), builder.load(acc), native), acc)
+            return _tree_sum(builder, builder.load(acc))
+
+        return types.float32(u8, o, nbk, qxu, dxb, ahead), codegen
+
+    q8_0_row.__doc__ = f"""One whole {kind.upper()} row at u8[o] (nbk blocks) times ONE input row (x' at qxu[0:], block scales
+    at dxb[0:]), prefetching u8[o + ahead + ...]: the pair loop of q8_0_pair / q8_0_single for T = 1 with the 16
+    lanes in a register instead of memory, then lane_sum16's tree. The same operations in the same order, so the
+    same bits as the pair calls and lane_sum16 give that row (tests/test_numba_ops.py checks it bitwise);
+    without a store and a reload of the lanes per pair, about 1.7x faster (docs/performance-log.md, issue 46)."""
+    return q8_0_row
+
+
 q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
 q4_0_pair, q4_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q4_0"), _q8_0_pair(NATIVE_VNNI, 1, "q4_0")
 iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NATIVE_VNNI, 1, "iq4_nl")
 q5_0_pair, q5_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q5_0"), _q8_0_pair(NATIVE_VNNI, 1, "q5_0")
+q8_0_row, q4_0_row = _q8_0_row(NATIVE_VNNI), _q8_0_row(NATIVE_VNNI, "q4_0")
+iq4_nl_row, q5_0_row = _q8_0_row(NATIVE_VNNI, "iq4_nl"), _q8_0_row(NATIVE_VNNI, "q5_0")
 
 
 @intrinsic
@@ -1212,13 +1265,17 @@ def prefetch(typingctx, u8, i):
         return None
 
     def codegen(context, builder, sig, args):
-        p = builder.bitcast(_ptr(context, builder, sig.args[0], args[0], args[1]), I8.as_pointer())
-        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])  # read, keep, data
+        _prefetch(context, builder, sig.args[0], args[0], args[1])
         return _void(context)
 
     return types.void(u8, i), codegen
+
+
+def _prefetch(context, builder, tu, u, i):  # llvm.prefetch of the line holding u8[i]: read, keep, data
+    p = builder.bitcast(_ptr(context, builder, tu, u, i), I8.as_pointer())
+    fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    builder.call(fn, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def _store_stream(context, builder, aryty, ary, i, v):  # a.flat[i:i+len(v)] = v, non-temporal (64-byte aligned)
