@@ -101,3 +101,54 @@ def test_steps_the_kernels_do_not_hold_are_composed(monkeypatch):
     big = cpu.output  # the [8192, 320] output matrix: multiplied by threads, so never fused
     assert not big.linear.serial and numba_steps._plans(big) is None
     assert numba_steps._plans(cpu.layers[0]["ffn_gate.weight"]) is not None
+
+
+def test_the_recurrent_step_is_bitwise_the_composed_one_for_many_sequences(model):
+    """gdn_recurrent on three sequences of 1, 3 and 0 new rows (a ragged decode and prefill, no ring): the output
+    rows and every window and memory after it bitwise those of gdn.gdn_recurrent with the cpu backend's calls,
+    and each sequence's rows those it computes alone."""
+    cfg, kern, w = model.cfg, model.kernels, model.layers[0]
+    rng = np.random.default_rng(5)
+    C = w["ssm_conv1d.weight"].shape[0]
+    bounds = np.array([0, 1, 4, 4])
+    mixed = rng.standard_normal((4, C)).astype(np.float32)
+    beta = rng.random((4, cfg.ssm_n_v_heads)).astype(np.float32)
+    log_decay = -rng.random((4, cfg.ssm_n_v_heads)).astype(np.float32)
+
+    def fresh():  # three sequences' layer-0 states, each after a prompt of its own
+        states = []
+        for n in (3, 5, 2):
+            s = model.new_state()
+            model.forward(list(range(1, n + 1)), s)
+            states.append(s.layers[0])
+        return states
+
+    runs = []
+    for step in (numba_steps.gdn_recurrent, gdn.gdn_recurrent):
+        states = fresh()
+        o = step(mixed, log_decay, beta, bounds, w, states, cfg, kern)
+        runs.append((o, [s.conv.copy() for s in states], [s.ssm.copy() for s in states]))
+    (o, convs, ssms), (o_ref, convs_ref, ssms_ref) = runs
+    np.testing.assert_array_equal(o, o_ref)
+    for a, b in zip(convs + ssms, convs_ref + ssms_ref, strict=True):
+        np.testing.assert_array_equal(a, b)
+    alone = fresh()[1:2]
+    np.testing.assert_array_equal(numba_steps.gdn_recurrent(mixed[1:4], log_decay[1:4], beta[1:4], np.array([0, 3]),
+                                                            w, alone, cfg, kern), o[1:4])
+
+
+def test_a_pass_with_a_ring_takes_the_composed_recurrent_step(model, monkeypatch):
+    """A verify pass (a ring records what a rollback needs) is not fused: gdn_recurrent hands it to the oracle's
+    composition, which records it; a decode step without one is fused."""
+    composed, calls = gdn.gdn_recurrent, []
+
+    def spy(*args):
+        calls.append(args[8])  # the rings
+        return composed(*args)
+
+    monkeypatch.setattr(gdn, "gdn_recurrent", spy)
+    state, ring = model.new_state(), model.new_ring(4)
+    model.forward([1, 2, 3], state)
+    assert calls == []  # a prefill without a ring: fused
+    model.forward([4, 5], state, ring=ring)
+    assert len(calls) == sum(model.cfg.recurrent) and all(r[0] is not None for r in calls)

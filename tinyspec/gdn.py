@@ -266,10 +266,18 @@ def gdn_layer_ragged(
                                                 if b is not None)):
             raise ValueError(f"a ring needs the scan and room for {hi - lo} tokens (chunked={chunked})")
     mixed, z, beta, log_decay = kern.gdn_project(x, w, kern)  # 1. projections (gdn_project, or a fused one)
+    o = kern.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)  # 2-4.
+    return kern.gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection (gdn_output, or a fused one)
+
+
+def gdn_recurrent(mixed: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, bounds: np.ndarray,
+                  w: Mapping[str, np.ndarray], states: list[GDNState], cfg: ModelConfig, kern,
+                  rings: list | None = None, chunked: bool = False) -> np.ndarray:  # [R, C] -> o [R, HV, V]
+    """Steps 2-4, the part that reads and writes each sequence's state (or a fused one: kern.gdn_recurrent)."""
+    rings = rings or [None] * len(states)
     c, conv_after = gdn_conv(mixed, bounds, w, states, kern, rings)  # 2. conv, every sequence from its window
     q, k, v = gdn_qkv(c, cfg, kern)  # 3. q, k, v per row
-    o = gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after, w, states, kern, chunked, rings)  # 4.
-    return kern.gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection (gdn_output, or a fused one)
+    return gdn_memory(q, k, v, log_decay, beta, bounds, mixed, conv_after, w, states, kern, chunked, rings)  # 4.
 
 
 def gdn_project(x: np.ndarray, w: Mapping[str, np.ndarray], kern) -> tuple:

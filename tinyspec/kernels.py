@@ -41,6 +41,9 @@ path by following an argument, not by searching for who patched what.
     the caller's Kernels, whose separate functions the oracle's step composes:
     swiglu        ops.swiglu             (x [T, D], gate, up, down, kern) -> [T, D]: a dense layer's FFN
     gdn_project   gdn.gdn_project        (x [T, D], w, kern) -> mixed, z, beta, log_decay: a GDN layer's step 1
+    gdn_recurrent gdn.gdn_recurrent      (mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
+                                         -> o [R, HV, V]: its steps 2-4 (conv, q/k/v, the memory), which read and
+                                         write each sequence's state (gdn.py says how rings take part)
     gdn_output    gdn.gdn_output         (o [T, HV, V], z, w, cfg, kern) -> [T, D]: its step 5
     attention_project  attention.project (x [T, D], w, cfg, kern) -> q, gate, k, v: an attention layer's step 1
     attention_output   attention.output  (o [T, H*d], gate, w, kern) -> [T, D]: its step 4
@@ -104,6 +107,7 @@ class Kernels:
     route_experts: Callable = route_experts
     swiglu: Callable = ops.swiglu
     gdn_project: Callable = gdn.gdn_project
+    gdn_recurrent: Callable = gdn.gdn_recurrent
     gdn_output: Callable = gdn.gdn_output
     attention_project: Callable = attention.project
     attention_output: Callable = attention.output

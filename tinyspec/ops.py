@@ -29,6 +29,7 @@ has faster versions of these functions (fast/cuda_rows.py) names them in the Ker
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -158,10 +159,18 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> 
 def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every row's angles, [T] positions -> [T, n_rot/2] float32 each, on the host: what a pass
     computes once for all its rows (fast/rowmap.py packs them into the pass's one upload on a device backend)."""
-    half = n_rot // 2
-    inv_freq = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)  # [half]
-    angle = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # [T, half]
+    angle = np.asarray(positions).astype(np.float32)[:, None] * rope_freqs(n_rot, base)[None, :]  # [T, half]
     return np.cos(angle), np.sin(angle)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_freqs(n_rot: int, base: float) -> np.ndarray:  # [n_rot/2] float32: base^(-2i / n_rot), i = 0 .. n_rot/2 - 1
+    """Each pair's angle per position, computed in float64 and rounded once; the same for every pass of a model
+    (so computed once: an lru_cache, read-only)."""
+    half = n_rot // 2
+    freqs = (1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / n_rot))).astype(np.float32)
+    freqs.flags.writeable = False
+    return freqs
 
 
 def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int) -> np.ndarray:

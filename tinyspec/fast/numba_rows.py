@@ -76,6 +76,11 @@ def _rows(x) -> np.ndarray | None:  # x as a C-contiguous float32 [R, D] view, o
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:  # [..., D], [D] -> [..., D]
     """ops.rms_norm in one compiled call (to float rounding of it)."""
+    if type(x) is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous \
+            and type(w) is np.ndarray and w.dtype == np.float32 and w.shape == (x.shape[1],) and x.shape[1]:
+        y = np.empty_like(x)  # the model's common case, [T, D] rows, with the fewest checks (~17 calls a step)
+        _norm_rows(x, w, y, np.float32(eps), True, True)
+        return y
     rows = _rows(x)
     if rows is None or not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.shape != (x.shape[-1],):
         return ops.rms_norm(x, w, eps)

@@ -11,11 +11,14 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
     swiglu(x, gate, up, down, kern)       ops.swiglu          down(silu(gate x) * (up x))
     gdn_project(x, w, kern)               gdn.gdn_project     the qkv, gate, beta and alpha projections; beta's
                                                               sigmoid, ssm_a * softplus(alpha + dt_bias)
+    gdn_recurrent(mixed, log_decay, beta, gdn.gdn_recurrent  the conv and its SiLU, q/k norms, the memory's scan,
+                  bounds, w, states, cfg,                    each sequence's window and memory updated in place
+                  kern, rings, chunked)                      (a pass without a ring: a decode step, a prefill)
     gdn_output(o, z, w, cfg, kern)        gdn.gdn_output      rms_norm(o, ssm_norm) * silu(z), then ssm_out
     attention_project(x, w, cfg, kern)    attention.project   q (with its gate), k and v projections
     attention_output(o, gate, w, kern)    attention.output    o * sigmoid(gate), then attn_output
 
-Only a step whose matmuls are all small (numba_ops.Bound.serial: one thread) is fused. A larger matrix is split
+Only a step whose matmuls are all small (and, for gdn_recurrent, whose scan numba_gdn runs on the calling thread) (numba_ops.Bound.serial: one thread) is fused. A larger matrix is split
 across threads by its own kernel, where a parallel region per matmul pays for itself, and its step takes the
 separate calls: the oracle's step with the cpu backend's kernels. So does a step whose weights are not all
 numba_ops-bound (a float32 tensor) or whose input is not float32. The threads a call uses are chosen from its size.
@@ -24,13 +27,22 @@ numba_ops-bound (a float32 tensor) or whose input is not float32. The threads a 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
 from .. import attention, gdn, ops
 from ..backends import PackedWeight
-from . import numba_ops
+from . import numba_gdn, numba_ops
+from .numba_gdn import (
+    _NO_CONV_STATES,
+    _NO_SNAPS_AT,
+    _SCAN_FIELDS,
+    _address,
+    _causal_conv,
+    _f32_at,
+    _scan_pair,
+)
 from .numba_ops import FAMILY_Q8_0, FAMILY_Q8_K
-from .numba_rows import _norm_rows
+from .numba_rows import _NO_W, _norm_rows
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -108,18 +120,58 @@ def _gated_attention_out(o, gate, out_w, y):  # o, gate [T, H*d] -> y [T, D]
     _linear(g, out_w, y)
 
 
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _gdn_recurrent(mixed, bounds, windows, conv_w, no_states, decay, beta, seqs, n_k, eps, scale, o):
+    # mixed [R, C] -> o [R, HV, V]; sequence b: rows bounds[b] .. bounds[b+1]-1, its window [C, w-1] at windows[b]
+    # and its memory [HV, K, V] by its scan record seqs[b] (numba_gdn's), both updated in place
+    R, C = mixed.shape
+    w = conv_w.shape[1]
+    B, HV, V = bounds.shape[0] - 1, o.shape[1], o.shape[2]
+    K = (C - HV * V) // (2 * n_k)
+    c = np.empty((R, C), np.float32)
+    new = np.empty((C, w - 1), np.float32)
+    for b in range(B):  # 2. the conv of each sequence from its window (numba_gdn.causal_conv_ragged's), in place
+        window = carray(_f32_at(windows[b]), (C, w - 1))
+        _causal_conv(mixed[bounds[b]:bounds[b + 1]], window, conv_w, c[bounds[b]:bounds[b + 1]], new, no_states, False)
+        window[:, :] = new
+    for r in range(R):  # its SiLU (numba_rows.silu's operations)
+        for j in range(C):
+            v = c[r, j]
+            c[r, j] = v * (np.float32(1) / (np.float32(1) + np.exp(-v)))
+    qk = np.empty((R, 2 * n_k, K), np.float32)  # 3. the q and k heads, each normalised (numba_rows.l2_norm's)
+    for r in range(R):
+        for j in range(2 * n_k * K):
+            qk[r, j // K, j % K] = c[r, j]
+    flat = qk.reshape(R * 2 * n_k, K)
+    _norm_rows(flat, _NO_W, flat, eps, False, False)  # in place: a row is read whole before it is written
+    q, k, vv = np.empty((R, HV, K), np.float32), np.empty((R, HV, K), np.float32), np.empty((R, HV, V), np.float32)
+    for r in range(R):
+        for h in range(HV):  # value head h takes key head h % n_k (gdn.gdn_qkv)
+            for j in range(K):
+                q[r, h, j] = qk[r, h % n_k, j] * scale
+                k[r, h, j] = qk[r, n_k + h % n_k, j]
+            for j in range(V):
+                vv[r, h, j] = c[r, 2 * n_k * K + h * V + j]
+    per = seqs.reshape((B, _SCAN_FIELDS))
+    for item in range(B * HV):  # 4. the memory: numba_gdn's scan of each (sequence, value head) pair, in place
+        _scan_pair(item, q, k, vv, decay, beta, bounds, per, o)
+
+
 def _plans(*weights) -> tuple | None:
     """The numba_ops plans of weights that are all small and numba-bound, else None (the step runs unfused)."""
-    plans = []
-    for w in weights:
-        if not isinstance(w, PackedWeight) or not isinstance(w.linear, numba_ops.Bound) or not w.linear.serial:
+    plans = ()
+    for w in weights:  # (a plain loop: this runs about 20 times a decode step)
+        if type(w) is not PackedWeight or type(w.linear) is not numba_ops.Bound or not w.linear.serial:
             return None
-        plans.append(w.linear.plan)
-    return tuple(plans)
+        plans += (w.linear.plan,)
+    return plans
 
 
 def _f32(*arrays) -> bool:  # every input float32 and C-contiguous (what the kernels read)
-    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+    for a in arrays:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            return False
+    return True
 
 
 def swiglu(x, gate, up, down, kern):  # [T, D] -> [T, D]
@@ -179,3 +231,29 @@ def attention_output(o, gate, w, kern):  # [T, H*d] x2 -> [T, D]
     y = np.empty((o.shape[0], w["attn_output.weight"].shape[0]), np.float32)
     _gated_attention_out(o, gate, *plans, y)
     return y
+
+
+def gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings=None, chunked=False):
+    """gdn.gdn_recurrent in one call for a pass without a ring (a decode step, a prefill), every window and memory
+    updated in place; a verify pass (a ring records what a rollback needs), a chunked prefill or a scan numba_gdn
+    would thread take the composed steps."""
+    HV, K, V, n_k = cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim, cfg.ssm_n_k_heads
+    R = mixed.shape[0]
+    conv_w = w["ssm_conv1d.weight"]
+    if chunked or (rings is not None and any(r is not None for r in rings)) \
+            or R * HV * K * V >= numba_gdn.SERIAL_BELOW or not _f32(mixed, log_decay, beta, conv_w) \
+            or mixed.shape[1] != 2 * n_k * K + HV * V or conv_w.shape[0] != mixed.shape[1]:
+        return gdn.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
+    windows, seqs = [], []
+    for s in states:  # each sequence's window and memory by address, in place (numba_gdn's records)
+        if not _f32(s.conv, s.ssm) or s.conv.shape != (conv_w.shape[0], conv_w.shape[1] - 1) \
+                or s.ssm.shape != (HV, K, V):
+            return gdn.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
+        windows.append(_address(s.conv))
+        at = _address(s.ssm)
+        seqs += (at, at, _NO_SNAPS_AT, 0, 0)
+    cuts = np.asarray(bounds, dtype=np.int64)
+    o = np.empty((R, HV, V), np.float32)
+    _gdn_recurrent(mixed, cuts, np.array(windows, np.int64), conv_w, _NO_CONV_STATES, np.exp(log_decay), beta,
+                   np.array(seqs, np.int64), n_k, np.float32(cfg.rms_eps), np.float32(1.0 / np.sqrt(K)), o)
+    return o
