@@ -35,7 +35,12 @@ def steps(model, layer: int, T: int):
     H, d = cfg.n_head, cfg.head_dim
     o = rng.standard_normal((T, H * d)).astype(np.float32)
     gate = rng.standard_normal((T, H * d)).astype(np.float32)
+    qg = rng.standard_normal((T, H, 2 * d)).astype(np.float32)  # q a view of it, as attention.project returns
+    kk = rng.standard_normal((T, cfg.n_head_kv, d)).astype(np.float32)
+    positions = np.arange(30, 30 + T)
     return [(lambda r: numba_steps.attention_project(x[r], w, cfg, kern), lambda r: attention.project(x[r], w, cfg, kern)),
+            (lambda r: numba_steps.norm_rope(qg[r, :, :d], kk[r], positions[r], w, cfg, kern),
+             lambda r: attention.norm_rope(qg[r, :, :d], kk[r], positions[r], w, cfg, kern)),
             (lambda r: numba_steps.attention_output(o[r], gate[r], w, kern),
              lambda r: attention.output(o[r], gate[r], w, kern))]
 
@@ -76,7 +81,8 @@ def test_the_whole_model_is_bitwise_the_unfused_one(model):
     against the same model with the oracle's steps composed of the cpu backend's calls."""
     unfused = model.with_kernels(dataclasses.replace(
         model.kernels, swiglu=ops.swiglu, gdn_project=gdn.gdn_project, gdn_output=gdn.gdn_output,
-        attention_project=attention.project, attention_output=attention.output))
+        gdn_recurrent=gdn.gdn_recurrent, attention_project=attention.project, norm_rope=attention.norm_rope,
+        attention_output=attention.output))
     outs = []
     for m in (model, unfused):
         state = m.new_state()

@@ -32,7 +32,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import join_rows, rope_neox, rope_rows, softmax
+from .ops import asarray_like, join_rows, rope_angles, rope_rows, softmax
 from .paged import PagedKVCache
 from .state import KVCache
 
@@ -126,7 +126,7 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     q, gate, k, v = kern.attention_project(x, w, cfg, kern)  # 1. projections (project, or a fused one)
     if rows is None:
         positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
-        q, k = norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope
+        q, k = kern.norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope (norm_rope, or a fused one)
         o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
     else:
         q, k = norm_rope_rows(q, k, rows, w, cfg, kern)  # 2. q/k norm, rope with the map's angles
@@ -145,8 +145,10 @@ def project(x, w, cfg: ModelConfig, kern):  # [T, D] -> q [T, H, d], gate [T, H*
 
 def norm_rope(q, k, positions: np.ndarray, w, cfg: ModelConfig, kern):
     """Per row: q/k RMSNorm, then rope at the row's position ([T] ints). -> q [T, H, d], k [T, H_kv, d]."""
-    q = rope_neox(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
-    k = rope_neox(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), positions, cfg.n_rot, cfg.rope_base)
+    cos, sin = rope_angles(positions, cfg.n_rot, cfg.rope_base)  # [T, half] each, host: rope_neox's, once for both
+    cos, sin = asarray_like(cos, q), asarray_like(sin, q)
+    q = rope_rows(kern.rms_norm(q, w["attn_q_norm.weight"], cfg.rms_eps), cos, sin, cfg.n_rot)
+    k = rope_rows(kern.rms_norm(k, w["attn_k_norm.weight"], cfg.rms_eps), cos, sin, cfg.n_rot)
     return q, k
 
 

@@ -317,6 +317,7 @@ def cpu_kernels() -> Kernels:
         swiglu=numba_steps.swiglu, gdn_project=numba_steps.gdn_project, gdn_output=numba_steps.gdn_output,
         gdn_recurrent=numba_steps.gdn_recurrent,
         attention_project=numba_steps.attention_project, attention_output=numba_steps.attention_output,
+        norm_rope=numba_steps.norm_rope,
     )
 
 

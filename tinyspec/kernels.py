@@ -46,6 +46,8 @@ path by following an argument, not by searching for who patched what.
                                          write each sequence's state (gdn.py says how rings take part)
     gdn_output    gdn.gdn_output         (o [T, HV, V], z, w, cfg, kern) -> [T, D]: its step 5
     attention_project  attention.project (x [T, D], w, cfg, kern) -> q, gate, k, v: an attention layer's step 1
+    norm_rope     attention.norm_rope    (q [T, H, d], k [T, H_kv, d], positions [T], w, cfg, kern) -> q, k: its
+                                         step 2, each head's RMSNorm and rope at its row's position
     attention_output   attention.output  (o [T, H*d], gate, w, kern) -> [T, D]: its step 4
     route_experts moe.route_experts      (router logits [T, E], k) -> (weights [T, k], order [T k], experts [U] host
                                          ints, offsets [U + 1]): a MoE layer's routing and its pairs grouped by
@@ -110,6 +112,7 @@ class Kernels:
     gdn_recurrent: Callable = gdn.gdn_recurrent
     gdn_output: Callable = gdn.gdn_output
     attention_project: Callable = attention.project
+    norm_rope: Callable = attention.norm_rope
     attention_output: Callable = attention.output
 
     def __post_init__(self):

@@ -27,21 +27,26 @@ from numba import njit
 from .. import ops
 
 
+@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
+def _norm_row(x, w, y, eps, mean, has_w):  # x, y [D] (y may be x); w [D] (read when has_w)
+    D = x.shape[0]
+    s = 0.0  # float64: the row's sum of squares, j = 0, 1, ... (each square rounded to float32 first)
+    for j in range(D):
+        v = x[j]
+        s += np.float32(v * v)
+    ms = np.float32(s)
+    if mean:
+        ms = np.float32(ms / np.float32(D))
+    den = np.float32(np.sqrt(np.float32(ms + eps)))
+    for j in range(D):
+        v = np.float32(x[j] / den)
+        y[j] = np.float32(v * w[j]) if has_w else v
+
+
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _norm_rows(x, w, y, eps, mean, has_w):  # x, y [R, D]; w [D] (read when has_w)
-    R, D = x.shape
-    for r in range(R):
-        s = 0.0  # float64: the row's sum of squares, j = 0, 1, ... (each square rounded to float32 first)
-        for j in range(D):
-            v = x[r, j]
-            s += np.float32(v * v)
-        ms = np.float32(s)
-        if mean:
-            ms = np.float32(ms / np.float32(D))
-        den = np.float32(np.sqrt(np.float32(ms + eps)))
-        for j in range(D):
-            v = np.float32(x[r, j] / den)
-            y[r, j] = np.float32(v * w[j]) if has_w else v
+    for r in range(x.shape[0]):
+        _norm_row(x[r], w, y[r], eps, mean, has_w)
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)

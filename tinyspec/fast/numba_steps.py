@@ -16,6 +16,8 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
                   kern, rings, chunked)                      (a pass without a ring: a decode step, a prefill)
     gdn_output(o, z, w, cfg, kern)        gdn.gdn_output      rms_norm(o, ssm_norm) * silu(z), then ssm_out
     attention_project(x, w, cfg, kern)    attention.project   q (with its gate), k and v projections
+    norm_rope(q, k, positions, w, cfg,    attention.norm_rope each head's RMSNorm, then rope at its row's position
+              kern)                                          (the angles NumPy's, ops.rope_angles)
     attention_output(o, gate, w, kern)    attention.output    o * sigmoid(gate), then attn_output
 
 Only a step whose matmuls are all small (and, for gdn_recurrent, whose scan numba_gdn runs on the calling thread) (numba_ops.Bound.serial: one thread) is fused. A larger matrix is split
@@ -42,7 +44,7 @@ from .numba_gdn import (
     _scan_pair,
 )
 from .numba_ops import FAMILY_Q8_0, FAMILY_Q8_K
-from .numba_rows import _NO_W, _norm_rows
+from .numba_rows import _NO_W, _norm_row, _norm_rows
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -157,6 +159,19 @@ def _gdn_recurrent(mixed, bounds, windows, conv_w, no_states, decay, beta, seqs,
         _scan_pair(item, q, k, vv, decay, beta, bounds, per, o)
 
 
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _norm_rope(x, w, eps, cos, sin, n_rot, y):  # x [T, H, d] (a view), w [d], cos, sin [T, n_rot/2] -> y [T, H, d]
+    half = n_rot // 2
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            n = y[t, h]
+            _norm_row(x[t, h], w, n, eps, True, True)  # numba_rows.rms_norm's, into y
+            for i in range(half):  # ops.rope_rows' operations: pair (i, i + half) rotated
+                x1, x2 = n[i], n[i + half]
+                n[i] = np.float32(x1 * cos[t, i]) - np.float32(x2 * sin[t, i])
+                n[i + half] = np.float32(x2 * cos[t, i]) + np.float32(x1 * sin[t, i])
+
+
 def _plans(*weights) -> tuple | None:
     """The numba_ops plans of weights that are all small and numba-bound, else None (the step runs unfused)."""
     plans = ()
@@ -257,3 +272,18 @@ def gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings=No
     _gdn_recurrent(mixed, cuts, np.array(windows, np.int64), conv_w, _NO_CONV_STATES, np.exp(log_decay), beta,
                    np.array(seqs, np.int64), n_k, np.float32(cfg.rms_eps), np.float32(1.0 / np.sqrt(K)), o)
     return o
+
+
+def norm_rope(q, k, positions, w, cfg, kern):  # q [T, H, d], k [T, H_kv, d] -> q, k
+    """attention.norm_rope in two compiled calls (q's heads, k's), the angles NumPy's (ops.rope_angles)."""
+    qw, kw = w["attn_q_norm.weight"], w["attn_k_norm.weight"]
+    d, half = q.shape[-1], cfg.n_rot // 2
+    if q.dtype != np.float32 or k.dtype != np.float32 or q.ndim != 3 or k.ndim != 3 or not _f32(qw, kw) \
+            or qw.shape != (d,) or kw.shape != (k.shape[-1],) or not 0 < 2 * half <= min(d, k.shape[-1]):
+        return attention.norm_rope(q, k, positions, w, cfg, kern)
+    cos, sin = ops.rope_angles(positions, cfg.n_rot, cfg.rope_base)  # [T, half] each
+    eps = np.float32(cfg.rms_eps)
+    qo, ko = np.empty(q.shape, np.float32), np.empty(k.shape, np.float32)
+    _norm_rope(q, qw, eps, cos, sin, cfg.n_rot, qo)
+    _norm_rope(k, kw, eps, cos, sin, cfg.n_rot, ko)
+    return qo, ko
