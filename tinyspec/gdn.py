@@ -261,10 +261,11 @@ def gdn_layer_ragged(
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
     """
     rings = rings or [None] * len(states)
-    for lo, hi, ring in zip(bounds[:-1], bounds[1:], rings):  # checked before any state changes
-        if ring is not None and (chunked or any(len(b) < hi - lo for b in (ring.conv_states, ring.ssm_states)
-                                                if b is not None)):
-            raise ValueError(f"a ring needs the scan and room for {hi - lo} tokens (chunked={chunked})")
+    for b, ring in enumerate(rings):  # checked before any state changes
+        if ring is not None and (chunked or any(len(s) < bounds[b + 1] - bounds[b]
+                                                for s in (ring.conv_states, ring.ssm_states) if s is not None)):
+            raise ValueError(f"a ring needs the scan and room for {bounds[b + 1] - bounds[b]} tokens "
+                             f"(chunked={chunked})")
     mixed, z, beta, log_decay = kern.gdn_project(x, w, kern)  # 1. projections (gdn_project, or a fused one)
     o = kern.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)  # 2-4.
     return kern.gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection (gdn_output, or a fused one)

@@ -40,6 +40,7 @@ path by following an argument, not by searching for who patched what.
     (fast/numba_steps.py: the same bits as the step composed of the backend's own separate calls); each takes
     the caller's Kernels, whose separate functions the oracle's step composes:
     swiglu        ops.swiglu             (x [T, D], gate, up, down, kern) -> [T, D]: a dense layer's FFN
+    ffn_residual  ffn.ffn_residual       (x [T, D], w, cfg, kern) -> x + ffn(rms_norm(x)): a layer's second half
     gdn_project   gdn.gdn_project        (x [T, D], w, kern) -> mixed, z, beta, log_decay: a GDN layer's step 1
     gdn_recurrent gdn.gdn_recurrent      (mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
                                          -> o [R, HV, V]: its steps 2-4 (conv, q/k/v, the memory), which read and
@@ -80,7 +81,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import ops
-from . import attention, gdn
+from . import attention, ffn, gdn
 from .attention import attend, attend_paged, attend_paged_ragged, attend_rows
 from .gdn import causal_conv, causal_conv_ragged, gdn_scan, gdn_scan_ragged
 from .moe import route_experts
@@ -108,6 +109,7 @@ class Kernels:
     softplus: Callable = ops.softplus
     route_experts: Callable = route_experts
     swiglu: Callable = ops.swiglu
+    ffn_residual: Callable = ffn.ffn_residual
     gdn_project: Callable = gdn.gdn_project
     gdn_recurrent: Callable = gdn.gdn_recurrent
     gdn_output: Callable = gdn.gdn_output

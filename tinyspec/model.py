@@ -32,7 +32,7 @@ from .config import ModelConfig
 from .gdn import gdn_layer_ragged
 from .gguf import GGUFFile, read_gguf
 from .kernels import NUMPY, Kernels
-from .moe import moe_ffn
+from .ffn import ffn  # noqa: F401  (mtp.py and tests import it from here)
 from .ops import join_rows
 from .placement import HOST, Placement
 from .quants import dequantize
@@ -49,14 +49,6 @@ SHEXP_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_s
 
 class ModelError(ValueError):
     """The file's tensors do not form a qwen35 model (missing tensor, wrong shape)."""
-
-
-def ffn(x: np.ndarray, w: Mapping[str, np.ndarray], kern: Kernels = NUMPY, n_used: int = 0) -> np.ndarray:
-    """[T, D] -> [T, D]: the SwiGLU FFN, or on a qwen35moe layer (it has a router) the experts' (moe.py; n_used:
-    experts per token)."""
-    if "ffn_gate_inp.weight" in w:
-        return moe_ffn(x, w, n_used, kern)
-    return kern.swiglu(x, w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"], kern)  # ops.swiglu
 
 
 def ffn_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -287,7 +279,7 @@ class Model:
                                          [r.layer(i) if r is not None else None for r in rings], chunked=chunked)
             else:
                 x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern, rows)
-            x = x + ffn(kern.rms_norm(x, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
+            x = kern.ffn_residual(x, w, cfg, kern)  # x + ffn(rms_norm(x)): ffn.ffn_residual, or a fused one
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]
         out = kern.linear(hidden, self.output) if logits else None  # [R, N]
         return out, hidden

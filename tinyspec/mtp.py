@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import attention_layer_ragged
-from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, checked_ids, ffn
+from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, checked_ids
 from .ops import join_rows
 from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
@@ -109,7 +109,7 @@ class MTPHead:
         y = kern.linear(np.concatenate([e, h], axis=1), w["nextn.eh_proj.weight"])  # [R, 2D] -> [R, D]
         y = y + attention_layer_ragged(kern.rms_norm(y, w["attn_norm.weight"], cfg.rms_eps), w, caches, bounds, cfg,
                                        kern, rows)
-        y = y + ffn(kern.rms_norm(y, w["post_attention_norm.weight"], cfg.rms_eps), w, kern, cfg.n_expert_used)
+        y = kern.ffn_residual(y, w, cfg, kern)  # y + ffn(rms_norm(y)), as every trunk layer
         h_mtp = kern.rms_norm(y, self.head_norm, cfg.rms_eps)  # [R, D]
         return (kern.linear(h_mtp, self.head) if logits else None), h_mtp  # [R, N]
 

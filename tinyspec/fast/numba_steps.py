@@ -9,6 +9,8 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
 (tests/test_numba_steps.py), and batch-invariant as they are.
 
     swiglu(x, gate, up, down, kern)       ops.swiglu          down(silu(gate x) * (up x))
+    ffn_residual(x, w, cfg, kern)         ffn.ffn_residual    x + swiglu(rms_norm(x, post_attention_norm)), a dense
+                                                              layer's second half
     gdn_project(x, w, kern)               gdn.gdn_project     the qkv, gate, beta and alpha projections; beta's
                                                               sigmoid, ssm_a * softplus(alpha + dt_bias)
     gdn_recurrent(mixed, log_decay, beta, gdn.gdn_recurrent  the conv and its SiLU, q/k norms, the memory's scan,
@@ -28,10 +30,12 @@ numba_ops-bound (a float32 tensor) or whose input is not float32. The threads a 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import carray, njit
 
-from .. import attention, gdn, ops
+from .. import attention, ffn, gdn, ops
 from ..backends import PackedWeight
 from . import numba_gdn, numba_ops
 from .numba_gdn import (
@@ -79,6 +83,15 @@ def _swiglu(x, gate, up, down, g, u, y):  # x [T, D]; g, u [T, F] scratch; y [T,
             v = g[t, j]
             g[t, j] = np.float32(v * _sigmoid(v)) * u[t, j]  # silu(gate) * up, as kern.silu(g) * u
     _linear(g, down, y)
+
+
+@njit(cache=True, error_model="numpy", boundscheck=False)
+def _ffn_residual(x, norm_w, eps, gate, up, down, u, g, h, y):  # x [T, D] -> y [T, D]; u [T, D], g, h [T, F] scratch
+    _norm_rows(x, norm_w, u, eps, True, True)  # numba_rows.rms_norm's
+    _swiglu(u, gate, up, down, g, h, y)
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            y[t, j] = x[t, j] + y[t, j]  # the residual, as x + ffn(...)
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -200,6 +213,21 @@ def swiglu(x, gate, up, down, kern):  # [T, D] -> [T, D]
     return y
 
 
+def ffn_residual(x, w, cfg, kern):  # [T, D] -> [T, D]
+    """ffn.ffn_residual in one call for a dense layer (a qwen35moe layer's experts take the composed block)."""
+    norm = w["post_attention_norm.weight"]
+    plans = None if "ffn_gate_inp.weight" in w else _plans(w["ffn_gate.weight"], w["ffn_up.weight"],
+                                                              w["ffn_down.weight"])
+    if plans is None or not _f32(x, norm) or x.ndim != 2 or norm.shape != (x.shape[1],) \
+            or w["ffn_gate.weight"].shape[1] != x.shape[1]:
+        return ffn.ffn_residual(x, w, cfg, kern)
+    T, F = x.shape[0], w["ffn_gate.weight"].shape[0]
+    u, y = np.empty_like(x), np.empty((T, w["ffn_down.weight"].shape[0]), np.float32)
+    _ffn_residual(x, norm, np.float32(cfg.rms_eps), *plans, u, np.empty((T, F), np.float32),
+                  np.empty((T, F), np.float32), y)
+    return y
+
+
 def gdn_project(x, w, kern) -> tuple:  # [T, D] -> mixed [T, C], z [T, HV*V], beta, log_decay [T, HV]
     """gdn.gdn_project in one call."""
     plans = _plans(w["attn_qkv.weight"], w["attn_gate.weight"], w["ssm_beta.weight"], w["ssm_alpha.weight"])
@@ -267,10 +295,10 @@ def gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings=No
         windows.append(_address(s.conv))
         at = _address(s.ssm)
         seqs += (at, at, _NO_SNAPS_AT, 0, 0)
-    cuts = np.asarray(bounds, dtype=np.int64)
     o = np.empty((R, HV, V), np.float32)
-    _gdn_recurrent(mixed, cuts, np.array(windows, np.int64), conv_w, _NO_CONV_STATES, np.exp(log_decay), beta,
-                   np.array(seqs, np.int64), n_k, np.float32(cfg.rms_eps), np.float32(1.0 / np.sqrt(K)), o)
+    _gdn_recurrent(mixed, np.asarray(bounds, dtype=np.int64), np.array(windows, np.int64), conv_w, _NO_CONV_STATES,
+                   np.exp(log_decay), beta, np.array(seqs, np.int64), n_k, np.float32(cfg.rms_eps),
+                   np.float32(1.0 / math.sqrt(K)), o)  # gdn_qkv's scale, np.float32(1 / np.sqrt(K)): the same bits
     return o
 
 
