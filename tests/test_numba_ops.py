@@ -570,13 +570,14 @@ def test_no_two_cached_kernels_share_a_cache_entry():
 @pytest.mark.parametrize("kind, qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("q5_0", G.Q5_0), ("iq4_nl", G.IQ4_NL)])
 @pytest.mark.parametrize("nbk", [1, 2, 5])
 def test_q8_0_row_is_the_pair_calls_of_one_input_row(nbk, kind, qtype, rng):
-    """simd.q8_0_row (a decode step's T = 1 path: the whole weight row in one call, the lanes in a register) gives
-    bitwise what the pair loop gives for that row: q8_0_pair over the full pairs, q8_0_single for an odd last block,
+    """simd.q8_0_row (a decode step's T = 1 path: a whole weight row in one call, or two rows sharing the input's
+    loads, the lanes in registers) gives bitwise what the pair loop gives for each row: q8_0_pair over the full pairs, q8_0_single for an odd last block,
     then lane_sum16; with vpdpbusd and with the plain-IR twin."""
     from numba import njit
 
     pair, single = simd._q8_0_pair(False, 2, kind), simd._q8_0_pair(False, 1, kind)
-    rows = [simd._q8_0_row(False, kind)] + ([simd._q8_0_row(True, kind)] if simd.NATIVE_VNNI else [])
+    native = [False, True] if simd.NATIVE_VNNI else [False]
+    rows = [(simd._q8_0_row(v, kind, n), n) for v in native for n in (1, 2)]  # one weight row a call, or two
 
     @njit
     def by_pairs(raw, qxu, dxb, nbk, bb):
@@ -588,17 +589,20 @@ def test_q8_0_row_is_the_pair_calls_of_one_input_row(nbk, kind, qtype, rng):
             single(raw, 2 * bb * p, qxu, 64 * p, 0, dxb, 2 * p, 0, acc, 1)
         return simd.lane_sum16(acc, 0)
 
-    def runner(row):
+    def runner(row, rows):
         @njit
-        def run(raw, qxu, dxb, nbk):
-            return row(raw, 0, nbk, qxu, dxb, 64)
+        def run(raw, qxu, dxb, nbk, row_bytes):
+            y = np.zeros(rows, np.float32)
+            row(raw, 0, row_bytes, nbk, qxu, dxb, 64, y, 0)
+            return y
         return run
 
     n, npair = 32 * nbk, (nbk + 1) // 2
     x = rng.standard_normal((1, n)).astype(np.float32)
     qxu, dxb = np.full(64 * npair, 128, np.uint8), np.zeros(2 * npair, np.float32)
     numba_ops._quantize_q8_0(x, n, 64 * npair, qxu, dxb)
-    raw = np.ascontiguousarray(random_blocks(qtype, (1, n), rng).reshape(-1))
-    want = by_pairs(raw, qxu, dxb, nbk, qtype.type_size)
-    for row in rows:
-        assert_bits_equal(np.float32(runner(row)(raw, qxu, dxb, nbk)), np.float32(want))
+    raw = np.ascontiguousarray(random_blocks(qtype, (2, n), rng).reshape(-1))  # two weight rows
+    row_bytes = qtype.type_size * nbk
+    want = np.array([by_pairs(raw[r * row_bytes:], qxu, dxb, nbk, qtype.type_size) for r in range(2)], np.float32)
+    for row, n_rows in rows:
+        assert_bits_equal(runner(row, n_rows)(raw, qxu, dxb, nbk, row_bytes), want[:n_rows])

@@ -628,16 +628,27 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
-            if T == 1:  # one input row: the whole weight row in one call, its lanes in a register (same bits)
+            if T == 1:  # one input row: whole weight rows, their lanes in registers (the same bits as below)
+                if (r - task * ROWS) % 2 == 1:
+                    continue  # taken with the row before it
                 o = r * row_bytes
-                if kind == _Q8_0:
-                    y[0, r] = simd.q8_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                if r + 1 < min(n_out, (task + 1) * ROWS):  # two rows a call: the input loaded once for both
+                    if kind == _Q8_0:
+                        simd.q8_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+                    elif kind == _Q4_0:
+                        simd.q4_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+                    elif kind == _Q5_0:
+                        simd.q5_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+                    else:
+                        simd.iq4_nl_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+                elif kind == _Q8_0:
+                    simd.q8_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
                 elif kind == _Q4_0:
-                    y[0, r] = simd.q4_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                    simd.q4_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
                 elif kind == _Q5_0:
-                    y[0, r] = simd.q5_0_row(raw, o, nbk, qxu, dxb, AHEAD)
+                    simd.q5_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
                 else:
-                    y[0, r] = simd.iq4_nl_row(raw, o, nbk, qxu, dxb, AHEAD)
+                    simd.iq4_nl_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
                 continue
             acc[:] = np.float32(0)
             for p in range(nbk // 2):

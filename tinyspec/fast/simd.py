@@ -1030,13 +1030,23 @@ def _q8_0_weights(context, builder, tu, u, o, kind: str, native: bool, blocks: i
     return codes, base, dw
 
 
-def _q8_0_step(context, builder, weights, tq, q, k, tx, x, j, acc, native: bool):
-    """acc + (d_w * d_x) * (base + sum of x' w over each lane's 4 values): one input row's x' = q_x + 128 at
-    qxu[k:k+64] and its block scales at dxb[j:j+2], against a pair's weights (_q8_0_weights)."""
+def _q8_0_x(context, builder, tq, q, k, tx, x, j):
+    """One input row's side of a pair: x' = q_x + 128 at qxu[k:k+64], its block scales at dxb[j:j+2] (16 lanes)."""
+    return _load(context, builder, tq, q, k, 64), _shuffle(builder, _load(context, builder, tx, x, j, 2), [0] * 8 + [1] * 8)
+
+
+def _q8_0_fma(builder, weights, xs, dx, acc, native: bool):
+    """acc + (d_w * d_x) * (base + sum of x' w over each lane's 4 values): a pair's weights (_q8_0_weights) against
+    an input row's (_q8_0_x)."""
     codes, base, dw = weights
-    isum = _dot4_u8i8(builder, _load(context, builder, tq, q, k, 64), codes, native, base)
-    dx = _shuffle(builder, _load(context, builder, tx, x, j, 2), [0] * 8 + [1] * 8)
+    isum = _dot4_u8i8(builder, xs, codes, native, base)
     return _fma(builder, builder.sitofp(isum, _vec(F32, 16)), builder.fmul(dw, dx), acc)
+
+
+def _q8_0_step(context, builder, weights, tq, q, k, tx, x, j, acc, native: bool):
+    """_q8_0_fma of the input row at qxu[k:], dxb[j:]."""
+    xs, dx = _q8_0_x(context, builder, tq, q, k, tx, x, j)
+    return _q8_0_fma(builder, weights, xs, dx, acc, native)
 
 
 def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
@@ -1068,41 +1078,51 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
     return q8_0_pair
 
 
-def _q8_0_row(native: bool, kind: str = "q8_0"):
+def _q8_0_row(native: bool, kind: str = "q8_0", rows: int = 1):
     size = _LEGACY_BYTES[kind]
 
     @intrinsic
-    def q8_0_row(typingctx, u8, o, nbk, qxu, dxb, ahead):
-        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)):
+    def q8_0_row(typingctx, u8, o, row_bytes, nbk, qxu, dxb, ahead, y, i):
+        if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)
+                and _is_c_array(y, types.float32)):
             return None
 
         def codegen(context, builder, sig, args):
-            tu, _, _, tq, tx, _ = sig.args
-            u, o, nbk, q, x, ahead = args
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 16), None))  # a register after mem2reg
+            tu, _, _, _, tq, tx, _, ty, _ = sig.args
+            u, o, row_bytes, nbk, q, x, ahead, yv, i = args
+            starts = [builder.add(o, builder.mul(row_bytes, ir.Constant(I64, r))) for r in range(rows)]
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 16), None)) for _ in range(rows)]  # registers
             full = builder.sdiv(nbk, ir.Constant(I64, 2))
+
+            def step(p, blocks):  # pair p (or the lone last block) of every row against the input's
+                xs, dx = _q8_0_x(context, builder, tq, q, builder.mul(p, ir.Constant(I64, 64)), tx, x,
+                                 builder.mul(p, ir.Constant(I64, 2)))
+                for start, acc in zip(starts, accs):
+                    ob = builder.add(start, builder.mul(p, ir.Constant(I64, 2 * size)))
+                    if blocks == 2:
+                        _prefetch(context, builder, tu, u, builder.add(ob, ahead))
+                    weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, blocks)
+                    builder.store(_q8_0_fma(builder, weights, xs, dx, builder.load(acc), native), acc)
+
             with cgutils.for_range(builder, full) as loop:
-                p = loop.index
-                ob = builder.add(o, builder.mul(p, ir.Constant(I64, 2 * size)))
-                _prefetch(context, builder, tu, u, builder.add(ob, ahead))
-                weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, 2)
-                builder.store(_q8_0_step(context, builder, weights, tq, q, builder.mul(p, ir.Constant(I64, 64)), tx, x,
-                                         builder.mul(p, ir.Constant(I64, 2)), builder.load(acc), native), acc)
+                step(loop.index, 2)
             with builder.if_then(builder.icmp_signed("!=", builder.srem(nbk, ir.Constant(I64, 2)),
                                                      ir.Constant(I64, 0))):
-                ob = builder.add(o, builder.mul(full, ir.Constant(I64, 2 * size)))
-                weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, 1)
-                builder.store(_q8_0_step(context, builder, weights, tq, q, builder.mul(full, ir.Constant(I64, 64)), tx,
-                                         x, builder.mul(full, ir.Constant(I64, 2)), builder.load(acc), native), acc)
-            return _tree_sum(builder, builder.load(acc))
+                step(full, 1)
+            for r, acc in enumerate(accs):
+                _store(context, builder, ty, yv, builder.add(i, ir.Constant(I64, r)),
+                       builder.insert_element(ir.Constant(_vec(F32, 1), None), _tree_sum(builder, builder.load(acc)),
+                                              ir.Constant(I32, 0)))
+            return _void(context)
 
-        return types.float32(u8, o, nbk, qxu, dxb, ahead), codegen
+        return types.void(u8, o, row_bytes, nbk, qxu, dxb, ahead, y, i), codegen
 
-    q8_0_row.__doc__ = f"""One whole {kind.upper()} row at u8[o] (nbk blocks) times ONE input row (x' at qxu[0:], block scales
-    at dxb[0:]), prefetching u8[o + ahead + ...]: the pair loop of q8_0_pair / q8_0_single for T = 1 with the 16
-    lanes in a register instead of memory, then lane_sum16's tree. The same operations in the same order, so the
-    same bits as the pair calls and lane_sum16 give that row (tests/test_numba_ops.py checks it bitwise);
-    without a store and a reload of the lanes per pair, about 1.7x faster (docs/performance-log.md, issue 46)."""
+    q8_0_row.__doc__ = f"""{rows} whole {kind.upper()} row(s) at u8[o + r row_bytes] (nbk blocks each) times ONE input row
+    (x' at qxu[0:], block scales at dxb[0:]) into y.flat[i + r], prefetching u8[... + ahead]: the pair loop of
+    q8_0_pair / q8_0_single for T = 1 with each row's 16 lanes in a register instead of memory (and, for two rows,
+    the input's codes and scales loaded once for both), then lane_sum16's tree. The same operations in the same
+    order per row, so the same bits as the pair calls and lane_sum16 give it (tests/test_numba_ops.py checks it
+    bitwise); without a store and a reload of the lanes per pair, about 1.4x faster (docs/performance-log.md)."""
     return q8_0_row
 
 
@@ -1112,6 +1132,8 @@ iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NA
 q5_0_pair, q5_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q5_0"), _q8_0_pair(NATIVE_VNNI, 1, "q5_0")
 q8_0_row, q4_0_row = _q8_0_row(NATIVE_VNNI), _q8_0_row(NATIVE_VNNI, "q4_0")
 iq4_nl_row, q5_0_row = _q8_0_row(NATIVE_VNNI, "iq4_nl"), _q8_0_row(NATIVE_VNNI, "q5_0")
+q8_0_row2, q4_0_row2 = _q8_0_row(NATIVE_VNNI, rows=2), _q8_0_row(NATIVE_VNNI, "q4_0", 2)
+iq4_nl_row2, q5_0_row2 = _q8_0_row(NATIVE_VNNI, "iq4_nl", 2), _q8_0_row(NATIVE_VNNI, "q5_0", 2)
 
 
 @intrinsic
