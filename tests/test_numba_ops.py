@@ -569,40 +569,43 @@ def test_no_two_cached_kernels_share_a_cache_entry():
 
 @pytest.mark.parametrize("kind, qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("q5_0", G.Q5_0), ("iq4_nl", G.IQ4_NL)])
 @pytest.mark.parametrize("nbk", [1, 2, 5])
-def test_q8_0_row_is_the_pair_calls_of_one_input_row(nbk, kind, qtype, rng):
-    """simd.q8_0_row (a decode step's T = 1 path: a whole weight row in one call, or two rows sharing the input's
-    loads, the lanes in registers) gives bitwise what the pair loop gives for each row: q8_0_pair over the full pairs, q8_0_single for an odd last block,
-    then lane_sum16; with vpdpbusd and with the plain-IR twin."""
+def test_q8_0_rows_are_the_pair_calls_of_each_input_row(nbk, kind, qtype, rng):
+    """simd.q8_0_rows (a decode step's and a verify pass's path: whole weight rows, every (row, input) sum in a
+    register; two weight rows sharing one input's loads, or one row against 1, 2 or 4 input rows) gives bitwise
+    what the pair loop gives: q8_0_pair over the full pairs, q8_0_single for an odd last block, then lane_sum16;
+    with vpdpbusd and with the plain-IR twin."""
     from numba import njit
 
     pair, single = simd._q8_0_pair(False, 2, kind), simd._q8_0_pair(False, 1, kind)
-    native = [False, True] if simd.NATIVE_VNNI else [False]
-    rows = [(simd._q8_0_row(v, kind, n), n) for v in native for n in (1, 2)]  # one weight row a call, or two
 
     @njit
-    def by_pairs(raw, qxu, dxb, nbk, bb):
-        acc = np.zeros(16, np.float32)
+    def by_pairs(raw, qxu, dxb, nbk, bb, W, nb2, T):
+        acc = np.zeros(16 * T, np.float32)
         for p in range(nbk // 2):
-            pair(raw, 2 * bb * p, qxu, 64 * p, 0, dxb, 2 * p, 0, acc, 1)
+            pair(raw, 2 * bb * p, qxu, 64 * p, W, dxb, 2 * p, nb2, acc, T)
         if nbk % 2:
             p = nbk // 2
-            single(raw, 2 * bb * p, qxu, 64 * p, 0, dxb, 2 * p, 0, acc, 1)
-        return simd.lane_sum16(acc, 0)
+            single(raw, 2 * bb * p, qxu, 64 * p, W, dxb, 2 * p, nb2, acc, T)
+        return np.array([simd.lane_sum16(acc, 16 * t) for t in range(T)], np.float32)
 
-    def runner(row, rows):
+    def runner(rows_fn, n_rows):
         @njit
-        def run(raw, qxu, dxb, nbk, row_bytes):
-            y = np.zeros(rows, np.float32)
-            row(raw, 0, row_bytes, nbk, qxu, dxb, 64, y, 0)
+        def run(raw, qxu, dxb, nbk, row_bytes, W, nb2, n_out):
+            y = np.zeros((4, n_out), np.float32)  # [input rows, weight rows]
+            for r in range(0, n_out, n_rows):
+                rows_fn(raw, r * row_bytes, row_bytes, nbk, qxu, 0, W, dxb, 0, nb2, 64, y, r, n_out)
             return y
         return run
 
     n, npair = 32 * nbk, (nbk + 1) // 2
-    x = rng.standard_normal((1, n)).astype(np.float32)
-    qxu, dxb = np.full(64 * npair, 128, np.uint8), np.zeros(2 * npair, np.float32)
-    numba_ops._quantize_q8_0(x, n, 64 * npair, qxu, dxb)
+    W, nb2, T = 64 * npair, 2 * npair, 4
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    qxu, dxb = np.full(T * W, 128, np.uint8), np.zeros(T * nb2, np.float32)
+    numba_ops._quantize_q8_0(x, n, W, qxu, dxb)
     raw = np.ascontiguousarray(random_blocks(qtype, (2, n), rng).reshape(-1))  # two weight rows
     row_bytes = qtype.type_size * nbk
-    want = np.array([by_pairs(raw[r * row_bytes:], qxu, dxb, nbk, qtype.type_size) for r in range(2)], np.float32)
-    for row, n_rows in rows:
-        assert_bits_equal(runner(row, n_rows)(raw, qxu, dxb, nbk, row_bytes), want[:n_rows])
+    want = np.stack([by_pairs(raw[r * row_bytes:], qxu, dxb, nbk, qtype.type_size, W, nb2, T) for r in range(2)], 1)
+    for native in [False, True] if simd.NATIVE_VNNI else [False]:
+        for n_rows, inputs in ((2, 1), (1, 1), (1, 2), (1, 4)):
+            got = runner(simd._q8_0_rows(native, kind, n_rows, inputs), n_rows)(raw, qxu, dxb, nbk, row_bytes, W, nb2, 2)
+            assert_bits_equal(got[:inputs], want[:inputs])

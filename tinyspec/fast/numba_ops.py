@@ -110,6 +110,7 @@ from . import kernel_cache, simd
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
+ROWS_IN_REGISTERS = 8  # input rows up to which a Q8_0-family matmul keeps every (row, input) sum in a register
 AHEAD = 16384  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch; LESSONS 18)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
@@ -614,8 +615,8 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for Q8_0, Q4_0, Q5_0 or IQ4_NL rows times x rounded to Q8_0 (llama.cpp's vec_dot_q8_0_q8_0,
     vec_dot_q4_0_q8_0, vec_dot_q5_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks one simd.*_pair call (signed codes, scales and
     the -128 sum w base unpacked once, then one vpdpbusd and one fma per input row), a lone last block
-    through simd.*_single; the fixed 16-lane tree. One input row (a decode step): simd.*_row, the same operations
-    for the whole weight row with the lanes in a register."""
+    through simd.*_single; the fixed 16-lane tree. Up to ROWS_IN_REGISTERS input rows (a decode step, a verify
+    pass): simd.*_rows, the same operations for whole weight rows with every sum's lanes in a register."""
     T, n_out = y.shape
     nbk = n_in // 32
     bb = row_bytes // max(nbk, 1)  # bytes a block: 34 (Q8_0), 22 (Q5_0) or 18
@@ -628,27 +629,64 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
-            if T == 1:  # one input row: whole weight rows, their lanes in registers (the same bits as below)
-                if (r - task * ROWS) % 2 == 1:
-                    continue  # taken with the row before it
-                o = r * row_bytes
-                if r + 1 < min(n_out, (task + 1) * ROWS):  # two rows a call: the input loaded once for both
-                    if kind == _Q8_0:
-                        simd.q8_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                    elif kind == _Q4_0:
-                        simd.q4_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                    elif kind == _Q5_0:
-                        simd.q5_0_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+            if T <= ROWS_IN_REGISTERS:  # few input rows: every (row, input) sum in a register (the same bits)
+                o, nb2 = r * row_bytes, 2 * npair
+                if T == 1:  # two weight rows a call, the input loaded once for both (row r + 1 taken with r)
+                    if (r - task * ROWS) % 2 == 1:
+                        continue
+                    k0, j0, i = 0, 0, r
+                    if r + 1 < min(n_out, (task + 1) * ROWS):
+                        if kind == _Q8_0:
+                            simd.q8_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q4_0:
+                            simd.q4_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q5_0:
+                            simd.q5_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        else:
+                            simd.iq4_nl_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
                     else:
-                        simd.iq4_nl_row2(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                elif kind == _Q8_0:
-                    simd.q8_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                elif kind == _Q4_0:
-                    simd.q4_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                elif kind == _Q5_0:
-                    simd.q5_0_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
-                else:
-                    simd.iq4_nl_row(raw, o, row_bytes, nbk, qxu, dxb, AHEAD, y, r)
+                        if kind == _Q8_0:
+                            simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q4_0:
+                            simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q5_0:
+                            simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        else:
+                            simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    continue
+                t = 0
+                while t < T:  # the input rows four, two, one at a time
+                    k0, j0, i = t * W, t * nb2, t * n_out + r
+                    if T - t >= 4:
+                        if kind == _Q8_0:
+                            simd.q8_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q4_0:
+                            simd.q4_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q5_0:
+                            simd.q5_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        else:
+                            simd.iq4_nl_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        t += 4
+                    elif T - t >= 2:
+                        if kind == _Q8_0:
+                            simd.q8_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q4_0:
+                            simd.q4_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q5_0:
+                            simd.q5_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        else:
+                            simd.iq4_nl_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        t += 2
+                    else:
+                        if kind == _Q8_0:
+                            simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q4_0:
+                            simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        elif kind == _Q5_0:
+                            simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        else:
+                            simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                        t += 1
                 continue
             acc[:] = np.float32(0)
             for p in range(nbk // 2):

@@ -1078,62 +1078,73 @@ def _q8_0_pair(native: bool, blocks: int, kind: str = "q8_0"):
     return q8_0_pair
 
 
-def _q8_0_row(native: bool, kind: str = "q8_0", rows: int = 1):
+def _q8_0_rows(native: bool, kind: str = "q8_0", rows: int = 1, inputs: int = 1):
     size = _LEGACY_BYTES[kind]
 
     @intrinsic
-    def q8_0_row(typingctx, u8, o, row_bytes, nbk, qxu, dxb, ahead, y, i):
+    def q8_0_rows(typingctx, u8, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, ahead, y, i, n_out):
         if not (_is_c_array(u8, types.uint8) and _is_c_array(qxu, types.uint8) and _is_c_array(dxb, types.float32)
                 and _is_c_array(y, types.float32)):
             return None
 
         def codegen(context, builder, sig, args):
-            tu, _, _, _, tq, tx, _, ty, _ = sig.args
-            u, o, row_bytes, nbk, q, x, ahead, yv, i = args
-            starts = [builder.add(o, builder.mul(row_bytes, ir.Constant(I64, r))) for r in range(rows)]
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 16), None)) for _ in range(rows)]  # registers
-            full = builder.sdiv(nbk, ir.Constant(I64, 2))
+            tu, tq, tx, ty = sig.args[0], sig.args[4], sig.args[7], sig.args[11]
+            u, o, row_bytes, nbk, q, k0, W, x, j0, nb2, ahead, yv, i, n_out = args
+            c = lambda n: ir.Constant(I64, n)  # noqa: E731
+            starts = [builder.add(o, builder.mul(row_bytes, c(r))) for r in range(rows)]
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 16), None)) for _ in range(inputs)]
+                    for _ in range(rows)]  # registers after mem2reg: rows x inputs vectors of 16 lanes
+            full = builder.sdiv(nbk, c(2))
 
-            def step(p, blocks):  # pair p (or the lone last block) of every row against the input's
-                xs, dx = _q8_0_x(context, builder, tq, q, builder.mul(p, ir.Constant(I64, 64)), tx, x,
-                                 builder.mul(p, ir.Constant(I64, 2)))
-                for start, acc in zip(starts, accs):
-                    ob = builder.add(start, builder.mul(p, ir.Constant(I64, 2 * size)))
+            def step(p, blocks):  # pair p (or the lone last block) of every weight row against every input row
+                xs = [_q8_0_x(context, builder, tq, q, builder.add(builder.add(k0, builder.mul(W, c(t))),
+                                                                  builder.mul(p, c(64))),
+                              tx, x, builder.add(builder.add(j0, builder.mul(nb2, c(t))), builder.mul(p, c(2))))
+                      for t in range(inputs)]
+                for start, row_accs in zip(starts, accs):
+                    ob = builder.add(start, builder.mul(p, c(2 * size)))
                     if blocks == 2:
                         _prefetch(context, builder, tu, u, builder.add(ob, ahead))
                     weights = _q8_0_weights(context, builder, tu, u, ob, kind, native, blocks)
-                    builder.store(_q8_0_fma(builder, weights, xs, dx, builder.load(acc), native), acc)
+                    for (x_t, dx_t), acc in zip(xs, row_accs):
+                        builder.store(_q8_0_fma(builder, weights, x_t, dx_t, builder.load(acc), native), acc)
 
             with cgutils.for_range(builder, full) as loop:
                 step(loop.index, 2)
-            with builder.if_then(builder.icmp_signed("!=", builder.srem(nbk, ir.Constant(I64, 2)),
-                                                     ir.Constant(I64, 0))):
+            with builder.if_then(builder.icmp_signed("!=", builder.srem(nbk, c(2)), c(0))):
                 step(full, 1)
-            for r, acc in enumerate(accs):
-                _store(context, builder, ty, yv, builder.add(i, ir.Constant(I64, r)),
-                       builder.insert_element(ir.Constant(_vec(F32, 1), None), _tree_sum(builder, builder.load(acc)),
-                                              ir.Constant(I32, 0)))
+            for r, row_accs in enumerate(accs):
+                for t, acc in enumerate(row_accs):
+                    total = _tree_sum(builder, builder.load(acc))
+                    at = builder.add(builder.add(i, c(r)), builder.mul(n_out, c(t)))
+                    _store(context, builder, ty, yv, at,
+                           builder.insert_element(ir.Constant(_vec(F32, 1), None), total, ir.Constant(I32, 0)))
             return _void(context)
 
-        return types.void(u8, o, row_bytes, nbk, qxu, dxb, ahead, y, i), codegen
+        return types.void(u8, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, ahead, y, i, n_out), codegen
 
-    q8_0_row.__doc__ = f"""{rows} whole {kind.upper()} row(s) at u8[o + r row_bytes] (nbk blocks each) times ONE input row
-    (x' at qxu[0:], block scales at dxb[0:]) into y.flat[i + r], prefetching u8[... + ahead]: the pair loop of
-    q8_0_pair / q8_0_single for T = 1 with each row's 16 lanes in a register instead of memory (and, for two rows,
-    the input's codes and scales loaded once for both), then lane_sum16's tree. The same operations in the same
-    order per row, so the same bits as the pair calls and lane_sum16 give it (tests/test_numba_ops.py checks it
-    bitwise); without a store and a reload of the lanes per pair, about 1.4x faster (docs/performance-log.md)."""
-    return q8_0_row
+    q8_0_rows.__doc__ = f"""{rows} whole {kind.upper()} weight row(s) at u8[o + r row_bytes] (nbk blocks each) times {inputs}
+    input row(s) t (x' at qxu[k0 + t W:], block scales at dxb[j0 + t nb2:]) into y.flat[i + r + t n_out],
+    prefetching u8[... + ahead]: the pair loop of q8_0_pair / q8_0_single with every (weight row, input row)'s 16
+    lanes in a register instead of memory (each input row's codes loaded once for every weight row, each pair of
+    weight blocks unpacked once for every input row), then lane_sum16's tree. The same operations in the same order
+    per (row, input), so the same bits as the pair calls and lane_sum16 (tests/test_numba_ops.py checks it)."""
+    return q8_0_rows
 
 
 q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
 q4_0_pair, q4_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q4_0"), _q8_0_pair(NATIVE_VNNI, 1, "q4_0")
 iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NATIVE_VNNI, 1, "iq4_nl")
 q5_0_pair, q5_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q5_0"), _q8_0_pair(NATIVE_VNNI, 1, "q5_0")
-q8_0_row, q4_0_row = _q8_0_row(NATIVE_VNNI), _q8_0_row(NATIVE_VNNI, "q4_0")
-iq4_nl_row, q5_0_row = _q8_0_row(NATIVE_VNNI, "iq4_nl"), _q8_0_row(NATIVE_VNNI, "q5_0")
-q8_0_row2, q4_0_row2 = _q8_0_row(NATIVE_VNNI, rows=2), _q8_0_row(NATIVE_VNNI, "q4_0", 2)
-iq4_nl_row2, q5_0_row2 = _q8_0_row(NATIVE_VNNI, "iq4_nl", 2), _q8_0_row(NATIVE_VNNI, "q5_0", 2)
+# few input rows (a decode step, a verify pass): weight rows x input rows held in registers (numba_ops.ROWS_IN_REGISTERS)
+q8_0_rows2x1, q8_0_rows1x1, q8_0_rows1x2, q8_0_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "q8_0", r, t)
+                                                          for r, t in ((2, 1), (1, 1), (1, 2), (1, 4)))
+q4_0_rows2x1, q4_0_rows1x1, q4_0_rows1x2, q4_0_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "q4_0", r, t)
+                                                          for r, t in ((2, 1), (1, 1), (1, 2), (1, 4)))
+q5_0_rows2x1, q5_0_rows1x1, q5_0_rows1x2, q5_0_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "q5_0", r, t)
+                                                          for r, t in ((2, 1), (1, 1), (1, 2), (1, 4)))
+iq4_nl_rows2x1, iq4_nl_rows1x1, iq4_nl_rows1x2, iq4_nl_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "iq4_nl", r, t)
+                                                                  for r, t in ((2, 1), (1, 1), (1, 2), (1, 4)))
 
 
 @intrinsic
