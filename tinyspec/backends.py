@@ -10,7 +10,12 @@
             tensors (norms, conv, ssm_a, biases) are float32 as in the oracle; the delta-rule scan and the
             short convolution are tinyspec/fast/numba_gdn.py's (bitwise the oracle's), attention
             fast/numba_attention.py's; a batch's sequences go through each of the three in one call (the
-            ragged kernels). The default on a machine without a GPU.
+            ragged kernels). The row functions are fast/numba_rows.py's, and a layer's steps of small matmuls
+            and row functions (the FFN block, a GDN layer's projections, recurrence and output, attention's
+            projections, q/k norm and rope, output) one compiled call each (fast/numba_steps.py, the same bits
+            as the separate calls). A model whose matmul weights are under fast/threads.py THREADS_FROM_BYTES
+            multiplies every matrix on the calling thread (numba_ops.OneThread). The default on a machine
+            without a GPU.
     cuda    CuPy + RawKernels (tinyspec/fast/cuda_ops.py) on a GPU, device-resident: the matmul weights in
             their GGUF bytes (K-quants and Q8_0 multiplied on tensor cores), every other tensor, the
             activations, the per-sequence state (GDN memory, KV caches) and the snapshot ring live on the
