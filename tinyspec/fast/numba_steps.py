@@ -48,7 +48,7 @@ from .numba_gdn import (
     _scan_pair,
 )
 from .numba_ops import FAMILY_Q8_0, FAMILY_Q8_K
-from .numba_rows import _NO_W, _norm_row, _norm_rows
+from .numba_rows import _NO_W, _norm_row, _norm_rows, sigmoid1, silu1, softplus1
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -64,16 +64,6 @@ def _linear(x, w, y):  # x [T, in] -> y [T, out]; w: a Bound's plan (flat, row_b
         numba_ops._quant_linear_serial(x, flat, row_bytes, kind, n_in, y)
 
 
-@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _sigmoid(v):  # numba_rows.sigmoid's operations on one value
-    return np.float32(1) / (np.float32(1) + np.exp(-v))
-
-
-@njit(cache=True, inline="always", error_model="numpy", boundscheck=False)
-def _softplus(v):  # numba_rows.softplus's
-    return max(v, np.float32(0)) + np.log1p(np.exp(-abs(v)))
-
-
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _swiglu(x, gate, up, down, g, u, y):  # x [T, D]; g, u [T, F] scratch; y [T, D]
     _linear(x, gate, g)
@@ -81,7 +71,7 @@ def _swiglu(x, gate, up, down, g, u, y):  # x [T, D]; g, u [T, F] scratch; y [T,
     for t in range(g.shape[0]):
         for j in range(g.shape[1]):
             v = g[t, j]
-            g[t, j] = np.float32(v * _sigmoid(v)) * u[t, j]  # silu(gate) * up, as kern.silu(g) * u
+            g[t, j] = silu1(v) * u[t, j]  # silu(gate) * up, as kern.silu(g) * u
     _linear(g, down, y)
 
 
@@ -102,8 +92,8 @@ def _gdn_project(x, qkv, gate, beta_w, alpha_w, ssm_a, dt_bias, mixed, z, beta, 
     _linear(x, alpha_w, log_decay)  # [T, HV] alpha, then ssm_a * softplus(alpha + dt_bias) in place
     for t in range(beta.shape[0]):
         for h in range(beta.shape[1]):
-            beta[t, h] = _sigmoid(beta[t, h])
-            log_decay[t, h] = ssm_a[h] * _softplus(np.float32(log_decay[t, h] + dt_bias[h]))
+            beta[t, h] = sigmoid1(beta[t, h])
+            log_decay[t, h] = ssm_a[h] * softplus1(np.float32(log_decay[t, h] + dt_bias[h]))
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
@@ -115,7 +105,7 @@ def _gated_out(o, z, norm_w, eps, out_w, y):  # o [T*HV, V] rows, z [T, HV*V], n
     for t in range(T):
         for j in range(z.shape[1]):
             v = z[t, j]
-            g[t, j] = g[t, j] * np.float32(v * _sigmoid(v))  # rms_norm(o) * silu(z)
+            g[t, j] = g[t, j] * silu1(v)  # rms_norm(o) * silu(z)
     _linear(g, out_w, y)
 
 
@@ -131,7 +121,7 @@ def _gated_attention_out(o, gate, out_w, y):  # o, gate [T, H*d] -> y [T, D]
     g = np.empty_like(o)
     for t in range(o.shape[0]):
         for j in range(o.shape[1]):
-            g[t, j] = o[t, j] * _sigmoid(gate[t, j])  # o * sigmoid(gate)
+            g[t, j] = o[t, j] * sigmoid1(gate[t, j])  # o * sigmoid(gate)
     _linear(g, out_w, y)
 
 
@@ -152,7 +142,7 @@ def _gdn_recurrent(mixed, bounds, windows, conv_w, no_states, decay, beta, seqs,
     for r in range(R):  # its SiLU (numba_rows.silu's operations)
         for j in range(C):
             v = c[r, j]
-            c[r, j] = v * (np.float32(1) / (np.float32(1) + np.exp(-v)))
+            c[r, j] = silu1(v)
     qk = np.empty((R, 2 * n_k, K), np.float32)  # 3. the q and k heads, each normalised (numba_rows.l2_norm's)
     for r in range(R):
         for j in range(2 * n_k * K):

@@ -1148,6 +1148,19 @@ iq4_nl_rows2x1, iq4_nl_rows1x1, iq4_nl_rows1x2, iq4_nl_rows1x4 = (_q8_0_rows(NAT
 
 
 @intrinsic
+def f32_from_bits(typingctx, b):
+    """The float32 whose IEEE bits are the low 32 bits of the integer b (a bitcast: no conversion)."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        return builder.bitcast(builder.trunc(v, I32) if v.type.width > 32 else v, F32)
+
+    return types.float32(b), codegen
+
+
+@intrinsic
 def round_f16(typingctx, v):
     """The float32 v rounded to the nearest fp16 (ties to even; overflow to inf), as float32: a scale
     stored in an fp16 field (np.float32(np.float16(v)); Numba has no float16 on the CPU)."""
