@@ -51,7 +51,7 @@ def test_identical_experts_are_the_dense_ffn():
          "ffn_gate_exps.weight": np.stack([gate] * E), "ffn_up_exps.weight": np.stack([up] * E),
          "ffn_down_exps.weight": np.stack([down] * E)}
     x = rng.standard_normal((5, D)).astype(np.float32)
-    dense = ffn(x, {"ffn_gate.weight": gate, "ffn_up.weight": up, "ffn_down.weight": down})
+    dense = ffn(x, {"ffn_gate.weight": gate, "ffn_up.weight": up, "ffn_down.weight": down}, NUMPY)
     assert np.allclose(moe_ffn(x, w, 3, NUMPY), dense, rtol=1e-5, atol=1e-5)
 
 
