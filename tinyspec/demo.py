@@ -124,8 +124,9 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     say(f"  draft   {DRAFT.name}: {draft.cfg.n_trunk} layers, d={draft.cfg.n_embd}")
     prompts = [tok.encode(p) for p in PROMPTS + [EDIT_PROMPT]]
     stop_ids = tok.eog_ids
-    generate(target, prompts[0][:4], 2)  # compile the backend's kernels before timing (Numba caches them on disk)
-    generate(draft, prompts[0][:4], 2)
+    longest = max(prompts, key=len)  # a long prefill takes the threaded scan and attention: compile those too
+    generate(target, longest, 2)  # compile the backend's kernels before timing (Numba caches them on disk)
+    generate(draft, longest, 2)
     batch_generate(target, [p[:3] for p in prompts[:SLOTS]], 1,
                    options=EngineOptions(slots=SLOTS))  # and the batch path's
     say(f"  backend {backend}; loaded and warmed up in {time.perf_counter() - t0:.1f} s; "

@@ -84,6 +84,19 @@ def _attend() -> None:
     numba_attention.attend_paged_ragged(np.zeros((1, 1, 1, 16), np.float32), pool, pool, [[0]], [0], [0, 1], 0.25)
 
 
+def _rows_and_steps() -> None:
+    """The row functions (fast/numba_rows.py) and the fused layer steps (fast/numba_steps.py) on the shipped
+    target's shapes: a decode step and a prefill long enough for the threaded scan and attention."""
+    from ..assets import TARGET
+    from ..backends import load_model
+
+    model = load_model(TARGET, "cpu")
+    state = model.new_state()
+    model.forward(list(range(1, 40)), state)  # 39 rows: the threaded scan and attention
+    model.forward([5], state)  # one row: every fused step, the calling thread's scan and attention
+    model.forward([6, 7], state, ring=model.new_ring(2))  # a verify pass: the composed recurrent step
+
+
 def jobs() -> list[tuple[str, tuple]]:
     """(label, (function, *args)) for every kernel, biggest first, but the MoE kernel last: it calls the three
     one-thread matmuls, and links their cached code when they have compiled before it starts."""
@@ -96,6 +109,7 @@ def jobs() -> list[tuple[str, tuple]]:
             ("GDN scan and conv", (_gdn,)),
             ("get_rows (embeddings)", (_get_rows,)),
             ("attention", (_attend,)),
+            ("row functions and fused layer steps", (_rows_and_steps,)),
             ("experts_linear (MoE)", (_experts,))]
 
 
