@@ -125,8 +125,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     prompts = [tok.encode(p) for p in PROMPTS + [EDIT_PROMPT]]
     stop_ids = tok.eog_ids
     longest = max(prompts, key=len)  # a long prefill takes the threaded scan and attention: compile those too
-    generate(target, longest, 2)  # compile the backend's kernels before timing (Numba caches them on disk)
-    generate(draft, longest, 2)
+    for name, k in METHODS:  # compile each method's kernels before timing (Numba caches them on disk): a verify
+        run_method(name, k, target, draft, [longest], 2, stop_ids)  # pass takes kernels a plain step does not
     batch_generate(target, [p[:3] for p in prompts[:SLOTS]], 1,
                    options=EngineOptions(slots=SLOTS))  # and the batch path's
     say(f"  backend {backend}; loaded and warmed up in {time.perf_counter() - t0:.1f} s; "
