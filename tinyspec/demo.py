@@ -109,10 +109,13 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
         raise OSError(f"the shipped models are missing from {ASSETS} (tiny-target.gguf, tiny-draft.gguf); "
                       "reinstall tinyspec or run tools/train_tiny.py all --assets tinyspec/assets")
     backend = backend or default_backend()
+    t0 = time.perf_counter()
     if first_run_compiles(backend):
         say(f"(first run of the {backend} backend on this machine: compiling its kernels, about half a minute; "
             "cached on disk after)")
-    t0 = time.perf_counter()
+        from .fast.warm import warm  # every kernel, one process per core (the wing's; the core runs without it)
+
+        warm()
     target, draft = load_model(TARGET, backend), load_model(DRAFT, backend)
     tok = Tokenizer.from_gguf(target.metadata)
     meta = target.metadata
