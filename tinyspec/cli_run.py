@@ -40,7 +40,7 @@ def open_model(path: str, backend: str | None = None):
     model = load_model(path, backend, progress)
     if first_run_compiles(model.backend):
         print("note: first run of the cpu backend here: Numba compiles its kernels as they are first used "
-              "(about half a minute, once; cached on disk after)", file=sys.stderr)
+              "(about a minute, once; cached on disk after)", file=sys.stderr)
     return model, Tokenizer.from_gguf(model.metadata)
 
 

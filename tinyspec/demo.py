@@ -111,7 +111,7 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     backend = backend or default_backend()
     t0 = time.perf_counter()
     if first_run_compiles(backend):
-        say(f"(first run of the {backend} backend on this machine: compiling its kernels, about half a minute; "
+        say(f"(first run of the {backend} backend on this machine: compiling its kernels, about a minute; "
             "cached on disk after)")
         from .fast.warm import warm  # every kernel, one process per core (the wing's; the core runs without it)
 
