@@ -632,6 +632,8 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
             if T <= ROWS_IN_REGISTERS:  # few input rows: every (row, input) sum in a register (the same bits)
+                # Each kind's intrinsic is called right here, spelled out: reached through a helper function (inline
+                # or not) Numba compiled the same calls 4x slower, the lanes back in memory (LESSONS 30).
                 o, nb2 = r * row_bytes, 2 * npair
                 if T == 1:  # two weight rows a call, the input loaded once for both (row r + 1 taken with r)
                     if (r - task * ROWS) % 2 == 1:
