@@ -2,7 +2,7 @@
 compiled call.
 
 A decode step of a small model is hundreds of Python-level calls around kernels that each take microseconds
-(issue 46: the shipped model's ~21 MFLOP a token ran at 2.1 ms, llama.cpp's at 0.46). Each function here is the
+(issue 46: the shipped model's ~21 MFLOP a token ran at 2.0 ms, llama.cpp's at 0.43). Each function here is the
 oracle's step of the same name computed in one Numba call, with every matmul the kernel its weight is bound to
 (numba_ops.Bound: the same compiled serial kernel a separate call runs) and every row function numba_rows'
 operations, in the same order: so each is bitwise the step composed of the cpu backend's separate calls
@@ -22,10 +22,11 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
               kern)                                          (the angles NumPy's, ops.rope_angles)
     attention_output(o, gate, w, kern)    attention.output    o * sigmoid(gate), then attn_output
 
-Only a step whose matmuls are all small (and, for gdn_recurrent, whose scan numba_gdn runs on the calling thread) (numba_ops.Bound.serial: one thread) is fused. A larger matrix is split
-across threads by its own kernel, where a parallel region per matmul pays for itself, and its step takes the
-separate calls: the oracle's step with the cpu backend's kernels. So does a step whose weights are not all
-numba_ops-bound (a float32 tensor) or whose input is not float32. The threads a call uses are chosen from its size.
+Only a step whose matmuls are all small (numba_ops.Bound.serial: one thread) is fused, and gdn_recurrent only
+where numba_gdn would scan on the calling thread and no ring records the pass. A larger matrix is split across
+threads by its own kernel, where a parallel region per matmul pays for itself, and its step takes the separate
+calls: the oracle's step with the cpu backend's kernels. So does a step whose weights are not all numba_ops-bound
+(a float32 tensor) or whose input is not float32. The threads a call uses are chosen from its size.
 """
 
 from __future__ import annotations
