@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from tinyspec import attention, gdn, ops  # noqa: E402
+from tinyspec import attention, ffn, gdn  # noqa: E402
 from tinyspec.assets import TARGET  # noqa: E402
 from tinyspec.backends import load_model  # noqa: E402
 from tinyspec.fast import numba_steps, threads  # noqa: E402
@@ -46,10 +46,9 @@ def steps(model, layer: int, T: int):
 
 
 def ffn_step(model, layer: int, T: int):
-    kern, w = model.kernels, model.layers[layer]
-    x = np.random.default_rng(T).standard_normal((T, model.cfg.n_embd)).astype(np.float32)
-    weights = (w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
-    return (lambda r: numba_steps.swiglu(x[r], *weights, kern), lambda r: ops.swiglu(x[r], *weights, kern))
+    cfg, kern, w = model.cfg, model.kernels, model.layers[layer]
+    x = np.random.default_rng(T).standard_normal((T, cfg.n_embd)).astype(np.float32)
+    return (lambda r: numba_steps.ffn_residual(x[r], w, cfg, kern), lambda r: ffn.ffn_residual(x[r], w, cfg, kern))
 
 
 def as_tuple(a):
@@ -80,7 +79,7 @@ def test_the_whole_model_is_bitwise_the_unfused_one(model):
     """The fused steps change no bit of a forward pass: logits of a prompt and a 4-token verify pass, fused
     against the same model with the oracle's steps composed of the cpu backend's calls."""
     unfused = model.with_kernels(dataclasses.replace(
-        model.kernels, swiglu=ops.swiglu, gdn_project=gdn.gdn_project, gdn_output=gdn.gdn_output,
+        model.kernels, ffn_residual=ffn.ffn_residual, gdn_project=gdn.gdn_project, gdn_output=gdn.gdn_output,
         gdn_recurrent=gdn.gdn_recurrent, attention_project=attention.project, norm_rope=attention.norm_rope,
         attention_output=attention.output))
     outs = []

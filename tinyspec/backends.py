@@ -319,7 +319,7 @@ def cpu_kernels() -> Kernels:
         softplus=numba_rows.softplus,
         # a layer's steps of small matmuls and row functions in one compiled call each (the same bits as the
         # separate calls; a step with a matrix large enough for threads keeps them)
-        swiglu=numba_steps.swiglu, ffn_residual=numba_steps.ffn_residual, gdn_project=numba_steps.gdn_project, gdn_output=numba_steps.gdn_output,
+        ffn_residual=numba_steps.ffn_residual, gdn_project=numba_steps.gdn_project, gdn_output=numba_steps.gdn_output,
         gdn_recurrent=numba_steps.gdn_recurrent,
         attention_project=numba_steps.attention_project, attention_output=numba_steps.attention_output,
         norm_rope=numba_steps.norm_rope,

@@ -8,9 +8,9 @@ oracle's step of the same name computed in one Numba call, with every matmul the
 operations, in the same order: so each is bitwise the step composed of the cpu backend's separate calls
 (tests/test_numba_steps.py), and batch-invariant as they are.
 
-    swiglu(x, gate, up, down, kern)       ops.swiglu          down(silu(gate x) * (up x))
     ffn_residual(x, w, cfg, kern)         ffn.ffn_residual    x + swiglu(rms_norm(x, post_attention_norm)), a dense
-                                                              layer's second half
+                                                              layer's second half (ops.swiglu: down(silu(gate x) *
+                                                              (up x)))
     gdn_project(x, w, kern)               gdn.gdn_project     the qkv, gate, beta and alpha projections; beta's
                                                               sigmoid, ssm_a * softplus(alpha + dt_bias)
     gdn_recurrent(mixed, log_decay, beta, gdn.gdn_recurrent  the conv and its SiLU, q/k norms, the memory's scan,
@@ -191,17 +191,6 @@ def _f32(*arrays) -> bool:  # every input float32 and C-contiguous (what the ker
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             return False
     return True
-
-
-def swiglu(x, gate, up, down, kern):  # [T, D] -> [T, D]
-    """ops.swiglu in one call (kern: the cpu backend's Kernels, for the unfused path)."""
-    plans = _plans(gate, up, down)
-    if plans is None or not _f32(x) or x.ndim != 2 or x.shape[1] != gate.shape[1]:
-        return ops.swiglu(x, gate, up, down, kern)
-    T, F = x.shape[0], gate.shape[0]
-    g, u, y = np.empty((T, F), np.float32), np.empty((T, F), np.float32), np.empty((T, down.shape[0]), np.float32)
-    _swiglu(x, *plans, g, u, y)
-    return y
 
 
 def ffn_residual(x, w, cfg, kern):  # [T, D] -> [T, D]
