@@ -75,6 +75,13 @@ class Draft:
     probs: list[float] = field(default_factory=list)  # per draft the drafter's probability of it, if it knows
     withdrawn: bool = False  # a draft was made, found under the floor and not proposed (drafting stopped there)
     ids: object = None  # [k'] int64 where the drafter's model computes (a device array on cuda), or None
+    parents: tuple[int, ...] | None = None  # a tree (tree.py): per draft i (row i) its parent row, 0 the pending
+    #                                         token; None: a chain (draft i follows draft i - 1)
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether the drafts branch somewhere (a tree given as parents 0, 1, 2, ... is a chain)."""
+        return self.parents is not None and any(p != i for i, p in enumerate(self.parents))
 
     @property
     def n(self) -> int:
