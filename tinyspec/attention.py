@@ -35,6 +35,7 @@ from .config import ModelConfig
 from .ops import asarray_like, join_rows, rope_angles, rope_rows, softmax
 from .paged import PagedKVCache
 from .state import KVCache
+from .tree import depths, path_to
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_past: int, scale: np.float32) -> np.ndarray:
@@ -106,7 +107,7 @@ def attention_layer(x: np.ndarray, w: Mapping[str, np.ndarray], cache: KVCache, 
 
 
 def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: list, bounds: np.ndarray,
-                           cfg: ModelConfig, kern, rows=None) -> np.ndarray:
+                           cfg: ModelConfig, kern, rows=None, trees: list | None = None) -> np.ndarray:
     # [R, D] -> [R, D]
     """Gated attention of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
     bounds[b] .. bounds[b+1]-1, like cu_seqlens). Appends each sequence's new keys/values to caches[b]; its
@@ -122,12 +123,16 @@ def attention_layer_ragged(x: np.ndarray, w: Mapping[str, np.ndarray], caches: l
     `attention`, the attention kernel's map), or None: the positions' rope angles, where each row's
     key and value go and what each row attends to, read from it (the caches were claimed before the pass: nothing
     here changes on the host), the same numbers as the host path computes.
+    trees[b]: sequence b's draft tree (tree.py), or None: a tree's row t sits at position n + depth(t) and attends
+    over the prefix and its own path only (attend_tree), what a one-token decode of that path sees.
     """
     q, gate, k, v = kern.attention_project(x, w, cfg, kern)  # 1. projections (project, or a fused one)
     if rows is None:
-        positions = join_rows([np.arange(c.n, c.n + hi - lo) for c, lo, hi in zip(caches, bounds[:-1], bounds[1:])])
+        trees = trees or [None] * len(caches)
+        positions = join_rows([np.arange(c.n, c.n + hi - lo) if t is None else c.n + depths(t)
+                               for c, lo, hi, t in zip(caches, bounds[:-1], bounds[1:], trees)])
         q, k = kern.norm_rope(q, k, positions, w, cfg, kern)  # 2. q/k norm and rope (norm_rope, or a fused one)
-        o = attend_own(q, k, v, caches, bounds, cfg, kern)  # 3. into each cache, attention over it
+        o = attend_own(q, k, v, caches, bounds, cfg, kern, trees)  # 3. into each cache, attention over it
     else:
         q, k = norm_rope_rows(q, k, rows, w, cfg, kern)  # 2. q/k norm, rope with the map's angles
         o = attend_rows_own(q, k, v, caches, rows, cfg, kern)  # 3. into the pool at the map's rows, attention
@@ -174,7 +179,8 @@ def attend_rows_own(q, k, v, caches: list, rows, cfg: ModelConfig, kern) -> np.n
     return o.reshape(R, cfg.n_head * d)
 
 
-def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern) -> np.ndarray:
+def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern,
+               trees: list | None = None) -> np.ndarray:
     """Every sequence's rows (normed, roped; q [R, H, d], k, v [R, H_kv, d]): append its k, v to its own cache,
     attend over it -> [R, H*d]. caches: state.KVCache or paged.PagedKVCache. Caches in one pool (the batch
     engine's) attend in one kern.attend_paged_ragged call, the block tables saying whose keys each row sees;
@@ -185,13 +191,47 @@ def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern
     n_pasts = [cache.n for cache in caches]
     for lo, hi, cache in zip(bounds[:-1], bounds[1:], caches):
         cache.append(k[lo:hi], v[lo:hi])
+    if trees is not None and any(t is not None for t in trees):  # a tree's rows each attend over their own path
+        o = np.empty_like(q)
+        chain = [b for b, t in enumerate(trees) if t is None]
+        if chain:  # the chains as without trees, in one call
+            rows = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in chain])
+            sizes = np.cumsum([0] + [int(bounds[b + 1] - bounds[b]) for b in chain])
+            o[rows] = attend_chains(q[rows], [caches[b] for b in chain], [n_pasts[b] for b in chain], sizes, kern,
+                                    scale)
+        for b, parents in enumerate(trees):
+            if parents is not None:
+                lo, hi = int(bounds[b]), int(bounds[b + 1])
+                o[lo:hi] = attend_tree(q[lo:hi], caches[b], n_pasts[b], parents, kern, scale)
+    else:
+        o = attend_chains(q, caches, n_pasts, bounds, kern, scale)
+    return o.reshape(R, cfg.n_head * d)  # [R, H_kv, G, d] -> [R, H*d]
+
+
+def attend_chains(q, caches: list, n_pasts: list, bounds: np.ndarray, kern, scale: np.float32) -> np.ndarray:
+    """Every sequence's rows over its own cache (their keys already in): one kern.attend_paged_ragged call when
+    the caches share one pool, else each cache by its own kernel. q [R, H_kv, G, d] -> o [R, H_kv, G, d]."""
     if PagedKVCache.one_pool(caches):
         o = kern.attend_paged_ragged(q, caches[0].k_pool, caches[0].v_pool, [c.ids() for c in caches], n_pasts,
                                      bounds, scale)
     else:
         o = join_rows([cache.attend(kern, q[lo:hi], n_past, scale)
                        for lo, hi, cache, n_past in zip(bounds[:-1], bounds[1:], caches, n_pasts)])
-    return o.reshape(R, cfg.n_head * d)  # [R, H_kv, G, d] -> [R, H*d]
+    return o
+
+
+def attend_tree(q, cache, n_past: int, parents, kern, scale: np.float32) -> np.ndarray:
+    # q [T, H_kv, G, d] of a tree's T rows, their keys at n_past .. n_past + T - 1 -> o [T, H_kv, G, d]
+    """A draft tree's rows (tree.py), each over the n_past positions before the pass and its path's rows: the keys
+    of positions 0 .. n_past-1 and n_past + path_to(t), gathered in that order, which are the keys a one-token
+    decode of the path sees in the same order, so kern.attend over them gives its bits (a paged cache's kernel is
+    bit for bit kern.attend over its gathered keys, numba_attention.py)."""
+    o = np.empty_like(q)
+    before = np.arange(n_past)
+    for t in range(q.shape[0]):
+        keys, values = cache.gather(np.concatenate([before, n_past + np.asarray(path_to(parents, t))]))
+        o[t : t + 1] = kern.attend(q[t : t + 1], keys, values, keys.shape[0] - 1, scale)
+    return o
 
 
 def output(o, gate, w, kern) -> np.ndarray:  # [T, H*d] x2 -> [T, D]

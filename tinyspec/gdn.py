@@ -50,6 +50,7 @@ import numpy as np
 from .config import ModelConfig
 from .ops import asarray_like, join_rows
 from .state import GDNState, ReplayLog, SnapshotEntries
+from .tree import levels
 
 
 def causal_conv(x: np.ndarray, conv_state: np.ndarray, weight: np.ndarray,
@@ -240,7 +241,7 @@ def gdn_layer(
 
 def gdn_layer_ragged(
     x: np.ndarray, w: Mapping[str, np.ndarray], states: list[GDNState], bounds: np.ndarray, cfg: ModelConfig,
-    kern, rings: list | None = None, chunked: bool = False,
+    kern, rings: list | None = None, chunked: bool = False, trees: list | None = None,
 ) -> np.ndarray:  # [R, D] -> [R, D]
     """The GDN mixer of one layer on several sequences' new tokens, packed in one [R, D] (sequence b: rows
     bounds[b] .. bounds[b+1]-1, like cu_seqlens). Updates each states[b].conv and states[b].ssm.
@@ -259,16 +260,70 @@ def gdn_layer_ragged(
     where the conv and the scan write the state after each token (a SnapshotRing's entries: entry t is what a
     rollback to "t + 1 tokens kept" restores) and where the new memory goes, and it records what it keeps
     (a ReplayRing's log: the pre-pass memory and window, and the inputs to rerun).
+    trees[b]: sequence b's draft tree (tree.py: its drafts' parent rows), or None (its rows follow one another):
+    a tree's rows run gdn_recurrent_tree, each from its parent's state, into its ring (a SnapshotRing's).
     """
     rings = rings or [None] * len(states)
+    trees = trees or [None] * len(states)
     for b, ring in enumerate(rings):  # checked before any state changes
         if ring is not None and (chunked or any(len(s) < bounds[b + 1] - bounds[b]
                                                 for s in (ring.conv_states, ring.ssm_states) if s is not None)):
             raise ValueError(f"a ring needs the scan and room for {bounds[b + 1] - bounds[b]} tokens "
                              f"(chunked={chunked})")
+        if trees[b] is not None and (ring is None or ring.ssm_states is None or chunked):
+            raise ValueError("a tree's rows need a SnapshotRing (the state after every row) and the scan")
     mixed, z, beta, log_decay = kern.gdn_project(x, w, kern)  # 1. projections (gdn_project, or a fused one)
-    o = kern.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)  # 2-4.
+    if all(t is None for t in trees):  # 2-4.
+        o = kern.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
+    else:
+        o = gdn_recurrent_mixed(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, trees)
     return kern.gdn_output(o, z, w, cfg, kern)  # 5. gated norm, out projection (gdn_output, or a fused one)
+
+
+def gdn_recurrent_mixed(mixed, log_decay, beta, bounds: np.ndarray, w: Mapping[str, np.ndarray],
+                        states: list[GDNState], cfg: ModelConfig, kern, rings: list, trees: list) -> np.ndarray:
+    """Steps 2-4 of a pass whose sequences are chains and trees: the chains' rows in one kern.gdn_recurrent
+    call (as without trees), each tree's by gdn_recurrent_tree -> o [R, HV, V] in the pass's row order."""
+    o = np.empty_like(mixed, shape=(mixed.shape[0], cfg.ssm_n_v_heads, cfg.ssm_head_v_dim))  # where mixed is
+    chain = [b for b, t in enumerate(trees) if t is None]
+    if chain:
+        rows = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in chain])
+        sizes = np.cumsum([0] + [int(bounds[b + 1] - bounds[b]) for b in chain])
+        o[rows] = kern.gdn_recurrent(mixed[rows], log_decay[rows], beta[rows], sizes, w, [states[b] for b in chain],
+                                     cfg, kern, [rings[b] for b in chain], False)
+    for b, parents in enumerate(trees):
+        if parents is not None:
+            span = slice(int(bounds[b]), int(bounds[b + 1]))
+            o[span] = gdn_recurrent_tree(mixed[span], log_decay[span], beta[span], parents, w, states[b], cfg, kern,
+                                         rings[b])
+    return o
+
+
+def gdn_recurrent_tree(mixed: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, parents, w: Mapping[str, np.ndarray],
+                       state: GDNState, cfg: ModelConfig, kern, ring: SnapshotEntries) -> np.ndarray:
+    # [T, C], [T, HV] x2, T - 1 parents -> o [T, HV, V]
+    """Steps 2-4 over one sequence's draft tree (tree.py): row 0 (the pending token) from the sequence's state,
+    row t from its parent's: the conv window and the memory the ring's entry parents[t-1] holds (the state after
+    the parent's path), and row t's own state goes to entry t.
+
+        window_t = [window_parent[1:] | m_t]      S_t = step(S_parent, q_t, k_t, v_t, g_t, beta_t)
+
+    So row t computes what a one-token decode after its path computes, bit for bit: the same one-token calls
+    (kern.causal_conv_ragged, kern.gdn_scan_ragged with one row a sequence) from the same state. The rows of one
+    depth (tree.levels) have their parents in the depth before, so they run as one ragged call. The sequence's
+    own state is not written: after acceptance SnapshotRing.restore_path copies the kept row's entry into it."""
+    o = np.empty_like(mixed, shape=(mixed.shape[0], cfg.ssm_n_v_heads, cfg.ssm_head_v_dim))
+    conv_w = w["ssm_conv1d.weight"]
+    for rows in levels(parents):
+        before = [0 if t == 0 else parents[t - 1] for t in rows]  # the parent row (row 0: the sequence's state)
+        windows = [state.conv if t == 0 else ring.conv_states[p] for t, p in zip(rows, before)]
+        memories = [state.ssm if t == 0 else ring.ssm_states[p] for t, p in zip(rows, before)]
+        one = np.arange(len(rows) + 1)  # bounds: every row a sequence of one token
+        c, _ = kern.causal_conv_ragged(mixed[rows], one, windows, conv_w, None, [ring.conv_states[t] for t in rows])
+        q, k, v = gdn_qkv(kern.silu(c), cfg, kern)
+        o[rows], _ = kern.gdn_scan_ragged(q, k, v, log_decay[rows], beta[rows], one, memories, None,
+                                          [ring.ssm_states[t] for t in rows])
+    return o
 
 
 def gdn_recurrent(mixed: np.ndarray, log_decay: np.ndarray, beta: np.ndarray, bounds: np.ndarray,

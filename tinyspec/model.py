@@ -37,6 +37,7 @@ from .ops import join_rows
 from .placement import HOST, Placement
 from .quants import dequantize
 from .state import ModelState, ReplayRing, SnapshotRing
+from .tree import check_parents, depths
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight",
                "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight")
@@ -193,10 +194,12 @@ class Model:
         """A fresh sequence's state; pool: a paged.BlockPool its KV lives in (many sequences), else its own."""
         return ModelState(self.cfg, self.xp, pool)
 
-    def new_ring(self, size: int) -> SnapshotRing | ReplayRing:
-        """Where a verify pass of up to `size` tokens leaves what a rollback needs (allocated once per sequence)."""
+    def new_ring(self, size: int, tree: bool = False) -> SnapshotRing | ReplayRing:
+        """Where a verify pass of up to `size` tokens leaves what a rollback needs (allocated once per sequence).
+        tree=True: a SnapshotRing whatever the placement says, for a draft tree's passes, whose rows start from their
+        parents' states (tree.py): only the snapshot ring keeps the state after every row."""
         kern = self.kernels
-        if self.placement.rollback == "replay":  # the replay reruns the conv and the scan the passes run
+        if self.placement.rollback == "replay" and not tree:  # the replay reruns the conv and the scan the passes run
             return ReplayRing(self.cfg, size, kern.causal_conv, kern.gdn_scan, self.xp)
         return SnapshotRing(self.cfg, size, self.xp)
 
@@ -224,8 +227,8 @@ class Model:
         return out, hidden
 
     def forward_batch(self, tokens: list, states: list[ModelState], rings: list | None = None,
-                      logits: bool = True, to_host: bool = True,
-                      chunked: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+                      logits: bool = True, to_host: bool = True, chunked: bool = False,
+                      trees: list | None = None) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """One pass over several sequences (ragged): sequence b feeds tokens[b] (>= 1 tokens, host or device ids
         as in forward) from states[b].
 
@@ -236,24 +239,36 @@ class Model:
         batch-invariant), which is what makes a batch of speculative sequences exact. rings[b]: sequence b's
         ring for a verify pass, or None. Returns logits [R, N] (None with logits=False), hidden [R, D], bounds [B+1]
         (host ints); to_host=False leaves logits and hidden where the model computes, as in forward.
+        trees[b]: sequence b's draft tree (tree.py: the parent row of each of its tokens after the first), or None:
+        its rows follow one another. A tree's row t is computed as a one-token decode of its path (the GDN layers
+        from its parent's state, the attention over the prefix and its path), every row's GDN state goes to the
+        sequence's ring (a SnapshotRing, required), and its KV rows are appended in row order: the caller keeps a
+        path afterwards with ring.restore_path, which also sets the GDN state (left as before the pass here).
         """
         cfg, place = self.cfg, self.placement
         if len(tokens) != len(states) or not tokens:
             raise ValueError(f"forward_batch needs one state per sequence, got {len(tokens)} and {len(states)}")
         rings = rings if rings is not None else [None] * len(states)
+        trees = trees if trees is not None and any(t is not None for t in trees) else None
+        for b, parents in enumerate(trees or []):
+            if parents is not None and (len(parents) + 1 != len(tokens[b]) or not isinstance(rings[b], SnapshotRing)):
+                raise ValueError(f"sequence {b}'s tree needs one parent per token after the first "
+                                 f"({len(tokens[b]) - 1}, got {len(parents)}) and a SnapshotRing")
         # host ids checked here, before anything changes; device ids (a drafter's argmax) are in range already
         tokens = [checked_ids(t, cfg.n_vocab, place.xp) for t in tokens]
         bounds = np.cumsum([0] + [len(t) for t in tokens])  # [B+1]
-        for ring, state, t in zip(rings, states, tokens):
-            if ring is not None:
+        for ring, state, t, parents in zip(rings, states, tokens, trees or [None] * len(states)):
+            if parents is not None:
+                ring.mark_tree(state.pos, depths(check_parents(parents)))
+            elif ring is not None:
                 ring.mark_pass(state.pos, len(t))
         self.n_forward_tokens += int(bounds[-1])
         # a device pass (the cuda backend's): one row map for every layer, its KV rows claimed now, the layer
         # loop computed or replayed from a CUDA graph (placement.py); None: the host path
-        device = None if chunked else place.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
+        device = None if chunked or trees else place.device_pass(cfg, tokens, [s.layers for s in states], bounds, rings, logits)
         if device is None:
             x = join_rows([place.to_device(self.token_embd[t]) for t in tokens])  # [R, D] where the model computes
-            out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked)
+            out, hidden = self.layers_pass(x, states, rings, bounds, None, logits, chunked, trees)
         else:
             out, hidden = device.run(lambda rows: self.layers_pass(self.token_embd[rows.ids], states, rings, bounds,
                                                                    rows, logits))
@@ -264,7 +279,8 @@ class Model:
         return out, hidden, bounds
 
     def layers_pass(self, x, states: list[ModelState], rings: list, bounds: np.ndarray, rows=None,
-                    logits: bool = True, chunked: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
+                    logits: bool = True, chunked: bool = False,
+                    trees: list | None = None) -> tuple[np.ndarray | None, np.ndarray]:
         """forward_batch's device work: x [R, D] through every layer, the final norm and the output ->
         (logits [R, N] or None, hidden [R, D]), where the model computes. rows: a device pass's row map
         (fast/rowmap.py's RowViews) for the attention layers, or None (they read the caches' lengths on the
@@ -276,9 +292,9 @@ class Model:
             layer_states = [s.layers[i] for s in states]
             if recurrent:
                 x = x + gdn_layer_ragged(u, w, layer_states, bounds, cfg, kern,
-                                         [r.layer(i) if r is not None else None for r in rings], chunked=chunked)
+                                         [r.layer(i) if r is not None else None for r in rings], chunked, trees)
             else:
-                x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern, rows)
+                x = x + attention_layer_ragged(u, w, layer_states, bounds, cfg, kern, rows, trees)
             x = kern.ffn_residual(x, w, cfg, kern)  # x + ffn(rms_norm(x)): ffn.ffn_residual, or a fused one
         hidden = kern.rms_norm(x, self.output_norm, cfg.rms_eps)  # [R, D]
         out = kern.linear(hidden, self.output) if logits else None  # [R, N]

@@ -374,9 +374,23 @@ class PagedKVCache:
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
         """The keys and values of positions 0 .. n-1, gathered: [n, H_kv, d] each (tests compare them)."""
-        bs, pos = self.table.block_size, np.arange(self.n)
-        ids, rows = self.ids()[pos // bs], pos % bs
+        return self.gather(np.arange(self.n))
+
+    def gather(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and values of `positions` [m] (< n), in that order: [m, H_kv, d] each (a tree row's view)."""
+        bs = self.table.block_size
+        ids, rows = self.ids()[positions // bs], positions % bs
         return self.k_pool[ids, rows], self.v_pool[ids, rows]
+
+    def move_rows(self, first: int, rows: np.ndarray) -> None:
+        """state.KVCache.move_rows in the pool: positions first + rows[j] moved to first + j, in blocks this
+        sequence alone writes (the pass wrote them); the caller then truncates (its table gives the tail back)."""
+        src = first + np.asarray(rows, np.int64)
+        dst = np.arange(first, first + len(src))
+        bs, ids = self.table.block_size, self.ids()
+        self.table.check_writable(first, first + len(src))
+        for pool in (self.k_pool, self.v_pool):
+            pool[ids[dst // bs], dst % bs] = pool[ids[src // bs], src % bs]  # the right side is a copy
 
     def max_abs_diff(self, other) -> float:
         return kv_max_abs_diff(self, other)

@@ -64,10 +64,12 @@ from .drafting import (
 )
 from .model import Model
 from .ops import join_rows
+from .placement import Placement
 from .sampling import SamplingParams, pick, probs_from_logits
 from .scheduler import EngineOptions, Scheduler, check_prompt
 from .sequence import PHASES, Running, SeqResult, SpecStats
 from .spec_sampling import verify_greedy, verify_step
+from .spec_tree import verify_tree, verify_tree_greedy
 
 
 class PhaseClock:
@@ -96,9 +98,11 @@ def cut_at_stop(emitted: list[int], stops: set[int], room: int) -> list[int]:
     return emitted[:room]
 
 
-def token_marks(draft: Draft, n_accepted: int) -> list[str]:
-    """How each token of a step's run was produced: accepted drafts, then the target's own token."""
-    last = "target" if not draft.tokens else "bonus" if n_accepted == len(draft.tokens) else "correction"
+def token_marks(draft: Draft, n_accepted: int, path: list[int] | None = None) -> list[str]:
+    """How each token of a step's run was produced: accepted drafts, then the target's own token (a bonus when
+    every draft of its row's line was kept: the chain's last, or a tree leaf; path: a tree's kept rows)."""
+    leaf = n_accepted == len(draft.tokens) if path is None else path[-1] not in draft.parents
+    last = "target" if not draft.tokens else "bonus" if leaf else "correction"
     return ["accepted"] * n_accepted + [last]  # a plain step's token is the target's own, as in plain decoding
 
 
@@ -130,29 +134,52 @@ class Pass:
         return all(self.sampled)
 
 
-def accept(p: Pass, accept_greedy: Callable) -> list[tuple[int, int, Draft]]:
+def accept(p: Pass, place: Placement) -> list[tuple[int, int, Draft, list[int] | None]]:
     """Step 3 for every decoding sequence of a pass: (drafts its rule keeps, the target's own next token, its Draft
-    with the drafts as host ints). All greedy, the rule runs where the logits are (accept_greedy: one transfer
-    brings back every run and the drafts left there); else a sampled sequence reads its laws with its own random
-    stream, a greedy one takes the same argmax rule, on the host. Only each sequence's own rows are read (filler
-    rows after them, Placement.pad_rows, are not)."""
+    with the drafts as host ints, and for a tree the kept path's rows [0, r1, ..]: None for a chain). All greedy,
+    the chains' rule runs where the logits are (place.accept_greedy: one transfer brings back every run and the drafts
+    left there); else a sampled sequence reads its laws with its own random stream, a greedy one takes the same
+    argmax rule, on the host. A tree's rule (spec_tree.py) reads its rows on the host. Only each sequence's own rows
+    are read (filler rows after them, Placement.pad_rows, are not)."""
     B = len(p.seqs)
-    if not p.host_logits:
+    out: list = [None] * B
+    for b, d in enumerate(p.drafts):
+        if d.is_tree:
+            out[b] = accept_tree(p, b, place.to_host)
+    chains = [b for b in range(B) if out[b] is None]
+    if chains and not p.host_logits:
+        lows = [int(p.bounds[b]) for b in chains]
+        own = [p.own[b] for b in chains]
         logits, bounds = p.logits, p.bounds[: B + 1]
-        if any(int(hi - lo) != own for lo, hi, own in zip(bounds[:-1], bounds[1:], p.own)):
-            logits, bounds = join_rows([logits[lo : lo + own] for lo, own in zip(bounds, p.own)]), np.cumsum([0] + p.own)
-        runs = accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in p.drafts])
-        return [(n, token, d if d.tokens is not None else d.with_tokens(tokens))
-                for (n, token, tokens), d in zip(runs, p.drafts)]
-    out = []
-    for lo, hi, d, s in zip(p.bounds[:B], p.bounds[:B] + np.asarray(p.own, np.int64), p.drafts, p.seqs):
-        params = s.seq.params
+        if len(chains) < B or any(int(p.bounds[b + 1]) - lo != n for b, lo, n in zip(chains, lows, own)):
+            logits, bounds = join_rows([logits[lo : lo + n] for lo, n in zip(lows, own)]), np.cumsum([0] + own)
+        drafts = [p.drafts[b] for b in chains]
+        runs = place.accept_greedy(logits, bounds, [d.ids if d.tokens is None else d.tokens for d in drafts])
+        for b, (n, token, tokens), d in zip(chains, runs, drafts):
+            out[b] = (n, token, d if d.tokens is not None else d.with_tokens(tokens), None)
+        return out
+    for b in chains:
+        lo, d, s = int(p.bounds[b]), p.drafts[b], p.seqs[b]
+        logits, params = p.logits[lo : lo + p.own[b]], s.seq.params
         if params.greedy:
-            out.append((*verify_greedy(p.logits[lo:hi], d.tokens), d))
+            out[b] = (*verify_greedy(logits, d.tokens), d, None)
         else:
-            p_rows = [probs_from_logits(row, params) for row in p.logits[lo:hi]]
-            out.append((*verify_step(p_rows, d.tokens, list(d.q_rows), s.rng), d))
+            p_rows = [probs_from_logits(row, params) for row in logits]
+            out[b] = (*verify_step(p_rows, d.tokens, list(d.q_rows), s.rng), d, None)
     return out
+
+
+def accept_tree(p: Pass, b: int, to_host: Callable) -> tuple[int, int, Draft, list[int]]:
+    """Step 3 for a sequence that drafted a tree (its drafts are host ints): spec_tree's rule on its rows, read on
+    the host; the path it keeps."""
+    lo, d, s = int(p.bounds[b]), p.drafts[b], p.seqs[b]
+    logits, params = p.logits[lo : lo + p.own[b]], s.seq.params
+    if params.greedy:
+        path, token = verify_tree_greedy(to_host(logits), d.tokens, d.parents)
+    else:
+        p_rows = [probs_from_logits(row, params) for row in to_host(logits)]
+        path, token = verify_tree(p_rows, d.tokens, d.parents, list(d.q_rows), s.rng)
+    return len(path) - 1, token, d, path
 
 
 class Engine:
@@ -181,6 +208,7 @@ class Engine:
                 else [drafter] + [drafter.another() for _ in range(options.slots - 1)]
         self.scheduler = Scheduler(model, options, self.pool, self.drafters, self.k_max)
         self.rings = [model.new_ring(self.k_max + 1) for _ in range(options.slots)]  # per slot, allocated once
+        self.tree_rings: list = [None] * options.slots  # per slot, a SnapshotRing when it first drafts a tree
         self.finished: list[Running] = []
         self.steps = self.rows = self.emitted = 0  # passes with decoding rows, those rows, tokens emitted
         self.passes = self.prefill_rows = 0  # every pass, and its prefill rows
@@ -257,33 +285,42 @@ class Engine:
         # decoding sequence's ring receives the state after each of its rows
         p.own = [d.n + 1 for d in p.drafts]
         fed = [self._fed(s.pending, d, self.k_max - d.n if self.scheduler.pads else 0) for s, d in zip(p.seqs, p.drafts)]
-        rings = [self.rings[b] if len(f) > 1 else None for b, f in zip(p.slots, fed)] + [None] * len(p.joining)
+        # a tree's rows (tree.py) start from their parents' states: its ring is a SnapshotRing, which keeps them
+        rings = [self._tree_ring(b) if d.is_tree else self.rings[b] if len(f) > 1 else None
+                 for b, f, d in zip(p.slots, fed, p.drafts)] + [None] * len(p.joining)
+        trees = [d.parents + (0,) * (len(f) - d.n - 1) if d.is_tree else None for f, d in zip(fed, p.drafts)]
         fed += p.chunks
         chunked = self.options.chunked_prefill and not p.seqs
         p.logits, p.hidden, p.bounds = self.model.forward_batch(fed, p.states, rings, to_host=p.all_host,
-                                                                chunked=chunked)
+                                                                chunked=chunked, trees=trees + [None] * len(p.joining))
         if p.host_logits and not p.all_host:  # greedy and sampled mixed: only the logits come to the host
             p.logits = self.model.to_host(p.logits)
         verify_s = clock.lap("verify" if p.seqs else "prefill")
         # Step 3: accept: per sequence, the drafts its rule keeps and the target's own next token
-        runs = accept(p, self.model.placement.accept_greedy) if p.seqs else []
+        runs = accept(p, self.model.placement) if p.seqs else []
         clock.lap("accept")
-        for i, (b, s, (n_accepted, token, draft)) in enumerate(zip(p.slots, p.seqs, runs)):
-            fed_b = [s.pending] + draft.tokens
-            run = cut_at_stop(draft.tokens[:n_accepted] + [token], s.seq.stop_ids, s.max_new - len(s.seq.tokens))
+        for i, (b, s, (n_accepted, token, draft, path)) in enumerate(zip(p.slots, p.seqs, runs)):
+            # the drafts kept, in order: a chain's first n_accepted, a tree's path (its rows after the root)
+            kept = draft.tokens[:n_accepted] if path is None else [draft.tokens[r - 1] for r in path[1:]]
+            run = cut_at_stop(kept + [token], s.seq.stop_ids, s.max_new - len(s.seq.tokens))
             n_keep = len(run)  # pending and the run but its last token are kept; the last is the next pending
-            # Step 4: rollback: every GDN layer from the ring's entry n_keep - 1; the KV truncated to the kept
-            if n_keep < p.bounds[i + 1] - p.bounds[i]:  # (its rows: fed_b, and any filler after them)
+            # Step 4: rollback: every GDN layer from the ring's entry of the last kept row; the KV truncated to the
+            # kept rows (a tree's path moved to the positions a plain decode writes: SnapshotRing.restore_path)
+            if path is not None:
+                self._tree_ring(b).restore_path(s.state, path[:n_keep])
+                s.stats.rollbacks += n_keep < p.bounds[i + 1] - p.bounds[i]
+            elif n_keep < p.bounds[i + 1] - p.bounds[i]:  # (its rows: [pending] + drafts, and any filler after them)
                 self.rings[b].restore(s.state, n_keep - 1)
                 s.stats.rollbacks += 1
             clock.lap("rollback")
             if self.drafters is not None:  # the drafter is told what was kept, with the target's hidden rows
-                self.drafters[b].commit(fed_b[:n_keep], self._hidden(p, i, n_keep))
+                rows = None if path is None else path[:n_keep]
+                self.drafters[b].commit([s.pending] + kept[: n_keep - 1], self._hidden(p, i, n_keep, rows))
             clock.lap("draft")  # the drafter's bookkeeping counts as drafting
             # Step 5: emit
             s.stats.record(draft.n, n_accepted)
             self.emitted += n_keep
-            self._emit(b, s, run, token_marks(draft, n_accepted)[:n_keep])
+            self._emit(b, s, run, token_marks(draft, n_accepted, path)[:n_keep])
             clock.lap("accept")
         for j, b in enumerate(p.joining):
             self._prefilled(b, p, len(p.seqs) + j)
@@ -329,10 +366,19 @@ class Engine:
         head = to_device(np.array([pending] + [0] * filler))  # one upload: the pending token and the filler's
         return np.concatenate([head[:1], to_device(draft.ids), head[1:]] if filler else [head, to_device(draft.ids)])
 
-    def _hidden(self, p: Pass, i: int, n: int):
-        """Sequence i's first n hidden rows of the pass, where its solo run keeps them: a sampled one's on the host,
-        a greedy one's where the model computes (they differ only in a pass that mixes the two)."""
-        rows = p.hidden[int(p.bounds[i]) : int(p.bounds[i]) + n]
+    def _tree_ring(self, b: int):
+        """Slot b's ring for a tree pass (a SnapshotRing whatever the placement's rollback: Model.new_ring), made
+        when its first tree comes."""
+        if self.tree_rings[b] is None:
+            self.tree_rings[b] = self.model.new_ring(self.k_max + 1, tree=True)
+        return self.tree_rings[b]
+
+    def _hidden(self, p: Pass, i: int, n: int, path: list[int] | None = None):
+        """Sequence i's first n hidden rows of the pass (a tree's: the rows of its kept path), where its solo run
+        keeps them: a sampled one's on the host, a greedy one's where the model computes (they differ only in a pass
+        that mixes the two)."""
+        lo = int(p.bounds[i])
+        rows = p.hidden[lo : lo + n] if path is None else p.hidden[lo + np.asarray(path, np.int64)]
         return self.model.to_host(rows) if p.sampled[i] and not p.all_host else rows
 
     def _prefilled(self, b: int, p: Pass, i: int) -> None:

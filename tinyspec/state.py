@@ -119,6 +119,16 @@ class KVCache:
         """The keys and values of positions 0 .. n-1: [n, H_kv, d] each."""
         return self.k[: self.n], self.v[: self.n]
 
+    def gather(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and values of `positions` [m] (< n), in that order: [m, H_kv, d] each (a tree row's view)."""
+        return self.k[positions], self.v[positions]
+
+    def move_rows(self, first: int, rows: np.ndarray) -> None:
+        """Move positions first + rows[j] to first + j (rows increasing, rows[j] >= j: a tree's kept path moved to
+        where a plain decode writes it); the caller then truncates after them (ModelState.truncate_kv)."""
+        src = first + np.asarray(rows, np.int64)
+        self.k[first : first + len(src)], self.v[first : first + len(src)] = self.k[src], self.v[src]  # copies first
+
     def copy(self) -> "KVCache":
         out = KVCache(self.k.shape[1], self.k.shape[2], max(1, self.n), self.xp)
         out.append(*self.contents())
@@ -257,6 +267,12 @@ class RollbackRing:
         self.pos[:n_tokens] = np.arange(pos_before + 1, pos_before + n_tokens + 1)
         self.filled = n_tokens
 
+    def mark_tree(self, pos_before: int, depths: np.ndarray) -> None:
+        """Record that a tree pass from pos_before filled entries 0 .. len(depths)-1: entry t is the state after
+        row t's path, which holds pos_before + depths[t] + 1 tokens (tree.py)."""
+        self.mark_pass(pos_before, len(depths))
+        self.pos[: len(depths)] = pos_before + np.asarray(depths) + 1
+
     def kept(self, state: ModelState, entry: int) -> int:
         """The token count a rollback to `entry` keeps, after checking the entry and the state (a bad range is
         a bug: it raises before anything is written)."""
@@ -322,11 +338,28 @@ class SnapshotRing(RollbackRing):
     def restore(self, state: ModelState, entry: int) -> None:
         """Roll `state` back to entry: GDN layers copied in place, KV caches truncated. No recompute."""
         keep = self.kept(state, entry)
+        self._copy_gdn(state, entry)
+        state.truncate_kv(keep)
+
+    def restore_path(self, state: ModelState, path: list[int]) -> None:
+        """Roll `state` back to a path of the last tree pass (rows [0, r1, .., rm], root first, tree.path_to): every
+        GDN layer from the entry of its last row, every KV cache's rows of the path moved to the positions a plain
+        decode of those tokens writes (pos_before + j) and the rest forgotten. No recompute."""
+        keep = self.kept(state, path[-1])
+        first = keep - len(path)  # the tokens held before the pass
+        if int(self.pos[0]) != first + 1:
+            raise ValueError(f"path {path} does not start at the last pass's root")
+        self._copy_gdn(state, path[-1])
+        for layer in state.layers:
+            if not isinstance(layer, GDNState):  # a KVCache or a PagedKVCache: every layer moves, then all truncate
+                layer.move_rows(first, np.asarray(path, np.int64))
+        state.truncate_kv(keep)
+
+    def _copy_gdn(self, state: ModelState, entry: int) -> None:
         for layer, conv, ssm in zip(state.layers, self.conv, self.ssm):
             if conv is not None:
                 np.copyto(layer.conv, conv[entry])
                 np.copyto(layer.ssm, ssm[entry])
-        state.truncate_kv(keep)
 
 
 class ReplayLog:
