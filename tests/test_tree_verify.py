@@ -234,3 +234,24 @@ def test_trees_in_a_pool_too_small_for_all_are_preempted_and_stay_exact(backend)
             {"prompt": [220, 11, 4], "max_new": 12, "arrive": 1}, {"prompt": [5], "max_new": 10, "arrive": 2}]
     engine = run_schedule(backend, seqs, k=4, slots=3, block_size=2, spare=1, chunk=None, seed=7)
     assert engine.preemptions > 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_trees_on_the_cuda_backend_through_the_stand_in(monkeypatch, graphs):
+    """The cuda backend's modules run on the fake CuPy (tests/fake_cupy.py): a tree pass takes the host path of its
+    placement (no device pass, no graph: its rows' attention and scan follow parents), the chains around it keep
+    theirs, and greedy tree speculation equals the oracle's plain greedy output."""
+    import dataclasses
+
+    import fake_cupy
+    from tinyspec import backends
+    from tinyspec.assets import TARGET
+
+    fake_cupy.install(monkeypatch)
+    model = load_model(TARGET, "cuda")
+    model = model.with_placement(dataclasses.replace(backends.cuda_placement(graphs=graphs,
+                                                                             check_graphs=fake_cupy.check_replay)))
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6]
+    plain = generate(load_model(TARGET, "numpy"), prompt, 24).tokens
+    spec = speculative_generate(model, RandomTreeDrafter(plain, 5, 0.7), prompt, 24, draft_n=5)
+    assert spec.tokens == plain and spec.stats.accepted > 0
