@@ -157,3 +157,34 @@ def test_a_pass_with_a_ring_takes_the_composed_recurrent_step(model, monkeypatch
     assert calls == []  # a prefill without a ring: fused
     model.forward([4, 5], state, ring=ring)
     assert len(calls) == sum(model.cfg.recurrent) and all(r[0] is not None for r in calls)
+
+
+def test_the_tree_recurrent_step_is_bitwise_the_composed_one(model, monkeypatch):
+    """gdn_recurrent_tree over a draft tree (tree.py) in one compiled call: the output rows, every ring entry (the
+    state after each row's path) and the untouched sequence state bitwise those of gdn.gdn_recurrent_tree with the
+    cpu backend's separate calls; the compiled call is the one that ran (no fallback to the composed steps)."""
+    from tinyspec.state import SnapshotRing
+
+    cfg, kern, w = model.cfg, model.kernels, model.layers[0]
+    rng = np.random.default_rng(6)
+    parents, T = (0, 0, 1, 1, 3, 2), 7
+    C = w["ssm_conv1d.weight"].shape[0]
+    mixed = rng.standard_normal((T, C)).astype(np.float32)
+    beta = rng.random((T, cfg.ssm_n_v_heads)).astype(np.float32)
+    log_decay = -rng.random((T, cfg.ssm_n_v_heads)).astype(np.float32)
+    runs = []
+    composed = gdn.gdn_recurrent_tree
+    for step in (numba_steps.gdn_recurrent_tree, composed):
+        s = model.new_state()
+        model.forward([3, 1, 4, 1, 5], s)
+        ring = SnapshotRing(cfg, T)
+        before = s.layers[0].copy()
+        monkeypatch.setattr(gdn, "gdn_recurrent_tree", lambda *a: pytest.fail("fell back to the composed steps"))
+        o = step(mixed, log_decay, beta, parents, w, s.layers[0], cfg, kern, ring.layer(0)) \
+            if step is not composed else composed(mixed, log_decay, beta, parents, w, s.layers[0], cfg, kern,
+                                                  ring.layer(0))
+        monkeypatch.undo()
+        assert s.layers[0].max_abs_diff(before) == 0.0  # the sequence's own state is left as it was
+        runs.append((o, ring.conv[0].copy(), ring.ssm[0].copy()))
+    for got, want in zip(*runs, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -321,6 +321,7 @@ def cpu_kernels() -> Kernels:
         # separate calls; a step with a matrix large enough for threads keeps them)
         ffn_residual=numba_steps.ffn_residual, gdn_project=numba_steps.gdn_project, gdn_output=numba_steps.gdn_output,
         gdn_recurrent=numba_steps.gdn_recurrent,
+        gdn_recurrent_tree=numba_steps.gdn_recurrent_tree,
         attention_project=numba_steps.attention_project, attention_output=numba_steps.attention_output,
         norm_rope=numba_steps.norm_rope,
     )

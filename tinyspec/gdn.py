@@ -294,8 +294,8 @@ def gdn_recurrent_mixed(mixed, log_decay, beta, bounds: np.ndarray, w: Mapping[s
     for b, parents in enumerate(trees):
         if parents is not None:
             span = slice(int(bounds[b]), int(bounds[b + 1]))
-            o[span] = gdn_recurrent_tree(mixed[span], log_decay[span], beta[span], parents, w, states[b], cfg, kern,
-                                         rings[b])
+            o[span] = kern.gdn_recurrent_tree(mixed[span], log_decay[span], beta[span], parents, w, states[b], cfg,
+                                              kern, rings[b])
     return o
 
 

@@ -45,6 +45,9 @@ path by following an argument, not by searching for who patched what.
     gdn_recurrent gdn.gdn_recurrent      (mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
                                          -> o [R, HV, V]: its steps 2-4 (conv, q/k/v, the memory), which read and
                                          write each sequence's state (gdn.py says how rings take part)
+    gdn_recurrent_tree gdn.gdn_recurrent_tree (mixed, log_decay, beta, parents, w, state, cfg, kern, ring) -> o
+                                         [T, HV, V]: steps 2-4 over one sequence's draft tree (tree.py), each row
+                                         from its parent's ring entry into its own
     gdn_output    gdn.gdn_output         (o [T, HV, V], z, w, cfg, kern) -> [T, D]: its step 5
     attention_project  attention.project (x [T, D], w, cfg, kern) -> q, gate, k, v: an attention layer's step 1
     norm_rope     attention.norm_rope    (q [T, H, d], k [T, H_kv, d], positions [T], w, cfg, kern) -> q, k: its
@@ -112,6 +115,7 @@ class Kernels:
     ffn_residual: Callable = ffn.ffn_residual
     gdn_project: Callable = gdn.gdn_project
     gdn_recurrent: Callable = gdn.gdn_recurrent
+    gdn_recurrent_tree: Callable = gdn.gdn_recurrent_tree
     gdn_output: Callable = gdn.gdn_output
     attention_project: Callable = attention.project
     norm_rope: Callable = attention.norm_rope

@@ -127,9 +127,11 @@ def _gated_attention_out(o, gate, out_w, y):  # o, gate [T, H*d] -> y [T, D]
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _gdn_recurrent(mixed, bounds, windows, conv_w, no_states, decay, beta, seqs, n_k, eps, scale, o):
-    # mixed [R, C] -> o [R, HV, V]; sequence b: rows bounds[b] .. bounds[b+1]-1, its window [C, w-1] at windows[b]
-    # and its memory [HV, K, V] by its scan record seqs[b] (numba_gdn's), both updated in place
+def _gdn_recurrent(mixed, bounds, windows, windows_out, conv_w, no_states, decay, beta, seqs, n_k, eps, scale, o):
+    # mixed [R, C] -> o [R, HV, V]; sequence b: rows bounds[b] .. bounds[b+1]-1, its window [C, w-1] read at
+    # windows[b] and written at windows_out[b] (the same address: in place), its memory [HV, K, V] by its scan
+    # record seqs[b] (numba_gdn's: read and written where it says). Sequences run in order, the conv of each
+    # before the next, the scan of each before the next (a tree's row reads its parent's, gdn_recurrent_tree)
     R, C = mixed.shape
     w = conv_w.shape[1]
     B, HV, V = bounds.shape[0] - 1, o.shape[1], o.shape[2]
@@ -139,7 +141,7 @@ def _gdn_recurrent(mixed, bounds, windows, conv_w, no_states, decay, beta, seqs,
     for b in range(B):  # 2. the conv of each sequence from its window (numba_gdn.causal_conv_ragged's), in place
         window = carray(_f32_at(windows[b]), (C, w - 1))
         _causal_conv(mixed[bounds[b]:bounds[b + 1]], window, conv_w, c[bounds[b]:bounds[b + 1]], new, no_states, False)
-        window[:, :] = new
+        carray(_f32_at(windows_out[b]), (C, w - 1))[:, :] = new
     for r in range(R):  # its SiLU (numba_rows.silu's operations)
         for j in range(C):
             v = c[r, j]
@@ -275,11 +277,40 @@ def gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings=No
         windows.append(_address(s.conv))
         at = _address(s.ssm)
         seqs += (at, at, _NO_SNAPS_AT, 0, 0)
-    o = np.empty((R, HV, V), np.float32)
-    _gdn_recurrent(mixed, np.asarray(bounds, dtype=np.int64), np.array(windows, np.int64), conv_w, _NO_CONV_STATES,
-                   np.exp(log_decay), beta, np.array(seqs, np.int64), n_k, np.float32(cfg.rms_eps),
+    windows = np.array(windows, np.int64)
+    return _recurrent_call(mixed, log_decay, beta, np.asarray(bounds, dtype=np.int64), windows, windows, conv_w, seqs, cfg)
+
+
+def _recurrent_call(mixed, log_decay, beta, bounds, windows, windows_out, conv_w, seqs: list, cfg):
+    HV, K, V = cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
+    o = np.empty((mixed.shape[0], HV, V), np.float32)
+    _gdn_recurrent(mixed, bounds, windows, windows_out, conv_w, _NO_CONV_STATES, np.exp(log_decay), beta,
+                   np.array(seqs, np.int64), cfg.ssm_n_k_heads, np.float32(cfg.rms_eps),
                    np.float32(1.0 / math.sqrt(K)), o)  # gdn_qkv's scale, np.float32(1 / np.sqrt(K)): the same bits
     return o
+
+
+def gdn_recurrent_tree(mixed, log_decay, beta, parents, w, state, cfg, kern, ring):
+    """gdn.gdn_recurrent_tree in one call: each row a sequence of one token whose window and memory are read from
+    its parent's ring entry (row 0: the sequence's state) and written to its own entry, the rows in order (a parent
+    before its children); a scan numba_gdn would thread takes the composed steps."""
+    HV, K, V, n_k = cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim, cfg.ssm_n_k_heads
+    T, conv_w = mixed.shape[0], w["ssm_conv1d.weight"]
+    conv_states, ssm_states = ring.conv_states, ring.ssm_states
+    if HV * K * V >= numba_gdn.SERIAL_BELOW or not _f32(mixed, log_decay, beta, conv_w, state.conv, state.ssm) \
+            or mixed.shape[1] != 2 * n_k * K + HV * V or conv_w.shape[0] != mixed.shape[1] \
+            or not (conv_states.flags.c_contiguous and ssm_states.flags.c_contiguous):
+        return gdn.gdn_recurrent_tree(mixed, log_decay, beta, parents, w, state, cfg, kern, ring)
+    conv_at, ssm_at = _address(conv_states), _address(ssm_states)
+    conv_row, ssm_row = conv_states[0].nbytes, ssm_states[0].nbytes
+    before = [-1] + [int(p) for p in parents]  # each row's parent (-1: the sequence's state)
+    windows = [_address(state.conv) if p < 0 else conv_at + p * conv_row for p in before]
+    seqs = []
+    for t, p in enumerate(before):
+        seqs += (_address(state.ssm) if p < 0 else ssm_at + p * ssm_row, ssm_at + t * ssm_row, _NO_SNAPS_AT, 0, 0)
+    outs = np.arange(T, dtype=np.int64) * conv_row + conv_at
+    return _recurrent_call(mixed, log_decay, beta, np.arange(T + 1, dtype=np.int64), np.array(windows, np.int64),
+                           outs, conv_w, seqs, cfg)
 
 
 def norm_rope(q, k, positions, w, cfg, kern):  # q [T, H, d], k [T, H_kv, d] -> q, k
