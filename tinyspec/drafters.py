@@ -2,8 +2,12 @@
 
     name     what drafts                                          k_max  its own flags
     mtp      the target's own MTP (nextn) head, chained k times   8      --draft-vocab --ranking --draft-p-min
-    lookup   n-grams of the prompt and the output so far          8      (none)
+    lookup   n-grams of the prompt and the output so far          8      --tree
     draft    a separate small model with the same vocabulary      4      --draft-model --draft-vocab --ranking
+    mtp+lookup  the MTP head's tree and lookup's branches, one tree  8    mtp's, --tree (default 2)
+
+mtp also reads --tree. A kind that drafts trees by default (mtp+lookup) is left out of bench's default drafters
+(trees: True) until the engine verifies trees.
 
 A kind builds the drafter for ONE sequence; the engine makes the others of a batch with `another()`
 (drafting.Drafter), so a kind needs no batch form. k_max is the largest draft length `generate --spec NAME` lets
@@ -34,6 +38,7 @@ class DraftOptions:
     draft_model: object = None  # a Model with the target's vocabulary
     vocab: object = None
     p_min: float = 0.0
+    tree: int = 1  # guesses per node (mtp, lookup, mtp+lookup): > 1 drafts a tree (tree.py), 1 a chain
 
 
 def _fine(value) -> str | None:
@@ -76,6 +81,7 @@ class DrafterKind:
     flags: tuple[Flag, ...] = ()
     options: Callable[[object, object, object], DraftOptions] = no_options  # (parsed args, target, tokenizer)
     unavailable: Callable[[object], str | None] = has_everything  # target -> why this kind cannot draft for it
+    trees: bool = False  # its drafts are trees by default: bench leaves it out of its default drafters
 
 
 def draft_vocab(args, model, tokenizer=None):
@@ -112,20 +118,43 @@ def _shipped_draft() -> str:
     return str(DRAFT)
 
 
+TREE_FLAG = Flag("--tree", "draft a tree: up to W guesses per node, verified in one pass (mtp, lookup: default 1, "
+                 "a chain; mtp+lookup: default 2)", int, None, "W",
+                 check=lambda w: None if 1 <= w <= 8 else f"--tree must be in 1..8, got {w}")
+
+
 def _mtp(target, o: DraftOptions) -> Drafter:
     from .mtp import MTPDrafter
 
-    return MTPDrafter(target, o.vocab, p_min=o.p_min)
+    return MTPDrafter(target, o.vocab, p_min=o.p_min, tree=o.tree)
 
 
-def _mtp_options(args, target, tokenizer) -> DraftOptions:
-    return DraftOptions(vocab=draft_vocab(args, target, tokenizer), p_min=args.draft_p_min)
+def _mtp_options(args, target, tokenizer, tree: int = 1) -> DraftOptions:
+    """tree: the kind's default when --tree is not given."""
+    return DraftOptions(vocab=draft_vocab(args, target, tokenizer), p_min=args.draft_p_min,
+                        tree=tree if args.tree is None else args.tree)
 
 
 def _lookup(target, o: DraftOptions) -> Drafter:
     from .lookup import LookupDrafter
 
-    return LookupDrafter()
+    return LookupDrafter(tree=o.tree)
+
+
+def _lookup_options(args, target, tokenizer) -> DraftOptions:
+    return DraftOptions(tree=1 if args.tree is None else args.tree)
+
+
+def _mtp_lookup(target, o: DraftOptions) -> Drafter:
+    from .lookup import LookupDrafter
+    from .mixed import MixedDrafter
+    from .mtp import MTPDrafter
+
+    return MixedDrafter(MTPDrafter(target, o.vocab, p_min=o.p_min), LookupDrafter(), tree=o.tree)
+
+
+def _no_mtp_head(target) -> str | None:
+    return None if target.cfg.n_nextn else "this model has no MTP head"
 
 
 def _draft(target, o: DraftOptions) -> Drafter:
@@ -142,20 +171,24 @@ def _draft_options(args, target, tokenizer) -> DraftOptions:
     return DraftOptions(load_model(args.draft_model, target.backend), draft_vocab(args, target, tokenizer))
 
 
+P_MIN_FLAG = Flag("--draft-p-min", "stop drafting after a draft the head gives probability < P (llama.cpp's "
+                  "--spec-draft-p-min; 0, the default: draft every position the draft length allows)", float, 0.0,
+                  "P", check=lambda p: None if 0 <= p <= 1 else f"--draft-p-min must be in [0, 1], got {p}",
+                  strict=True)
+
 DRAFTERS = {kind.name: kind for kind in (
     DrafterKind("mtp", "the model's own nextn head, chained k times", 8, _mtp, options=_mtp_options,
-                flags=VOCAB_FLAGS + (Flag(
-                    "--draft-p-min", "stop drafting after a draft the head gives probability < P (llama.cpp's "
-                    "--spec-draft-p-min; 0, the default: draft every position the draft length allows)", float, 0.0,
-                    "P", check=lambda p: None if 0 <= p <= 1 else f"--draft-p-min must be in [0, 1], got {p}",
-                    strict=True),),
-                unavailable=lambda target: None if target.cfg.n_nextn else "this model has no MTP head"),
-    DrafterKind("lookup", "n-grams from the prompt and output", 8, _lookup),
+                flags=VOCAB_FLAGS + (P_MIN_FLAG, TREE_FLAG), unavailable=_no_mtp_head),
+    DrafterKind("lookup", "n-grams from the prompt and output", 8, _lookup, flags=(TREE_FLAG,),
+                options=_lookup_options),
     DrafterKind("draft", "a separate small model, --draft-model", 4, _draft, needs_draft_model=True,
                 options=_draft_options, flags=(Flag(
                     "--draft-model", "draft model GGUF (same vocabulary as --model; default with the shipped model: "
                     "the shipped draft model)", metavar="FILE", required="a small qwen35 GGUF with the same vocabulary",
                     shipped=_shipped_draft),) + VOCAB_FLAGS),
+    DrafterKind("mtp+lookup", "the MTP head's tree and prompt-lookup branches, verified as one tree", 8, _mtp_lookup,
+                flags=VOCAB_FLAGS + (P_MIN_FLAG, TREE_FLAG), unavailable=_no_mtp_head, trees=True,
+                options=lambda args, target, tokenizer: _mtp_options(args, target, tokenizer, tree=2)),
 )}
 
 

@@ -22,6 +22,14 @@ Example: h = [5 6 7 9 5 6 7 8 5 6], k = 3, n_max = 3
     n=3 suffix [8 5 6]: not seen before
     n=2 suffix [5 6]:   at i=4 (most recent) and i=0 -> draft = h[6:9] = [7 8 5]
 
+A tree of guesses (tree=W > 1): find_drafts keeps looking after the first match and returns up to W different
+continuations (the most recent occurrences of the longest suffix, then of shorter ones; those with a next token
+not seen yet first), merged into one draft tree (tree.TreeBuilder) of at most k nodes. Lookup has no
+probabilities, so a branch's nodes get fixed scores: the r-th continuation (r = 0, 1, ...) scores its token at
+depth d as CONFIDENCE ** d * 0.5 ** r (0.8 a token for the best match; each later one half as likely, so a
+second guess at the root outranks the best match's 5th token). They are guesses, not measurements: they only rank
+the nodes when the budget is cut, here and against the MTP head's probabilities (mixed.py).
+
 Cost: O(L * n) per step for the linear scan, fine for a reference that runs a NumPy model per token.
 
 Official implementation: llama.cpp common/ngram-map.cpp `ngram-simple` (one fixed n, backwards scan),
@@ -43,6 +51,9 @@ import numpy as np
 
 from .sampling import SamplingParams
 from .drafting import Draft, Drafting, KeepsNoKV, Proposing, StopRule, no_passes
+from .tree import Guess, TreeBuilder
+
+CONFIDENCE = 0.8  # a lookup branch's score per token (the best match's; the r-th match's branch is 0.5 ** r of it)
 
 
 def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
@@ -65,6 +76,44 @@ def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -
     return []
 
 
+def find_drafts(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1, m: int = 1) -> list[list[int]]:
+    """Up to m different continuations of up to k tokens each, best first: every earlier occurrence of the
+    longest matching suffix, most recent first, then of shorter suffixes; a continuation whose first token is
+    new comes before those that repeat one (different next tokens are different guesses); one that is already
+    there (or a prefix of one there) is dropped. The first is find_draft's.
+
+    [5, 6, 7, 9, 5, 6, 7, 8, 5, 6], k=3, m=3 -> [[7, 8, 5], [7, 9, 5]]
+        ([5 6] at 4 and 0; [6] at 5 and 1 finds the same two again)
+    [5, 6, 7, 1, 5, 6, 7, 2, 6, 9, 5, 6], k=2, m=2 -> [[7, 2], [9, 5]]
+        ([5 6] at 4 and 0 -> [7, 2], [7, 1]; [6] at 8 -> [9, 5], a new next token, so it goes before [7, 1])
+    """
+    if k < 0 or m < 1 or not 1 <= n_min <= n_max:
+        raise ValueError(f"need k >= 0, m >= 1 and 1 <= n_min <= n_max, got k={k}, m={m}, n_min={n_min}, n_max={n_max}")
+    history = [int(t) for t in history]
+    L = len(history)
+    found: list[list[int]] = []
+    if k == 0:
+        return found
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = history[L - n:]
+        for i in range(L - n - 1, -1, -1):
+            if history[i:i + n] == suffix:
+                cont = history[i + n:i + n + k]
+                if not any(old[:len(cont)] == cont for old in found):
+                    found.append(cont)
+    firsts, new, repeats = set(), [], []
+    for cont in found:  # a new next token first, in the order found; then the rest
+        (repeats if cont[0] in firsts else new).append(cont)
+        firsts.add(cont[0])
+    return (new + repeats)[:m]
+
+
+def lookup_branches(continuations: list[list[int]]) -> list[list[Guess]]:
+    """find_drafts' continuations as tree branches: one-hot guesses with the fixed scores (module docstring)."""
+    return [[Guess(t, None, CONFIDENCE ** d * 0.5 ** r) for d, t in enumerate(cont, start=1)]
+            for r, cont in enumerate(continuations)]
+
+
 class LookupDrafter(Proposing, KeepsNoKV):
     """The drafter protocol (drafting.Drafter) around find_draft; its state is the token history.
 
@@ -72,14 +121,19 @@ class LookupDrafter(Proposing, KeepsNoKV):
     The target's hidden rows are ignored: this drafter runs no model (its drafting asks for no pass), and has no
     confidence to report; its drafts are host ints from the start. It keeps no KV (KeepsNoKV): in a batch it takes
     no pool block, and a preempted sequence's history restarts it exactly.
+
+    tree: up to this many continuations (find_drafts), proposed as one tree of at most k nodes; 1: the chain of
+    find_draft (parents None).
     """
 
     stops_by_confidence = False
 
-    def __init__(self, n_max: int = 4, n_min: int = 1):
+    def __init__(self, n_max: int = 4, n_min: int = 1, tree: int = 1):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
-        self.n_max, self.n_min = n_max, n_min
+        if tree < 1:
+            raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
+        self.n_max, self.n_min, self.tree = n_max, n_min, tree
         self.history: list[int] = []
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: None = None) -> None:
@@ -87,13 +141,22 @@ class LookupDrafter(Proposing, KeepsNoKV):
 
     def another(self, pool=None) -> "LookupDrafter":  # no KV: nothing in a pool
 
-        return LookupDrafter(self.n_max, self.n_min)
+        return LookupDrafter(self.n_max, self.n_min, self.tree)
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting:
         # pending is chosen but not yet fed: it is the last token of the suffix we look up
+        if self.tree > 1:
+            builder = TreeBuilder()
+            for path in self.branches(pending, k, self.tree):
+                builder.add_path(path, "lookup")
+            return no_passes(builder.grow(k).draft())
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
         return no_passes(Draft(drafts, [None] * len(drafts)))  # deterministic drafts: q_draft is one-hot (None)
+
+    def branches(self, pending: int, k: int, m: int) -> list[list[Guess]]:
+        """Up to m continuations of up to k tokens after the pending token, as scored tree branches."""
+        return lookup_branches(find_drafts(self.history + [int(pending)], k, self.n_max, self.n_min, m))
 
     def draft_pass(self, asks: list) -> list:  # never asked: drafting makes no pass
         return []

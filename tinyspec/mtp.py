@@ -20,16 +20,18 @@ transformers drops mtp.* weights on load, so tests build a reference from its de
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generator
 
 import numpy as np
 
 from .attention import attention_layer_ragged
 from .model import ATTN_TENSORS, FFN_TENSORS, Model, ModelError, check_ffn, checked_ids
 from .ops import join_rows
-from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token
+from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_token, sample
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
 from .paged import BlockPool, PagedKVCache, ViewTable
 from .state import KVCache
+from .tree import Guess, TreeBuilder
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
 
@@ -164,6 +166,15 @@ class HeadWindow:
     fed: int
 
 
+def top_tokens(logits: np.ndarray, w: int, vocab: DraftVocabulary | None = None) -> tuple[list[int], list[float]]:
+    """The w most likely tokens of host logits [N] (or [n] over a draft vocabulary: mapped to its ids), best first
+    (ties: the lower position, as argmax), with their softmax probabilities."""
+    z = np.exp(logits - logits.max(), dtype=np.float64)
+    order = np.argsort(-logits, kind="stable")[:w]
+    ids = order if vocab is None else vocab.ids[order]
+    return [int(t) for t in ids], [float(p) for p in z[order] / z.sum()]
+
+
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
     """Pair row p with h_{p-1}: [T, D] -> [T, D], first row = h_before (zeros at the start of a sequence)."""
     first = np.zeros_like(hidden[:1]) if h_before is None else h_before.reshape(1, -1)  # where hidden is
@@ -216,9 +227,12 @@ class MTPDrafter(Proposing):
 
     def __init__(self, model: Model, vocab: DraftVocabulary | None = None, max_queue: int = 32,
                  p_min: float = 0.0, p_floor: float = 0.0, head: MTPHead | None = None, scores=None,
-                 pool: BlockPool | None = None):
+                 pool: BlockPool | None = None, tree: int = 1):
         if not 0.0 <= p_min <= 1.0 or not 0.0 <= p_floor <= 1.0:
             raise ValueError(f"p_min and p_floor must be in [0, 1], got {p_min}, {p_floor}")
+        if tree < 1:
+            raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
+        self.tree = tree  # guesses per depth: > 1 drafts a tree (growing), 1 the chain
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
@@ -239,7 +253,7 @@ class MTPDrafter(Proposing):
         """A drafter for another sequence of the same batch: its own cache (in `pool`, if given) and queue, this
         one's head, options and scores weight (so a batch's head passes score every sequence with one product)."""
         return MTPDrafter(self.head.model, self.vocab, self.max_queue, self.p_min, self.p_floor, self.head, self.scores,
-                          pool)
+                          pool, self.tree)
 
     @property
     def cache(self) -> KVCache | PagedKVCache:  # the head's KV cache, every kept token fed
@@ -301,6 +315,26 @@ class MTPDrafter(Proposing):
         """Several sequences' head passes as one (MTPHead.draft_pass)."""
         return self.head.draft_pass(asks)
 
+    def _first_pass(self, pending: int, k: int, then: int = 0) -> tuple[HeadPass, int]:
+        """A drafting's first head pass, and how many rows the cache keeps after the drafting (cache.n then).
+
+        It feeds the queued kept tokens and the pending token together (one pass of the block, not two: rows are
+        batch-invariant, so the cache and the draft are the same bits either way). Its rows n (the kept tokens of
+        the last verify, plus the pending one: 1 after a start, else 2 .. k_last + 2) are padded to k + 2 where the
+        backend graphs its passes (Placement.pad_rows): one shape a step for this k. Its filler's KV stays within
+        the rule the engine budgets by (drafting.Drafter: <= the sequence's positions pos + k + 2; the cache holds
+        pos + 1 - n before the pass, pos + k + 3 - n after it) and is dropped after the pass."""
+        fed = [t for f, _ in self.queue for t in f]
+        rows = [h for _, h in self.queue]
+        self.queue = []
+        n_kept = self.fed_cache.n + len(fed)
+        n = len(fed) + 1
+        filler = k + 2 - n if self.head.model.placement.pad_rows and n <= k + 2 else 0
+        tokens = fed + [pending] + [0] * filler
+        hs = np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]]
+                            + ([self._zeros(filler)] if filler else []))
+        return HeadPass(tokens, hs, self.fed_cache, self.scores, filler, then), n_kept
+
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting:
         """The k drafts as a coroutine (drafting.Drafter): yields each head pass it needs (a HeadPass), is sent
@@ -318,29 +352,15 @@ class MTPDrafter(Proposing):
         floor = max(self.p_floor, stop.floor)
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
         argmax_ids = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
+        if self.tree > 1:  # a tree of guesses: host ints, whatever on_device asks
+            builder, withdrawn = yield from self.growing(pending, k, params, rng, stop, self.tree)
+            return builder.grow(k).draft(withdrawn)
         cache = self.fed_cache
-        # the first pass feeds the queued kept tokens and the pending token together (one pass of the block,
-        # not two: rows are batch-invariant, so the cache and the draft are the same bits either way)
-        fed = [t for f, _ in self.queue for t in f]
-        rows = [h for _, h in self.queue]
-        self.queue = []
-        n_kept = cache.n + len(fed)
         drafts, q_rows, probs, withdrawn = [], [], [], False
-        # the first pass's rows n (the kept tokens of the last verify, plus the pending one: 1 after a start, else
-        # 2 .. k_last + 2) padded to k + 2 where the backend graphs its passes (Placement.pad_rows): one shape a step
-        # for this k. Its filler's KV stays within the rule the engine budgets by (drafting.Drafter: <= the sequence's
-        # positions pos + k + 2; the cache holds pos + 1 - n before the pass, pos + k + 3 - n after it) and is
-        # dropped after the pass
-        n = len(fed) + 1
-        filler = k + 2 - n if self.head.model.placement.pad_rows and n <= k + 2 else 0
-        tokens = fed + [pending] + [0] * filler
-        hs = np.concatenate([self.head.model.to_device(h) for h in rows + [self.h_last[None, :]]]
-                            + ([self._zeros(filler)] if filler else []))
         then = k - 1 if argmax_ids else 0  # the next passes feed device ids: their maps can ride this one's upload
+        ask, n_kept = self._first_pass(pending, k, then)
         for _ in range(k):
-            # h [1, D], logits [N] or [n], where the head computes
-            h, logits = yield HeadPass(tokens, hs, cache, self.scores, filler, then)
-            filler = then = 0
+            h, logits = yield ask  # h [1, D], logits [N] or [n], where the head computes
             if argmax_ids:  # [1] id where the head computes: no transfer
                 token, q_draft = np.argmax(logits).reshape(1), None
             else:  # a sampled draft reads the law on the host
@@ -357,11 +377,67 @@ class MTPDrafter(Proposing):
                 probs.append(p)
                 if p < self.p_min or (stop.keep_going is not None and not stop.keep_going(probs)):
                     break
-            tokens, hs = token if argmax_ids else [token], h
+            ask = HeadPass(token if argmax_ids else [token], h, cache, self.scores)
         cache.truncate(n_kept)
         if argmax_ids and on_device and drafts:  # asked to leave them: the verify step fetches them with its run
             return device_draft(drafts, q_rows, probs, withdrawn)
         return Draft(fetch_drafts(drafts, self.head.model) if argmax_ids else drafts, q_rows, probs, withdrawn)
+
+    def growing(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                stop: StopRule | None = None, width: int = 2) -> Generator[HeadPass, tuple, tuple[TreeBuilder, bool]]:
+        """A tree's candidates as a coroutine of head passes (as drafting's), returning (builder, withdrawn):
+        the chain's node at each depth and `width` - 1 siblings beside it; the caller keeps the k best
+        (builder.grow(k); mixed.py adds lookup branches first).
+
+        The chain is drafting's (each pass feeds the chain's draft; drafts are host ints here). At depth i:
+            greedy   the head's top-`width` tokens (over the draft vocabulary's ids with one), one-hot; with
+                     p_r the softmax probability of the r-th and P the chain's path probability before depth i,
+                     the chain node (r = 1) scores P * p_1 and sibling r scores P * p_r
+            sampled  the chain node is drafting's draw from q, the siblings `width` - 1 more independent draws
+                     from the same q (this rng, after the chain's draw, in order), q_rows q. A drawn node's
+                     score must not depend on its own token (tree.TreeBuilder), so it uses m = max q instead
+                     of q(token): the chain node scores P * m, the r-th draw P * m * (1 - m) ** (r - 1) (tried
+                     only if the r - 1 before it are rejected, each kept with about m)
+        probs: per node the head's probability of its token (greedy p_r, sampled q(token)). The stop rule and
+        p_min, p_floor act on the chain node as in drafting. The chain stops early once k nodes score at least
+        as much as its last node: nothing deeper (every node below it scores no more) could be kept."""
+        builder = TreeBuilder()
+        if not k:
+            return builder, False
+        stop = stop or StopRule()
+        floor = max(self.p_floor, stop.floor)
+        ask, n_kept = self._first_pass(pending, k)
+        parent, path_score, chain_probs, withdrawn = 0, 1.0, [], False
+        for _ in range(k):
+            h, logits = yield ask
+            logits = self.head.model.to_host(logits)  # [N] or [n]
+            if params.greedy:
+                tokens, p_top = top_tokens(logits, width, self.vocab)
+                p = p_top[0]
+                if p < floor:  # the head is guessing: not worth a verify row (nor are its siblings)
+                    withdrawn = True
+                    break
+                guesses = [Guess(t, None, path_score * pr, pr) for t, pr in zip(tokens, p_top)]
+            else:
+                token, q = draft_token(logits, params, rng) if self.vocab is None else \
+                    self.vocab.draw(logits, params, rng)
+                draws = [token] + [sample(q, rng) for _ in range(width - 1)]
+                m = float(q.max())
+                p = float(q[token])
+                guesses = [Guess(t, q, path_score * m * (1 - m) ** r, float(q[t])) for r, t in enumerate(draws)]
+            node = builder.add(parent, guesses[0], "mtp")
+            for guess in guesses[1:]:
+                builder.add(parent, guess, "mtp")
+            chain_probs.append(p)
+            if p < self.p_min or (stop.keep_going is not None and not stop.keep_going(chain_probs)):
+                break
+            last = guesses[0].score
+            if sum(g.score >= last for g in builder.guesses[1:]) >= k:  # nothing deeper could be kept
+                break
+            parent, path_score = node, last
+            ask = HeadPass([guesses[0].token], h, self.fed_cache, self.scores)
+        self.fed_cache.truncate(n_kept)
+        return builder, withdrawn
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))

@@ -86,6 +86,8 @@ class DraftVocabulary(Protocol):
     """A subset of the vocabulary a drafter scores instead of all of it (tinyspec.fast.draft_vocab.DraftVocab):
     verification is unchanged, so output is too; drafts only get cheaper, and sometimes worse."""
 
+    ids: np.ndarray  # [n] the token id of each subset position (a draft tree's top-W over the subset, mtp.py)
+
     def rows(self, weight):  # an [N, D] output weight -> the [n, D] rows to score (same kind of weight)
         ...
 

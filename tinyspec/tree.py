@@ -19,15 +19,24 @@ after the parent's token (gdn.gdn_recurrent_tree). After acceptance a path from 
 and the sequence is rolled back to it: the GDN state of the path's last row from the ring, the path's KV rows
 moved to the positions a plain decode would have written (state.ModelState.keep_path).
 
+Growing a tree (TreeBuilder, grow): drafters propose candidate nodes, each with a score, the estimated
+probability that its path is accepted; one-hot guesses of the same token under the same parent merge (a trie);
+the `budget` best are kept, best first (a node only with its parent), and laid out depth first, siblings in the
+order acceptance should try them. Drawn guesses (sampled, with their law q) are never merged or reordered.
+
 Official implementation of the idea: SpecInfer (Miao et al. 2024, token-tree verification), Medusa and
 EAGLE-2 (draft trees over a transformer: a mask); SGLang's GDN kernels take parent indices (docs/peers.md).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import heapq
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from .drafting import Draft
 
 
 def chain_parents(k: int) -> tuple[int, ...]:
@@ -94,3 +103,135 @@ def draw(parents: Sequence[int], tokens: Sequence[int], pending: int | None = No
         token = ("pending" if pending is None else str(pending)) if row == 0 else str(tokens[row - 1])
         lines.append(f"{'  ' * int(d[row])}{'' if row == 0 else '`- '}[{row}] {token}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- growing a tree
+
+
+@dataclass(frozen=True)
+class Guess:
+    """One candidate node: a draft token, the law it was drawn from, and how likely it is to be kept."""
+    token: int
+    q: np.ndarray | None = None  # the law [N] it was drawn from; None: one-hot on it (a deterministic guess)
+    score: float = 1.0  # the estimated probability that its path (the root .. it) is accepted
+    prob: float | None = None  # the drafter's probability of it (Draft.probs), if it knows one
+
+
+class Grown(NamedTuple):
+    """A grown tree in row order: the Draft's fields, and per row its score and the sources that proposed it."""
+    tokens: list[int]
+    q_rows: list
+    probs: list[float]  # per row, or [] when some row's drafter gave none
+    parents: tuple[int, ...]
+    scores: list[float]
+    sources: list[tuple[str, ...]]
+
+    def draft(self, withdrawn: bool = False) -> Draft:
+        return Draft(self.tokens, self.q_rows, self.probs, withdrawn, parents=self.parents if self.tokens else None)
+
+
+class TreeBuilder:
+    """Candidate branches merged into a trie, then the `budget` most likely nodes kept, as a draft tree.
+
+        add(parent, guess) / add_path(guesses)   a node under `parent` (0: the root, the pending token)
+        grow(budget) -> Grown                    best first: the kept nodes are prefix-closed (a node only
+                                                 with its parent) and, where scores fall along every path,
+                                                 the top `budget` by score (ties: the node added first)
+
+    Merging. Two one-hot guesses (q None) of the same token under the same parent are one node (its score the
+    larger, its sources both): a deterministic token proposed twice is one candidate. A drawn guess (q given) is
+    never merged: acceptance (spec_tree.py) is exact only when each drawn candidate is an independent draw.
+
+    Drawn siblings (q given) keep their draw order, both in rows and in what is kept: the r-th draw is kept only
+    with the draws before it, and they come before their one-hot siblings; one-hot siblings are ordered by score,
+    highest first (acceptance tries a node's children in row order). For the law to stay exact, a drawn guess's
+    score must not depend on its own token (nor on later draws): then whether it is kept, and where it is tried,
+    says nothing of its value. (Whether a later candidate is tried may depend on the earlier ones: after they are
+    rejected the rest samples the residual law exactly whatever they were.)
+
+    Rows come out depth first: a node's subtree follows it, so the best path (each node's first child) is
+    rows 1, 2, 3, ...: a chain in is the chain out, parents (0, 1, 2, ...)."""
+
+    def __init__(self):
+        self.guesses: list[Guess | None] = [None]  # per node; node 0 is the root (the pending token)
+        self.parent: list[int] = [-1]
+        self.sources: list[list[str]] = [[]]
+        self.kids: list[list[int]] = [[]]  # per node its children, in the order they were added
+
+    def __len__(self) -> int:  # candidate nodes, the root not counted
+        return len(self.guesses) - 1
+
+    def add(self, parent: int, guess: Guess, source: str = "") -> int:
+        """A guess under node `parent` -> its node (an existing one when it merges)."""
+        if guess.q is None:
+            for kid in self.kids[parent]:
+                old = self.guesses[kid]
+                if old.q is None and old.token == guess.token:  # the same deterministic token: one node
+                    prob = old.prob if old.prob is not None else guess.prob
+                    self.guesses[kid] = Guess(old.token, None, max(old.score, guess.score), prob)
+                    if source not in self.sources[kid]:
+                        self.sources[kid].append(source)
+                    return kid
+        node = len(self.guesses)
+        self.guesses.append(Guess(int(guess.token), guess.q, float(guess.score), guess.prob))
+        self.parent.append(parent)
+        self.sources.append([source])
+        self.kids.append([])
+        self.kids[parent].append(node)
+        return node
+
+    def add_path(self, path: Sequence[Guess], source: str = "") -> list[int]:
+        """A branch from the root: path[0] after the pending token, path[i] after path[i - 1] -> its nodes."""
+        nodes, node = [], 0
+        for guess in path:
+            node = self.add(node, guess, source)
+            nodes.append(node)
+        return nodes
+
+    def _ordered(self, node: int) -> list[int]:
+        """node's children in the order acceptance tries them: draws in draw order, then one-hot by score."""
+        drawn = [c for c in self.kids[node] if self.guesses[c].q is not None]
+        one_hot = [c for c in self.kids[node] if self.guesses[c].q is None]
+        return drawn + sorted(one_hot, key=lambda c: (-self.guesses[c].score, c))
+
+    def grow(self, budget: int) -> Grown:
+        """The `budget` nodes picked best first (a node is a candidate once its parent is kept; a drawn node once
+        the draws before it are), in depth-first rows."""
+        kept, frontier = set(), []
+
+        def offer(node: int) -> None:  # node's children become candidates: every one-hot, the first draw
+            drawn = [c for c in self.kids[node] if self.guesses[c].q is not None]
+            for c in [c for c in self.kids[node] if self.guesses[c].q is None] + drawn[:1]:
+                heapq.heappush(frontier, (-self.guesses[c].score, c))
+
+        offer(0)
+        while frontier and len(kept) < budget:
+            _, node = heapq.heappop(frontier)
+            kept.add(node)
+            offer(node)
+            if self.guesses[node].q is not None:  # the next draw under the same parent
+                siblings = [c for c in self.kids[self.parent[node]] if self.guesses[c].q is not None]
+                after = siblings.index(node) + 1
+                if after < len(siblings):
+                    heapq.heappush(frontier, (-self.guesses[siblings[after]].score, siblings[after]))
+        rows, stack = {0: 0}, [c for c in reversed(self._ordered(0)) if c in kept]
+        order = []
+        while stack:  # depth first: a node, then its subtree
+            node = stack.pop()
+            rows[node] = len(order) + 1
+            order.append(node)
+            stack.extend(c for c in reversed(self._ordered(node)) if c in kept)
+        guesses = [self.guesses[n] for n in order]
+        probs = [g.prob for g in guesses]
+        return Grown([g.token for g in guesses], [g.q for g in guesses],
+                     probs if all(p is not None for p in probs) else [],
+                     tuple(rows[self.parent[n]] for n in order), [g.score for g in guesses],
+                     [tuple(self.sources[n]) for n in order])
+
+
+def grow(branches: Sequence[tuple[Sequence[Guess], str]], budget: int) -> Grown:
+    """Branches from the root (each a path of guesses and its source's name) merged and cut to `budget` nodes."""
+    builder = TreeBuilder()
+    for path, source in branches:
+        builder.add_path(path, source)
+    return builder.grow(budget)

@@ -1,0 +1,76 @@
+"""The MTP head's tree and prompt-lookup branches, proposed as one draft tree.
+
+The two drafters guess differently: the MTP head is good at the next few tokens of fresh text, lookup at long
+runs the text repeats (code being edited, quoted sources). A tree can hold both guesses at once, and the verify
+pass keeps whichever path the target agrees with (tree.py):
+
+    candidates  the MTP head's chain and its top-W siblings per depth (mtp.MTPDrafter.growing, its passes)
+                + up to W lookup continuations after the pending token (lookup.find_drafts, no pass)
+    merge       one trie (tree.TreeBuilder): a lookup token equal to a greedy MTP node under the same parent is
+                that node; sampled MTP nodes are draws from q and are never merged (lookup's are one-hot)
+    keep        the k most likely nodes (MTP: the head's path probabilities; lookup: fixed per-token scores,
+                lookup.CONFIDENCE), prefix-closed, in depth-first rows
+
+When lookup finds nothing, the tree is the MTP tree. Everything else a drafter does goes to both: both see the
+prompt and every kept token; only the MTP head keeps KV (its table, its release), and only it runs passes.
+
+The idea: SpecInfer's merge-based token trees (Miao et al. 2024) merge several small models' guesses into one
+tree the same way; here one of the two "models" is the history.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .drafting import Draft, Drafting, Proposing, StopRule
+from .lookup import LookupDrafter
+from .mtp import MTPDrafter
+from .sampling import SamplingParams
+
+
+class MixedDrafter(Proposing):
+    """The drafter protocol (drafting.Drafter) over an MTP drafter and a lookup drafter, drafting one tree of at
+    most k nodes with up to `tree` guesses per MTP depth and `tree` lookup continuations (the two drafters' own
+    `tree` settings are not read)."""
+
+    def __init__(self, mtp: MTPDrafter, lookup: LookupDrafter, tree: int = 2):
+        if tree < 1:
+            raise ValueError(f"tree must be at least 1, got {tree}")
+        self.mtp, self.lookup, self.tree = mtp, lookup, tree
+
+    @property
+    def stops_by_confidence(self) -> bool:  # the stop rule shortens the MTP chain
+        return self.mtp.stops_by_confidence
+
+    @property
+    def kv_table(self):
+        return self.mtp.kv_table
+
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume=None) -> None:
+        self.mtp.start(prompt, hidden, k_max, resume)
+        self.lookup.start(prompt, hidden, k_max)
+
+    def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        self.mtp.commit(fed, hidden)
+        self.lookup.commit(fed, hidden)
+
+    def release(self):
+        self.lookup.release()
+        return self.mtp.release()  # lookup restarts from the history alone
+
+    def another(self, pool=None) -> "MixedDrafter":
+        return MixedDrafter(self.mtp.another(pool), self.lookup.another(pool), self.tree)
+
+    def draft_pass(self, asks: list) -> list:
+        return self.mtp.draft_pass(asks)
+
+    def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: StopRule | None = None, on_device: bool = False) -> Drafting:
+        """The MTP head's candidates (its passes go through), then lookup's branches, cut to k nodes. Host ints,
+        whatever on_device asks."""
+        if not k:
+            return Draft()
+        builder, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree)
+        for path in self.lookup.branches(pending, k, self.tree):
+            builder.add_path(path, "lookup")
+        return builder.grow(k).draft(withdrawn)
