@@ -285,7 +285,7 @@ def test_mixed_passes_the_protocol_through(target, prefilled):
 
 def test_registry_builds_trees(target):
     kind = DRAFTERS["mtp+lookup"]
-    assert kind.k_max == 8 and kind.unavailable(target) is None and kind.trees
+    assert kind.k_max == 8 and kind.unavailable(target) is None
     mixed = build_drafter("mtp+lookup", target, DraftOptions(tree=3))
     assert isinstance(mixed, MixedDrafter) and mixed.tree == 3
     assert build_drafter("mtp", target, DraftOptions(tree=2)).tree == 2

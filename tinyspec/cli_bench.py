@@ -19,8 +19,8 @@ from .prompts import check_prompt_args, prompt_tokens
 
 
 def target_alone() -> list[str]:
-    """The kinds bench can time with nothing but the target (no --draft-model); not yet those that draft trees."""
-    return [kind.name for kind in DRAFTERS.values() if not kind.needs_draft_model and not kind.trees]
+    """The kinds bench can time with nothing but the target (no --draft-model)."""
+    return [kind.name for kind in DRAFTERS.values() if not kind.needs_draft_model]
 
 
 def say(msg: str) -> None:

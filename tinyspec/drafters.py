@@ -1,13 +1,13 @@
 """Every drafter tinyspec offers, by name: the one registry the CLI, the demo and bench read.
 
     name     what drafts                                          k_max  its own flags
-    mtp      the target's own MTP (nextn) head, chained k times   8      --draft-vocab --ranking --draft-p-min
+    mtp      the target's own MTP (nextn) head, chained k times   8      --draft-vocab --ranking --draft-p-min --tree
     lookup   n-grams of the prompt and the output so far          8      --tree
     draft    a separate small model with the same vocabulary      4      --draft-model --draft-vocab --ranking
     mtp+lookup  the MTP head's tree and lookup's branches, one tree  8    mtp's, --tree (default 2)
 
-mtp also reads --tree. A kind that drafts trees by default (mtp+lookup) is left out of bench's default drafters
-(trees: True) until the engine verifies trees.
+--tree W: the drafter proposes a tree of up to k nodes, up to W guesses per node (tree.py), verified in one pass
+(the engine's tree pass; spec_tree.py's rule); mtp and lookup draft chains by default (W = 1).
 
 A kind builds the drafter for ONE sequence; the engine makes the others of a batch with `another()`
 (drafting.Drafter), so a kind needs no batch form. k_max is the largest draft length `generate --spec NAME` lets
@@ -81,7 +81,6 @@ class DrafterKind:
     flags: tuple[Flag, ...] = ()
     options: Callable[[object, object, object], DraftOptions] = no_options  # (parsed args, target, tokenizer)
     unavailable: Callable[[object], str | None] = has_everything  # target -> why this kind cannot draft for it
-    trees: bool = False  # its drafts are trees by default: bench leaves it out of its default drafters
 
 
 def draft_vocab(args, model, tokenizer=None):
@@ -187,7 +186,7 @@ DRAFTERS = {kind.name: kind for kind in (
                     "the shipped draft model)", metavar="FILE", required="a small qwen35 GGUF with the same vocabulary",
                     shipped=_shipped_draft),) + VOCAB_FLAGS),
     DrafterKind("mtp+lookup", "the MTP head's tree and prompt-lookup branches, verified as one tree", 8, _mtp_lookup,
-                flags=VOCAB_FLAGS + (P_MIN_FLAG, TREE_FLAG), unavailable=_no_mtp_head, trees=True,
+                flags=VOCAB_FLAGS + (P_MIN_FLAG, TREE_FLAG), unavailable=_no_mtp_head,
                 options=lambda args, target, tokenizer: _mtp_options(args, target, tokenizer, tree=2)),
 )}
 

@@ -169,10 +169,12 @@ class HeadWindow:
 def top_tokens(logits: np.ndarray, w: int, vocab: DraftVocabulary | None = None) -> tuple[list[int], list[float]]:
     """The w most likely tokens of host logits [N] (or [n] over a draft vocabulary: mapped to its ids), best first
     (ties: the lower position, as argmax), with their softmax probabilities."""
-    z = np.exp(logits - logits.max(), dtype=np.float64)
-    order = np.argsort(-logits, kind="stable")[:w]
+    w, top_logit = min(w, logits.shape[0]), logits.max()
+    top = np.flatnonzero(logits >= np.partition(logits, logits.shape[0] - w)[-w])  # the w largest and their ties,
+    order = top[np.argsort(-logits[top], kind="stable")][:w]  # in position order: a sort of a few, not of N
+    total = np.exp(logits - top_logit).sum(dtype=np.float64)  # the softmax's denominator (exp in float32: fast)
     ids = order if vocab is None else vocab.ids[order]
-    return [int(t) for t in ids], [float(p) for p in z[order] / z.sum()]
+    return [int(t) for t in ids], [float(np.exp(np.float64(logits[t]) - top_logit) / total) for t in order]
 
 
 def shift_hidden(hidden: np.ndarray, h_before: np.ndarray | None = None) -> np.ndarray:
