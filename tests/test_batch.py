@@ -41,6 +41,7 @@ from tinyspec.drafting import FixedDraftLength, Plan, policy_for
 from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
+from tinyspec.mixed import MixedDrafter
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 from tinyspec.sampling import SamplingParams, probs_from_logits
 from tinyspec.scheduler import EngineOptions, blocks_per_run
@@ -51,7 +52,7 @@ from tinyspec.state import GDNState, ReplayRing, SnapshotRing
 ASSETS = Path(tinyspec.__file__).resolve().parent / "assets"
 NEEDS_NUMBA = pytest.mark.skipif(not numba_available(), reason="needs numba")
 BACKENDS = ["numpy", pytest.param("cpu", marks=NEEDS_NUMBA)]
-DRAFTERS = ("none", "lookup", "mtp", "draft")
+DRAFTERS = ("none", "lookup", "mtp", "draft", "mixed")  # mixed: the MTP head's tree and lookup's branches
 
 # prompts of different lengths, some repetitive (so lookup finds matches); 5 of them: more than any slot count here
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [5, 6, 5, 6, 5, 6, 5]]
@@ -108,12 +109,14 @@ def batch_drafter(kind: str, target: Model, draft: Model, slots: int, max_queue:
     return {"none": lambda: None,
             "lookup": lambda: LookupDrafter(n_max=3),
             "mtp": lambda: MTPDrafter(target, max_queue=max_queue),
-            "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
+            "draft": lambda: DraftModelDrafter(draft, target),
+            "mixed": lambda: MixedDrafter(MTPDrafter(target, max_queue=max_queue), LookupDrafter(n_max=3), tree=2)}[kind]()
 
 
 def solo_drafter(kind: str, target: Model, draft: Model, max_queue: int = 32):
     return {"lookup": lambda: LookupDrafter(n_max=3), "mtp": lambda: MTPDrafter(target, max_queue=max_queue),
-            "draft": lambda: DraftModelDrafter(draft, target)}[kind]()
+            "draft": lambda: DraftModelDrafter(draft, target),
+            "mixed": lambda: MixedDrafter(MTPDrafter(target, max_queue=max_queue), LookupDrafter(n_max=3), tree=2)}[kind]()
 
 
 class RandomK:
@@ -320,6 +323,7 @@ COMMON_OUT = [15, 7, 2, 11, 91, 30, 8, 6, 12, 220, 508]  # tokens the tiny targe
 
 def drafter_positions(drafter) -> int:
     """The positions a drafter's KV holds or has queued (0: one that keeps no KV)."""
+    drafter = drafter.mtp if isinstance(drafter, MixedDrafter) else drafter  # (its KV is its MTP head's)
     if isinstance(drafter, MTPDrafter):
         return drafter.fed_cache.n + sum(len(fed) for fed, _ in drafter.queue)
     if isinstance(drafter, DraftModelDrafter):
@@ -369,12 +373,12 @@ class Watch:
         # between rings and states. No allocation means every spare is a buffer that existed at setup or was a
         # joining state's own memory (recorded by the new_state wrapper below); kept alive here, so `is` is sound.
         self.known_ssm = {i: [r.log[i].spare for r in engine.rings if isinstance(r, ReplayRing)] for i in self.gdn}
-        self.new_rings = 0
+        self.new_rings, self.tree_rings = 0, {}
         real_new_ring, real_new_state = model.new_ring, model.new_state
 
-        def new_ring(slots):
-            self.new_rings += 1
-            return real_new_ring(slots)
+        def new_ring(slots, tree=False):  # a slot's tree ring (a SnapshotRing) is made when its first tree comes
+            self.new_rings += not tree
+            return real_new_ring(slots, tree)
 
         def new_state(pool=None):
             state = real_new_state(pool)
@@ -387,6 +391,9 @@ class Watch:
     def check_rings(self) -> None:
         engine = self.engine
         assert self.new_rings == 0, "a ring was allocated after setup"
+        for b, ring in enumerate(engine.tree_rings):  # made once per slot, then kept
+            if ring is not None:
+                assert self.tree_rings.setdefault(b, ring) is ring, "a slot's tree ring was made twice"
         assert len(engine.rings) == len(self.rings) and all(a is b for a, b in zip(engine.rings, self.rings))
         states = [s.state for s in engine.active.values()]
         for ring, snap in zip(engine.rings, self.snap):
@@ -416,6 +423,7 @@ class Watch:
         for b, drafter in enumerate(engine.drafters or []):
             held = list(drafter.kv_table.blocks) if drafter.kv_table is not None else []
             s, positions = engine.active.get(b), drafter_positions(drafter)
+            drafter = drafter.mtp if isinstance(drafter, MixedDrafter) else drafter
             if s is None or s.prefilling:
                 assert not held, f"slot {b}'s drafter holds blocks while no sequence of its has started it"
             if isinstance(drafter, MTPDrafter):
@@ -542,9 +550,12 @@ def test_random_schedules_keep_every_slot_exact_after_every_step(backend, kind, 
 
     def check_drafter(alone, committed: list[int]) -> None:
         """A drafter about to give its blocks back holds what a solo run's holds after `committed`."""
+        if kind == "mixed":  # both halves: lookup's history, then the MTP head's window as below
+            assert alone.lookup.history == committed
+            alone = alone.mtp
         if kind == "lookup":
             assert alone.history == committed
-        elif kind == "mtp":  # the head's window: its fed tokens' KV, with the target's hidden rows, and the rest queued
+        elif kind in ("mtp", "mixed"):  # the head's window: its fed tokens' KV, with the target's hidden rows, and the rest queued
             _, hidden = base.forward(np.array(committed), base.new_state())
             rows, (begin, fed) = shift_hidden(hidden), (alone.window.start, alone.window.fed)
             head = MTPHead(base)

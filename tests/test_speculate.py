@@ -31,6 +31,7 @@ from tinyspec.fast.draft_vocab import DraftVocab
 from tinyspec.generate import generate, speculative_generate
 from tinyspec.lookup import LookupDrafter
 from tinyspec.model import Model
+from tinyspec.mixed import MixedDrafter
 from tinyspec.mtp import MTPDrafter, MTPHead, shift_hidden
 
 N_VOCAB = 272
@@ -129,7 +130,10 @@ def make_drafter(kind: str, target: Model, draft_model: Model, plain: list[int])
             "mtp-stop": lambda: MTPDrafter(target),  # with STOPPING: stops where a rule on the probabilities says
             "draft-stop": lambda: DraftModelDrafter(draft_model, target=target),
             "draft-vocab": lambda: DraftModelDrafter(draft_model, target=target, vocab=vocab),
-            "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain)}[kind]()
+            "random": lambda: RandomDrafter(0), "oracle": lambda: OracleDrafter(plain),
+            # draft trees (tree.py): the head's top-3 per depth, lookup's several matches, both in one tree
+            "mtp-tree": lambda: MTPDrafter(target, tree=3), "lookup-tree": lambda: LookupDrafter(n_max=3, tree=2),
+            "mixed": lambda: MixedDrafter(MTPDrafter(target), LookupDrafter(n_max=3), tree=2)}[kind]()
 
 
 @dataclass
@@ -169,7 +173,8 @@ def with_ring(model: Model, rollback: str) -> Model:
     return model.with_placement(replace(model.placement, rollback=rollback))
 
 
-@pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "draft-stop", "random", "oracle"])
+@pytest.mark.parametrize("kind", ["mtp", "mtp-pmin", "mtp-stop", "lookup", "draft", "draft-stop", "random", "oracle",
+                                  "mtp-tree", "lookup-tree", "mixed"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12), max_new=st.integers(1, 24))
 def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, seed, draft_n, n_prompt, max_new):
@@ -183,13 +188,13 @@ def test_greedy_speculative_equals_plain(target, draft_model, rollback, kind, se
     assert spec.state.max_abs_diff(fresh_state(target, prompt + plain[:-1])) == 0.0
     if kind == "oracle":
         assert spec.stats.accepted == spec.stats.drafted  # every draft accepted
-    if kind in ("mtp", "mtp-pmin", "mtp-stop"):  # the MTP cache ends exactly at the accepted prefix, with the target's hidden rows
+    if kind in ("mtp", "mtp-pmin", "mtp-stop", "mtp-tree", "mixed"):  # the MTP cache ends exactly at the accepted prefix, with the target's hidden rows
         tokens = prompt + plain[:-1]
         _, hidden = target.forward(np.array(tokens), target.new_state())
         head = MTPHead(target)
         cache = head.new_cache()
         head.forward(tokens, shift_hidden(hidden), cache)
-        assert drafter.cache.max_abs_diff(cache) == 0.0
+        assert (drafter.mtp if kind == "mixed" else drafter).cache.max_abs_diff(cache) == 0.0
     if kind in ("draft", "draft-stop"):  # the draft model holds exactly the accepted prefix
         assert drafter.state.max_abs_diff(fresh_state(draft_model, prompt + plain[:-1])) == 0.0
 
@@ -284,7 +289,8 @@ def test_draft_model_with_other_vocabulary_is_refused(target, tmp_path):
 # exactly, by enumeration, in test_spec_sampling.py).
 LAW_CASES = [("gdn-attn-x2", "mtp"), ("tied-nk1-nv2", "lookup"), ("moe-e8-k2", "draft"),
              ("gdn-attn-x2", "mtp-vocab"), ("tied-nk1-nv2", "draft-vocab"), ("moe-e8-k2", "mtp-pmin"),
-             ("tied-nk1-nv2", "mtp-stop"), ("gdn-attn-x2", "draft-stop"), ("moe-e8-k2", "mtp")]
+             ("tied-nk1-nv2", "mtp-stop"), ("gdn-attn-x2", "draft-stop"), ("moe-e8-k2", "mtp"),
+             ("gdn-attn-x2", "mtp-tree"), ("tied-nk1-nv2", "mixed")]  # trees: the rule is spec_tree's
 
 
 @pytest.mark.parametrize("name, kind", LAW_CASES, ids=["-".join(c) for c in LAW_CASES])
