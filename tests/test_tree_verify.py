@@ -255,3 +255,40 @@ def test_trees_on_the_cuda_backend_through_the_stand_in(monkeypatch, graphs):
     plain = generate(load_model(TARGET, "numpy"), prompt, 24).tokens
     spec = speculative_generate(model, RandomTreeDrafter(plain, 5, 0.7), prompt, 24, draft_n=5)
     assert spec.tokens == plain and spec.stats.accepted > 0
+
+
+def test_a_server_drafting_mixed_trees_answers_what_plain_decoding_does():
+    """serve with --spec mtp+lookup (the MTP head's tree and lookup's branches): concurrent greedy completions, each
+    the text plain decoding gives, and the drafts were trees that the target kept."""
+    import threading
+
+    from serve_helpers import get, shown, target
+
+    from tinyspec.lookup import LookupDrafter
+    from tinyspec.mixed import MixedDrafter
+    from tinyspec.mtp import MTPDrafter
+    from tinyspec.scheduler import EngineOptions
+    from tinyspec.serve import Server
+    from test_serve import client
+
+    model, tok = target()
+    srv = Server(model, tok, "tiny-target", EngineOptions(slots=2), port=0,
+                 drafter=MixedDrafter(MTPDrafter(model), LookupDrafter(), tree=2), spec="mtp+lookup").start()
+    try:
+        prompts = ["def read_config(path):\n    with open(path) as f:\n", "class Stack:\n", "import os\n"]
+        out = {}
+
+        def ask(p):
+            out[p] = client(srv).completions.create(model="tiny-target", prompt=p, max_tokens=16, temperature=0)
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for p in prompts:
+            assert out[p].choices[0].text == shown(generate(model, tok.encode(p), 16).tokens)
+        assert sum(o.model_extra["tinyspec"]["accepted"] for o in out.values()) > 0
+        assert get(srv, "/health")["status"] == "ok"
+    finally:
+        srv.close()

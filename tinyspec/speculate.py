@@ -308,7 +308,7 @@ class Engine:
             # kept rows (a tree's path moved to the positions a plain decode writes: SnapshotRing.restore_path)
             if path is not None:
                 self._tree_ring(b).restore_path(s.state, path[:n_keep])
-                s.stats.rollbacks += n_keep < p.bounds[i + 1] - p.bounds[i]
+                s.stats.rollbacks += int(n_keep < p.bounds[i + 1] - p.bounds[i])
             elif n_keep < p.bounds[i + 1] - p.bounds[i]:  # (its rows: [pending] + drafts, and any filler after them)
                 self.rings[b].restore(s.state, n_keep - 1)
                 s.stats.rollbacks += 1
