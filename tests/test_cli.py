@@ -270,7 +270,7 @@ def test_bench_json_reports_every_field(tiny_model, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["backend"] == "numpy" and r["decode_tok_s"] > 0 and r["copy_gb_s"] > 0 and r["weight_gb_s"] > 0
     assert set(r["verify_cost_ratio"]) == {"1", "2", "4", "8"} and r["verify_cost_ratio"]["1"] == 1.0
-    assert set(r["spec"]) == {"mtp", "lookup", "synthetic"}
+    assert set(r["spec"]) == {"mtp", "lookup", "mtp+lookup", "synthetic"}
     for s in r["spec"].values():
         assert s["identical"] and set(s) >= {"tok_s", "speedup", "acceptance_rate", "mean_accepted_length"}
     assert r["spec"]["synthetic"]["acceptance_setting"] == 0.8

@@ -350,6 +350,9 @@ def add_bench(sub) -> None:
                         "all of them; '' for none; --spec is the same option); with --serving, one drafter for every "
                         f"request ({' or '.join(alone)}; default none: plain decoding)")
     p.add_argument("--synth-acceptance", type=float, default=0.8, help="acceptance rate of the synthetic drafter (0.8)")
+    p.add_argument("--tree", type=int, default=None, metavar="W",
+                   help="also time spec.mtp_tree and spec.lookup_tree (trees of up to W guesses a node, --draft-n "
+                        "nodes: the same rows as the chains) and build mtp+lookup with W (default: 2)")
     p.add_argument("--synth-len", type=float, default=None, metavar="L",
                    help="also time real MTP drafting whose drafts are right at the per-position rate p giving L tokens "
                         "per step, (1 - p^(k+1)) / (1 - p) = L, as llama.cpp's --spec-synth-len (spec.mtp_synth)")

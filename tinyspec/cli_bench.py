@@ -64,6 +64,8 @@ def run_bench(args) -> int:
         raise ValueError(f"--synth-acceptance must be in [0, 1], got {args.synth_acceptance}")
     if args.draft_n < 1 or args.max_new < 1 or args.repeats < 1 or args.decode_n < 1 or args.spec_repeats < 1:
         raise ValueError("--draft-n, --max-new, --repeats, --spec-repeats and --decode-n must be >= 1")
+    if args.tree is not None and not 1 <= args.tree <= 8:
+        raise ValueError(f"--tree must be in 1..8, got {args.tree}")
     if args.profile_steps is not None and args.profile_steps < 0:
         raise ValueError(f"--profile-steps must be >= 0 (0: no step profile), got {args.profile_steps}")
     if args.synth_len is not None and not 1 <= args.synth_len <= args.draft_n + 1:
@@ -90,7 +92,7 @@ def run_bench(args) -> int:
                    draft_n=args.draft_n, synth_acceptance=args.synth_acceptance, drafters=drafters,
                    synth_len=args.synth_len, draft_vocab=draft_vocab(args, model), adaptive=args.adaptive,
                    spec_repeats=args.spec_repeats, slot_counts=slot_counts, slots_policy=slots_policy,
-                   profile_steps=args.profile_steps, say=say)
+                   profile_steps=args.profile_steps, tree=args.tree, say=say)
     print(json.dumps(report) if args.json else report_text(report))
     return 0
 

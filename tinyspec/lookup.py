@@ -51,7 +51,7 @@ import numpy as np
 
 from .sampling import SamplingParams
 from .drafting import Draft, Drafting, KeepsNoKV, Proposing, StopRule, no_passes
-from .tree import Guess, TreeBuilder
+from .tree import Calibration, Guess, TreeBuilder
 
 CONFIDENCE = 0.8  # a lookup branch's score per token (the best match's; the r-th match's branch is 0.5 ** r of it)
 
@@ -108,10 +108,19 @@ def find_drafts(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1, 
     return (new + repeats)[:m]
 
 
-def lookup_branches(continuations: list[list[int]]) -> list[list[Guess]]:
-    """find_drafts' continuations as tree branches: one-hot guesses with the fixed scores (module docstring)."""
-    return [[Guess(t, None, CONFIDENCE ** d * 0.5 ** r) for d, t in enumerate(cont, start=1)]
-            for r, cont in enumerate(continuations)]
+def lookup_branches(continuations: list[list[int]], calibration: Calibration | None = None) -> list[list[Guess]]:
+    """find_drafts' continuations as tree branches: one-hot guesses scored by the product along the branch of
+    each token's chance to be kept once the token before it was: CONFIDENCE (the r-th match's first token:
+    CONFIDENCE * 0.5 ** r) as the prior, counted per (rank, first token or not) by `calibration` if given."""
+    out = []
+    for r, cont in enumerate(continuations):
+        branch, score = [], 1.0
+        for d, t in enumerate(cont, start=1):
+            key, prior = ("lookup", r, d == 1), CONFIDENCE * (0.5 ** r if d == 1 else 1.0)
+            score *= prior if calibration is None else calibration.rate(key, prior)
+            branch.append(Guess(t, None, score, key=key))
+        out.append(branch)
+    return out
 
 
 class LookupDrafter(Proposing, KeepsNoKV):
@@ -135,9 +144,11 @@ class LookupDrafter(Proposing, KeepsNoKV):
             raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
         self.n_max, self.n_min, self.tree = n_max, n_min, tree
         self.history: list[int] = []
+        self.calibration, self.grown = Calibration(), None  # a tree's scores, learned; the last tree proposed
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: None = None) -> None:
         self.history = [int(t) for t in prompt]
+        self.calibration, self.grown = Calibration(), None
 
     def another(self, pool=None) -> "LookupDrafter":  # no KV: nothing in a pool
 
@@ -148,18 +159,22 @@ class LookupDrafter(Proposing, KeepsNoKV):
         # pending is chosen but not yet fed: it is the last token of the suffix we look up
         if self.tree > 1:
             builder = TreeBuilder()
-            for path in self.branches(pending, k, self.tree):
+            for path in self.branches(pending, k, self.tree, self.calibration):
                 builder.add_path(path, "lookup")
-            return no_passes(builder.grow(k).draft())
+            self.grown = builder.grow(k)
+            return no_passes(self.grown.draft())
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
         return no_passes(Draft(drafts, [None] * len(drafts)))  # deterministic drafts: q_draft is one-hot (None)
 
-    def branches(self, pending: int, k: int, m: int) -> list[list[Guess]]:
+    def branches(self, pending: int, k: int, m: int, calibration: Calibration | None = None) -> list[list[Guess]]:
         """Up to m continuations of up to k tokens after the pending token, as scored tree branches."""
-        return lookup_branches(find_drafts(self.history + [int(pending)], k, self.n_max, self.n_min, m))
+        return lookup_branches(find_drafts(self.history + [int(pending)], k, self.n_max, self.n_min, m), calibration)
 
     def draft_pass(self, asks: list) -> list:  # never asked: drafting makes no pass
         return []
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.history.extend(int(t) for t in fed)
+        if self.grown is not None:  # what the target kept of the last tree: how good each kind of guess is
+            self.calibration.learn(self.grown, fed)
+            self.grown = None

@@ -25,6 +25,7 @@ import numpy as np
 from .drafting import Draft, Drafting, Proposing, StopRule
 from .lookup import LookupDrafter
 from .mtp import MTPDrafter
+from .tree import Calibration, TreeBuilder
 from .sampling import SamplingParams
 
 
@@ -37,6 +38,7 @@ class MixedDrafter(Proposing):
         if tree < 1:
             raise ValueError(f"tree must be at least 1, got {tree}")
         self.mtp, self.lookup, self.tree = mtp, lookup, tree
+        self.calibration, self.grown = Calibration(), None  # both sources' scores, learned; the last tree proposed
 
     @property
     def stops_by_confidence(self) -> bool:  # the stop rule shortens the MTP chain
@@ -49,8 +51,12 @@ class MixedDrafter(Proposing):
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume=None) -> None:
         self.mtp.start(prompt, hidden, k_max, resume)
         self.lookup.start(prompt, hidden, k_max)
+        self.calibration, self.grown = Calibration(), None
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        if self.grown is not None:
+            self.calibration.learn(self.grown, fed)
+            self.grown = None
         self.mtp.commit(fed, hidden)
         self.lookup.commit(fed, hidden)
 
@@ -70,7 +76,21 @@ class MixedDrafter(Proposing):
         whatever on_device asks."""
         if not k:
             return Draft()
-        builder, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree)
-        for path in self.lookup.branches(pending, k, self.tree):
+        branches = self.lookup.branches(pending, k, self.tree, self.calibration)
+        if self._head_cannot_win(branches, k):  # lookup's copy fills every row better than a head guess could
+            builder, withdrawn = TreeBuilder(), False
+        else:
+            builder, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree,
+                                                             self.calibration)
+        for path in branches:
             builder.add_path(path, "lookup")
-        return builder.grow(k).draft(withdrawn)
+        self.grown = builder.grow(k)
+        return self.grown.draft(withdrawn)
+
+    def _head_cannot_win(self, branches: list, k: int) -> bool:
+        """Whether lookup's branches hold k nodes that each score above the best any head guess could (its first
+        guess at the highest calibrated rate of any decile): then no head node would be kept, so its passes (the
+        drafting's cost) are skipped; its kept tokens wait in its queue, fed with its next drafting."""
+        best_head = max(self.calibration.rate(("mtp", b), (b + 1) / 10) for b in range(10))
+        scores = sorted((g.score for path in branches for g in path), reverse=True)
+        return len(scores) >= k and scores[k - 1] > best_head

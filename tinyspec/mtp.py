@@ -31,7 +31,7 @@ from .sampling import DraftVocabulary, SamplingParams, draft_probability, draft_
 from .drafting import Draft, Drafting, Proposing, StopRule, device_draft, fetch_drafts
 from .paged import BlockPool, PagedKVCache, ViewTable
 from .state import KVCache
-from .tree import Guess, TreeBuilder
+from .tree import Calibration, Guess, TreeBuilder, p_bin
 
 NEXTN_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
 
@@ -235,6 +235,7 @@ class MTPDrafter(Proposing):
         if tree < 1:
             raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
         self.tree = tree  # guesses per depth: > 1 drafts a tree (growing), 1 the chain
+        self.calibration, self.grown = Calibration(), None  # a tree's scores, learned; the last tree proposed
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
@@ -286,6 +287,7 @@ class MTPDrafter(Proposing):
             raise ValueError(f"{window} does not lie in a history of {len(prompt)} tokens")
         self.fed_cache.truncate(0)  # (in a pool it holds no block here: release() came first)
         self.window_start, self.queue = begin, []
+        self.calibration, self.grown = Calibration(), None  # the sequence's own counts (tree.Calibration)
         rows = shift_hidden(hidden)  # [n, D]: row p is h_{p-1}, a zero row at p = 0
         if end > begin:
             self.head.forward(prompt[begin:end], rows[begin:end], self.fed_cache, logits=False)
@@ -355,8 +357,9 @@ class MTPDrafter(Proposing):
         wants_p = bool(self.p_min or floor or stop.keep_going)  # a probability per draft: work only when asked
         argmax_ids = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
         if self.tree > 1:  # a tree of guesses: host ints, whatever on_device asks
-            builder, withdrawn = yield from self.growing(pending, k, params, rng, stop, self.tree)
-            return builder.grow(k).draft(withdrawn)
+            builder, withdrawn = yield from self.growing(pending, k, params, rng, stop, self.tree, self.calibration)
+            self.grown = builder.grow(k)
+            return self.grown.draft(withdrawn)
         cache = self.fed_cache
         drafts, q_rows, probs, withdrawn = [], [], [], False
         then = k - 1 if argmax_ids else 0  # the next passes feed device ids: their maps can ride this one's upload
@@ -386,15 +389,18 @@ class MTPDrafter(Proposing):
         return Draft(fetch_drafts(drafts, self.head.model) if argmax_ids else drafts, q_rows, probs, withdrawn)
 
     def growing(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
-                stop: StopRule | None = None, width: int = 2) -> Generator[HeadPass, tuple, tuple[TreeBuilder, bool]]:
+                stop: StopRule | None = None, width: int = 2,
+                calibration: Calibration | None = None) -> Generator[HeadPass, tuple, tuple[TreeBuilder, bool]]:
         """A tree's candidates as a coroutine of head passes (as drafting's), returning (builder, withdrawn):
         the chain's node at each depth and `width` - 1 siblings beside it; the caller keeps the k best
         (builder.grow(k); mixed.py adds lookup branches first).
 
         The chain is drafting's (each pass feeds the chain's draft; drafts are host ints here). At depth i:
             greedy   the head's top-`width` tokens (over the draft vocabulary's ids with one), one-hot; with
-                     p_r the softmax probability of the r-th and P the chain's path probability before depth i,
-                     the chain node (r = 1) scores P * p_1 and sibling r scores P * p_r
+                     p_r the softmax probability of the r-th and P the chain's path score before depth i, the
+                     chain node (r = 1) scores P * c(p_1) and sibling r scores P * c(p_r), c the chance that the
+                     target keeps a guess of that probability (calibration's count per decile of p, tree.py;
+                     without one, c(p) = p)
             sampled  the chain node is drafting's draw from q, the siblings `width` - 1 more independent draws
                      from the same q (this rng, after the chain's draw, in order), q_rows q. A drawn node's
                      score must not depend on its own token (tree.TreeBuilder), so it uses m = max q instead
@@ -419,7 +425,9 @@ class MTPDrafter(Proposing):
                 if p < floor:  # the head is guessing: not worth a verify row (nor are its siblings)
                     withdrawn = True
                     break
-                guesses = [Guess(t, None, path_score * pr, pr) for t, pr in zip(tokens, p_top)]
+                keys = [("mtp", p_bin(pr)) for pr in p_top]
+                guesses = [Guess(t, None, path_score * (pr if calibration is None else calibration.rate(key, pr)), pr,
+                                 key) for t, pr, key in zip(tokens, p_top, keys)]
             else:
                 token, q = draft_token(logits, params, rng) if self.vocab is None else \
                     self.vocab.draw(logits, params, rng)
@@ -442,6 +450,9 @@ class MTPDrafter(Proposing):
         return builder, withdrawn
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
+        if self.grown is not None:  # what the target kept of the last tree: how good each kind of guess is
+            self.calibration.learn(self.grown, fed)
+            self.grown = None
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))
         self.h_last = hidden[-1]
         queued = self._queued()

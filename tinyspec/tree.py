@@ -115,6 +115,7 @@ class Guess:
     q: np.ndarray | None = None  # the law [N] it was drawn from; None: one-hot on it (a deterministic guess)
     score: float = 1.0  # the estimated probability that its path (the root .. it) is accepted
     prob: float | None = None  # the drafter's probability of it (Draft.probs), if it knows one
+    key: tuple | None = None  # what kind of guess it is, for Calibration (None: not calibrated)
 
 
 class Grown(NamedTuple):
@@ -125,6 +126,7 @@ class Grown(NamedTuple):
     parents: tuple[int, ...]
     scores: list[float]
     sources: list[tuple[str, ...]]
+    keys: list = []  # per row its Guess.key
 
     def draft(self, withdrawn: bool = False) -> Draft:
         return Draft(self.tokens, self.q_rows, self.probs, withdrawn, parents=self.parents if self.tokens else None)
@@ -168,12 +170,13 @@ class TreeBuilder:
                 old = self.guesses[kid]
                 if old.q is None and old.token == guess.token:  # the same deterministic token: one node
                     prob = old.prob if old.prob is not None else guess.prob
-                    self.guesses[kid] = Guess(old.token, None, max(old.score, guess.score), prob)
+                    best = old if old.score >= guess.score else guess
+                    self.guesses[kid] = Guess(old.token, None, best.score, prob, best.key)
                     if source not in self.sources[kid]:
                         self.sources[kid].append(source)
                     return kid
         node = len(self.guesses)
-        self.guesses.append(Guess(int(guess.token), guess.q, float(guess.score), guess.prob))
+        self.guesses.append(Guess(int(guess.token), guess.q, float(guess.score), guess.prob, guess.key))
         self.parent.append(parent)
         self.sources.append([source])
         self.kids.append([])
@@ -226,7 +229,64 @@ class TreeBuilder:
         return Grown([g.token for g in guesses], [g.q for g in guesses],
                      probs if all(p is not None for p in probs) else [],
                      tuple(rows[self.parent[n]] for n in order), [g.score for g in guesses],
-                     [tuple(self.sources[n]) for n in order])
+                     [tuple(self.sources[n]) for n in order], [g.key for g in guesses])
+
+
+class Calibration:
+    """How often each kind of guess is kept once its parent is: the scores a tree is grown by, learned online.
+
+    A tree of n nodes costs a verify pass of n + 1 rows whatever its shape, and returns, on average, the sum over
+    its nodes of P(node kept) = the product along its path of c(node) = P(node kept | its parent kept). So at a
+    given number of rows the best tree holds the n nodes of largest path products: what TreeBuilder.grow keeps,
+    best first, with score = that product. The chain is one such tree, so a tree is grown only where its nodes
+    are estimated to return more than the chain's deeper ones, and how well it does that rests on c.
+
+    A drafter's own number is not c: the shipped MTP head gives its first guess p ~ 0.6 where the target keeps
+    it ~0.9 of the time, and lookup has no number at all. So c is counted: per key (the drafter's kind of guess:
+    ("mtp", its probability's decile), ("lookup", the match's rank, first token or not)), the nodes tried (their
+    parent was kept) and kept, with `weight` pseudo-counts of the drafter's prior guess:
+
+        c(key) = (kept + weight * prior) / (tried + weight)
+
+    learn(grown, fed) counts one step: the path the target kept is read off the kept tokens (fed: the pending
+    token, then the kept drafts; a child whose token is the next kept one is kept, the first in row order, as
+    spec_tree's greedy rule takes it); every child of a kept row was tried. The children of the path's last row
+    count as not kept, which is wrong only when a stop or max_new cut the step's run there.
+
+    A sequence's drafter keeps its own Calibration, fed only with its own sequence's steps, so its drafts (and a
+    sampled sequence's draws) are the same alone or in a batch. Greedy scores only: a drawn guess's score must
+    not depend on the token drawn (TreeBuilder), and these are per token."""
+
+    def __init__(self, weight: float = 4.0):
+        self.weight = weight
+        self.kept: dict[tuple, float] = {}
+        self.tried: dict[tuple, float] = {}
+
+    def rate(self, key: tuple, prior: float) -> float:
+        """c(key): the share of such guesses kept once their parent was, the prior counting `weight` times."""
+        return (self.kept.get(key, 0.0) + self.weight * prior) / (self.tried.get(key, 0.0) + self.weight)
+
+    def learn(self, grown: "Grown", fed: Sequence[int]) -> None:
+        """Count the step that verified `grown` and kept `fed` (the pending token, then the kept drafts)."""
+        kids = children(grown.parents)
+        row = 0
+        for depth in range(len(fed)):
+            nxt = None
+            if depth + 1 < len(fed):
+                nxt = next((c for c in kids[row] if grown.tokens[c - 1] == fed[depth + 1]), None)
+            for c in kids[row]:
+                key = grown.keys[c - 1] if grown.keys else None
+                if key is not None:
+                    self.tried[key] = self.tried.get(key, 0.0) + 1
+                    self.kept[key] = self.kept.get(key, 0.0) + (c == nxt)
+            if nxt is None:
+                return
+            row = nxt
+
+
+def p_bin(p: float) -> int:
+    """A probability's decile, 0 .. 9: the calibration key of a guess that comes with one."""
+    return min(int(p * 10), 9)
 
 
 def grow(branches: Sequence[tuple[Sequence[Guess], str]], budget: int) -> Grown:

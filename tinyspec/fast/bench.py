@@ -360,7 +360,8 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
           max_new: int = 128, draft_n: int = 3, synth_acceptance: float = 0.8, drafters: tuple[str, ...] = (),
           synth_len: float | None = None, draft_vocab: DraftVocab | None = None, adaptive: bool = False,
           spec_repeats: int = 1, slot_counts: tuple[int, ...] = (), slots_policy: Callable[[int], object] | None = None,
-          profile_steps: int | None = None, say: Callable[[str], None] = lambda msg: None) -> dict:
+          profile_steps: int | None = None, tree: int | None = None,
+          say: Callable[[str], None] = lambda msg: None) -> dict:
     """The whole report as a dict (the --json output of `python -m tinyspec bench`).
 
     synth_len L (needs the MTP head): also "mtp_synth", real MTP drafting whose drafts are right with the
@@ -369,11 +370,15 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
     slot_counts: also "slots" and "slots_setup", many sequences at once (bench_slots; slots_policy is its
     policy_factory); sizes: the verify passes timed, T = k + 1 starting at 1 (default 1, 2, 4, 8; 1..9 on a MoE
     model); profile_steps: the rounds of step_profile taken after every timed run (None: decode_n; 0: none,
-    "step_profile" null; never on cuda)."""
+    "step_profile" null; never on cuda); tree W: also "mtp_tree" and "lookup_tree" (trees of up to W guesses a node
+    and draft_n nodes, the chains' rows), and mtp+lookup built with W (None: its default, 2)."""
     makers: dict[str, Callable] = {}
     for name in drafters:  # a registry drafter (drafters.py) that can draft for this model, or the wing's synthetic one
         if name in DRAFTERS and DRAFTERS[name].unavailable(model) is None:
-            makers[name] = lambda ref, name=name: build_drafter(name, model)
+            width = (tree or 2) if name == "mtp+lookup" else 1  # (the registry's default for a tree kind)
+            makers[name] = lambda ref, name=name, width=width: build_drafter(name, model, DraftOptions(tree=width))
+            if tree and name in ("mtp", "lookup"):
+                makers[f"{name}_tree"] = lambda ref, name=name: build_drafter(name, model, DraftOptions(tree=tree))
         elif name == "synthetic":
             makers["synthetic"] = lambda ref: SyntheticDrafter(ref, synth_acceptance, seed=0)
 
