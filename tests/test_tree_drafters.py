@@ -113,7 +113,7 @@ def test_lookup_tree_and_its_chain():
     # [7 2 6 9 ..] scores 0.8 ** d, [9 5 ..] 0.4 * 0.8 ** (d - 1), [7 1 ..] merges into 7: the best five nodes
     assert draft.tokens == [7, 2, 6, 9, 9] and draft.parents == (0, 1, 2, 3, 0)
     assert wide.propose(6, 0, GREEDY, rng).n == 0
-    scores = [[g.score for g in path] for path in lookup_branches([[7, 2], [9]])]
+    scores = [[g.score for g in path] for path in lookup_branches([([7, 2], 2), ([9], 1)])]
     assert scores == [[CONFIDENCE, CONFIDENCE ** 2], [CONFIDENCE * 0.5]]
     assert wide.another().tree == 3
 

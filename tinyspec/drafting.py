@@ -26,7 +26,10 @@ None: the engine feeds them to the verify pass from there, and its greedy rule b
 one transfer (Draft.with_tokens). A drafter that drafts on the host (lookup, sampled drafts, a draft vocabulary)
 ignores on_device and returns host tokens.
 
-k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts).
+k is always a number of drafts; a verify pass feeds k + 1 tokens (the pending one and the drafts). A drafter may
+propose a tree instead of a chain (Draft.parents, tree.py): k nodes, each the guess for the token after its parent
+row, the same k + 1 rows; the engine verifies it in one pass and keeps a path (spec_tree.py). What the drafter is
+then told (commit) is the kept path's tokens and hidden rows, as for a chain.
 """
 
 from __future__ import annotations

@@ -77,10 +77,17 @@ def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -
 
 
 def find_drafts(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1, m: int = 1) -> list[list[int]]:
+    """find_matches' continuations alone."""
+    return [cont for cont, _ in find_matches(history, k, n_max, n_min, m)]
+
+
+def find_matches(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1,
+                 m: int = 1) -> list[tuple[list[int], int]]:
     """Up to m different continuations of up to k tokens each, best first: every earlier occurrence of the
     longest matching suffix, most recent first, then of shorter suffixes; a continuation whose first token is
     new comes before those that repeat one (different next tokens are different guesses); one that is already
-    there (or a prefix of one there) is dropped. The first is find_draft's.
+    there (or a prefix of one there) is dropped. The first is find_draft's. Each with the length n of the
+    suffix it matched (a longer match is a surer guess: lookup_branches' calibration key).
 
     [5, 6, 7, 9, 5, 6, 7, 8, 5, 6], k=3, m=3 -> [[7, 8, 5], [7, 9, 5]]
         ([5 6] at 4 and 0; [6] at 5 and 1 finds the same two again)
@@ -91,7 +98,7 @@ def find_drafts(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1, 
         raise ValueError(f"need k >= 0, m >= 1 and 1 <= n_min <= n_max, got k={k}, m={m}, n_min={n_min}, n_max={n_max}")
     history = [int(t) for t in history]
     L = len(history)
-    found: list[list[int]] = []
+    found: list[tuple[list[int], int]] = []
     if k == 0:
         return found
     for n in range(min(n_max, L - 1), n_min - 1, -1):
@@ -99,24 +106,26 @@ def find_drafts(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1, 
         for i in range(L - n - 1, -1, -1):
             if history[i:i + n] == suffix:
                 cont = history[i + n:i + n + k]
-                if not any(old[:len(cont)] == cont for old in found):
-                    found.append(cont)
+                if not any(old[:len(cont)] == cont for old, _ in found):
+                    found.append((cont, n))
     firsts, new, repeats = set(), [], []
-    for cont in found:  # a new next token first, in the order found; then the rest
-        (repeats if cont[0] in firsts else new).append(cont)
+    for cont, n in found:  # a new next token first, in the order found; then the rest
+        (repeats if cont[0] in firsts else new).append((cont, n))
         firsts.add(cont[0])
     return (new + repeats)[:m]
 
 
-def lookup_branches(continuations: list[list[int]], calibration: Calibration | None = None) -> list[list[Guess]]:
-    """find_drafts' continuations as tree branches: one-hot guesses scored by the product along the branch of
+def lookup_branches(matches: list[tuple[list[int], int]], calibration: Calibration | None = None) -> list[list[Guess]]:
+    """find_matches' continuations as tree branches: one-hot guesses scored by the product along the branch of
     each token's chance to be kept once the token before it was: CONFIDENCE (the r-th match's first token:
-    CONFIDENCE * 0.5 ** r) as the prior, counted per (rank, first token or not) by `calibration` if given."""
+    CONFIDENCE * 0.5 ** r) as the prior, counted by `calibration` if given per (the best match or another, the
+    suffix length it matched, first token or not): inside a span the text copies, a 4-token match is right
+    nearly every time, a 1-token match far less often."""
     out = []
-    for r, cont in enumerate(continuations):
+    for r, (cont, n) in enumerate(matches):
         branch, score = [], 1.0
         for d, t in enumerate(cont, start=1):
-            key, prior = ("lookup", r, d == 1), CONFIDENCE * (0.5 ** r if d == 1 else 1.0)
+            key, prior = ("lookup", min(r, 1), n, d == 1), CONFIDENCE * (0.5 ** r if d == 1 else 1.0)
             score *= prior if calibration is None else calibration.rate(key, prior)
             branch.append(Guess(t, None, score, key=key))
         out.append(branch)
@@ -168,7 +177,7 @@ class LookupDrafter(Proposing, KeepsNoKV):
 
     def branches(self, pending: int, k: int, m: int, calibration: Calibration | None = None) -> list[list[Guess]]:
         """Up to m continuations of up to k tokens after the pending token, as scored tree branches."""
-        return lookup_branches(find_drafts(self.history + [int(pending)], k, self.n_max, self.n_min, m), calibration)
+        return lookup_branches(find_matches(self.history + [int(pending)], k, self.n_max, self.n_min, m), calibration)
 
     def draft_pass(self, asks: list) -> list:  # never asked: drafting makes no pass
         return []

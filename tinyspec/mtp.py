@@ -404,8 +404,10 @@ class MTPDrafter(Proposing):
             sampled  the chain node is drafting's draw from q, the siblings `width` - 1 more independent draws
                      from the same q (this rng, after the chain's draw, in order), q_rows q. A drawn node's
                      score must not depend on its own token (tree.TreeBuilder), so it uses m = max q instead
-                     of q(token): the chain node scores P * m, the r-th draw P * m * (1 - m) ** (r - 1) (tried
-                     only if the r - 1 before it are rejected, each kept with about m)
+                     of q(token): the chain node scores P * c(m, 1), the r-th draw P * c(m, r), c counted per
+                     (decile of m, r) by the calibration from what was kept before (never from this step's
+                     draws), with the prior m * (1 - m) ** (r - 1) (tried only if the r - 1 before it are
+                     rejected, each kept with about m)
         probs: per node the head's probability of its token (greedy p_r, sampled q(token)). The stop rule and
         p_min, p_floor act on the chain node as in drafting. The chain stops early once k nodes score at least
         as much as its last node: nothing deeper (every node below it scores no more) could be kept."""
@@ -434,7 +436,10 @@ class MTPDrafter(Proposing):
                 draws = [token] + [sample(q, rng) for _ in range(width - 1)]
                 m = float(q.max())
                 p = float(q[token])
-                guesses = [Guess(t, q, path_score * m * (1 - m) ** r, float(q[t])) for r, t in enumerate(draws)]
+                keys = [("mtp-drawn", p_bin(m), min(r, 2)) for r in range(len(draws))]  # never the token drawn
+                priors = [m * (1 - m) ** r for r in range(len(draws))]
+                guesses = [Guess(t, q, path_score * (prior if calibration is None else calibration.rate(key, prior)),
+                                 float(q[t]), key) for t, key, prior in zip(draws, keys, priors)]
             node = builder.add(parent, guesses[0], "mtp")
             for guess in guesses[1:]:
                 builder.add(parent, guess, "mtp")

@@ -32,8 +32,8 @@ Papers: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Sp
 Model Decoding with Speculative Sampling" (arXiv:2302.01318), Algorithm 2 and Theorem 1.
 Official implementation: llama.cpp examples/speculative/speculative.cpp (accept :317, residual :330-352).
 
-Does NOT include: tree / multi-candidate verification (SpecInfer, EAGLE trees), typical acceptance
-(Medusa), or lossy relaxations of the rule.
+Does NOT include: tree / multi-candidate verification (spec_tree.py builds it on this rule), typical
+acceptance (Medusa), or lossy relaxations of the rule.
 """
 
 from __future__ import annotations

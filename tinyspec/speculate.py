@@ -13,11 +13,16 @@ decoding sequence b:
                      start). "Folded": row i is the target's law p_i for the token after input i, so the last
                      row doubles as the next step's logits and there is never a separate "commit" forward
     Step 3  accept   keep d_1..d_m while the rule accepts (greedy: d_i == argmax p_{i-1}); then a correction
-                     from the residual law, or, if all k were kept, a bonus token from p_k
+                     from the residual law, or, if all k were kept, a bonus token from p_k. A draft tree
+                     (Draft.parents, tree.py): the pass feeds its nodes in row order, each row computed as a
+                     one-token decode of its path (Model.forward_batch's trees), and spec_tree's rule keeps a
+                     path from the root
     Step 4  rollback the pass fed k+1 tokens but only pending + d_1..d_m are kept: restore every GDN layer
                      from the ring's entry m (written during the pass, no recompute; or, with a ReplayRing,
                      rescan the m+1 kept tokens from the pre-pass memory), truncate the KV cache, tell the
-                     drafter which tokens were kept
+                     drafter which tokens were kept. A tree: the GDN state of the path's last row from the
+                     slot's tree ring (a SnapshotRing), the path's KV rows moved to the positions a plain
+                     decode writes (SnapshotRing.restore_path)
     Step 5  emit     d_1..d_m and the new token, which becomes the next pending token
 
 Stops (EOS, stop ids, the token cap) can land inside the emitted run: the run is cut there and the rollback

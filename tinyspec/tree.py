@@ -254,8 +254,8 @@ class Calibration:
     count as not kept, which is wrong only when a stop or max_new cut the step's run there.
 
     A sequence's drafter keeps its own Calibration, fed only with its own sequence's steps, so its drafts (and a
-    sampled sequence's draws) are the same alone or in a batch. Greedy scores only: a drawn guess's score must
-    not depend on the token drawn (TreeBuilder), and these are per token."""
+    sampled sequence's draws) are the same alone or in a batch. A drawn guess's key holds nothing of the token
+    drawn (TreeBuilder: its score must not depend on it), and the counts come from earlier steps only."""
 
     def __init__(self, weight: float = 4.0):
         self.weight = weight
