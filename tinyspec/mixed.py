@@ -24,7 +24,7 @@ import numpy as np
 
 from .drafting import Draft, Drafting, Proposing, StopRule
 from .lookup import LookupDrafter
-from .mtp import MTPDrafter
+from .mtp import FIRST_GUESS, MTPDrafter
 from .tree import Calibration, TreeBuilder
 from .sampling import SamplingParams
 
@@ -91,6 +91,7 @@ class MixedDrafter(Proposing):
         """Whether lookup's branches hold k nodes that each score above the best any head guess could (its first
         guess at the highest calibrated rate of any decile): then no head node would be kept, so its passes (the
         drafting's cost) are skipped; its kept tokens wait in its queue, fed with its next drafting."""
-        best_head = max(self.calibration.rate(("mtp", b), (b + 1) / 10) for b in range(10))
+        best_head = max(self.calibration.rate(("mtp", first, b), max((b + 1) / 10, FIRST_GUESS if first else 0))
+                        for b in range(10) for first in (True, False))
         scores = sorted((g.score for path in branches for g in path), reverse=True)
         return len(scores) >= k and scores[k - 1] > best_head

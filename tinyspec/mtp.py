@@ -166,6 +166,13 @@ class HeadWindow:
     fed: int
 
 
+# Before anything is counted, a head's first guess is taken to be kept at least this often: the adaptive policy's
+# prior acceptance a draft (fast/adaptive.py a0). The shipped head gives its first guess p ~ 0.6 where the target
+# keeps it ~0.9 of the time; scored by p, its first steps' trees traded deep chain nodes for siblings and lost
+# (tools/tree_gain.py: 0.96-0.98x the chain at k = 2, 4; with this prior >= 1.00x everywhere).
+FIRST_GUESS = 0.8
+
+
 def top_tokens(logits: np.ndarray, w: int, vocab: DraftVocabulary | None = None) -> tuple[list[int], list[float]]:
     """The w most likely tokens of host logits [N] (or [n] over a draft vocabulary: mapped to its ids), best first
     (ties: the lower position, as argmax), with their softmax probabilities."""
@@ -399,8 +406,8 @@ class MTPDrafter(Proposing):
             greedy   the head's top-`width` tokens (over the draft vocabulary's ids with one), one-hot; with
                      p_r the softmax probability of the r-th and P the chain's path score before depth i, the
                      chain node (r = 1) scores P * c(p_1) and sibling r scores P * c(p_r), c the chance that the
-                     target keeps a guess of that probability (calibration's count per decile of p, tree.py;
-                     without one, c(p) = p)
+                     target keeps such a guess (calibration's count per first-or-not and decile of p, tree.py,
+                     its prior p, FIRST_GUESS at least for the first guess; without one, c = that prior)
             sampled  the chain node is drafting's draw from q, the siblings `width` - 1 more independent draws
                      from the same q (this rng, after the chain's draw, in order), q_rows q. A drawn node's
                      score must not depend on its own token (tree.TreeBuilder), so it uses m = max q instead
@@ -427,9 +434,10 @@ class MTPDrafter(Proposing):
                 if p < floor:  # the head is guessing: not worth a verify row (nor are its siblings)
                     withdrawn = True
                     break
-                keys = [("mtp", p_bin(pr)) for pr in p_top]
-                guesses = [Guess(t, None, path_score * (pr if calibration is None else calibration.rate(key, pr)), pr,
-                                 key) for t, pr, key in zip(tokens, p_top, keys)]
+                keys = [("mtp", r == 0, p_bin(pr)) for r, pr in enumerate(p_top)]  # the first guess, or another
+                priors = [max(pr, FIRST_GUESS) if r == 0 else pr for r, pr in enumerate(p_top)]
+                guesses = [Guess(t, None, path_score * (prior if calibration is None else calibration.rate(key, prior)),
+                                 pr, key) for t, pr, prior, key in zip(tokens, p_top, priors, keys)]
             else:
                 token, q = draft_token(logits, params, rng) if self.vocab is None else \
                     self.vocab.draw(logits, params, rng)

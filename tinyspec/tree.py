@@ -243,7 +243,8 @@ class Calibration:
 
     A drafter's own number is not c: the shipped MTP head gives its first guess p ~ 0.6 where the target keeps
     it ~0.9 of the time, and lookup has no number at all. So c is counted: per key (the drafter's kind of guess:
-    ("mtp", its probability's decile), ("lookup", the match's rank, first token or not)), the nodes tried (their
+    ("mtp", its first guess or not, its probability's decile), ("lookup", the best match or not, the suffix length
+    matched, first token or not)), the nodes tried (their
     parent was kept) and kept, with `weight` pseudo-counts of the drafter's prior guess:
 
         c(key) = (kept + weight * prior) / (tried + weight)
