@@ -76,14 +76,11 @@ class MixedDrafter(Proposing):
         whatever on_device asks."""
         if not k:
             return Draft()
-        branches = self.lookup.branches(pending, k, self.tree, self.calibration)
-        if self._head_cannot_win(branches, k):  # lookup's copy fills every row better than a head guess could
-            builder, withdrawn = TreeBuilder(), False
-        else:
-            builder, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree,
-                                                             self.calibration)
-        for path in branches:
+        branches, builder, withdrawn = self.lookup.branches(pending, k, self.tree, self.calibration), TreeBuilder(), False
+        for path in branches:  # lookup's first: the head's chain stops where its guesses could no longer be kept
             builder.add_path(path, "lookup")
+        if not self._head_cannot_win(branches, k):  # (lookup's copy fills every row better than a head guess could)
+            _, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree, self.calibration, builder)
         self.grown = builder.grow(k)
         return self.grown.draft(withdrawn)
 

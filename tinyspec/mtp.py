@@ -397,7 +397,8 @@ class MTPDrafter(Proposing):
 
     def growing(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                 stop: StopRule | None = None, width: int = 2,
-                calibration: Calibration | None = None) -> Generator[HeadPass, tuple, tuple[TreeBuilder, bool]]:
+                calibration: Calibration | None = None,
+                builder: TreeBuilder | None = None) -> Generator[HeadPass, tuple, tuple[TreeBuilder, bool]]:
         """A tree's candidates as a coroutine of head passes (as drafting's), returning (builder, withdrawn):
         the chain's node at each depth and `width` - 1 siblings beside it; the caller keeps the k best
         (builder.grow(k); mixed.py adds lookup branches first).
@@ -417,8 +418,10 @@ class MTPDrafter(Proposing):
                      rejected, each kept with about m)
         probs: per node the head's probability of its token (greedy p_r, sampled q(token)). The stop rule and
         p_min, p_floor act on the chain node as in drafting. The chain stops early once k nodes score at least
-        as much as its last node: nothing deeper (every node below it scores no more) could be kept."""
-        builder = TreeBuilder()
+        as much as its last node: nothing deeper (every node below it scores no more) could be kept. builder: one
+        holding other drafters' guesses already (mixed.py), which count in that test: a head pass whose guesses
+        could not be kept is not made."""
+        builder = TreeBuilder() if builder is None else builder
         if not k:
             return builder, False
         stop = stop or StopRule()
