@@ -288,6 +288,21 @@ def test_bench_rollback_replay_on_the_oracle(tiny_model, capsys):
     assert set(r["verify_cost_ratio"]) == {"1", "2", "3"}  # --verify-sizes 1..3: T = 1, 2, 3
 
 
+def test_bench_tree_times_tree_drafters_and_tree_passes(tiny_model, capsys):
+    """--tree W: the MTP head's and lookup's trees beside their chains (the same rows), mtp+lookup at W, and every
+    verify pass also timed as a tree; every run identical to plain decoding."""
+    args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
+            "--max-new", "12", "--drafters", "mtp,lookup,mtp+lookup", "--tree", "3", "--verify-sizes", "1,4", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["spec"]) == {"mtp", "mtp_tree", "lookup", "lookup_tree", "mtp+lookup"}
+    assert all(s["identical"] for s in r["spec"].values())
+    assert set(r["verify_tree_ms"]) == set(r["verify_tree_ratio"]) == {"1", "4"}
+    assert all(v > 0 for v in r["verify_tree_ratio"].values())
+    assert main(args + ["--tree", "9"]) == 2
+    assert "--tree must be in 1..8" in capsys.readouterr().err
+
+
 def test_bench_synth_len_draft_vocab_and_adaptive(tiny_model, capsys):
     args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",
             "--max-new", "12", "--drafters", "", "--synth-len", "2.95", "--draft-vocab", "64", "--adaptive", "--json"]

@@ -131,6 +131,7 @@ def noise_ranges(report: dict) -> list[tuple[str, list[float]]]:
     """Every (figure, [min, max]) the report carries."""
     out = [("decode_ms", report["decode_ms_range"])]
     out += [(f"verify_ms[{T}]", r) for T, r in report["verify_ms_range"].items()]
+    out += [(f"verify_tree_ms[{T}]", r) for T, r in report.get("verify_tree_ms_range", {}).items()]
     if report.get("plain_tok_s_range"):
         out.append(("plain_tok_s", report["plain_tok_s_range"]))
     out += [(f"spec.{name}.speedup", s["speedup_range"]) for name, s in report["spec"].items()]
@@ -186,7 +187,14 @@ def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: i
     return {T: statistics.median(t) for T, t in verify_times(model, prompt, sizes, repeats).items()}
 
 
-def verify_times(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, list[float]]:
+def bushy_tree(n: int, width: int) -> tuple[int, ...]:
+    """n nodes, each row up to `width` children, filled breadth first: a tree as wide as `width` allows, the shape
+    whose pass differs most from a chain's (every depth's rows in one ragged call, every row's own path)."""
+    return tuple((i - 1) // width for i in range(1, n + 1))
+
+
+def verify_times(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5,
+                 tree: int | None = None) -> dict[int, list[float]]:
     """{T: seconds of each timed verify pass of T tokens (k = T - 1 drafts)} from the same post-prompt state, with
     the model's ring (Model.new_ring: snapshots written, or the base kept for a replay; a rollback is not part of
     the pass).
@@ -194,17 +202,19 @@ def verify_times(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: i
     Each size has one scratch state, set back to the post-prompt state before every pass (reset_to: the GDN
     arrays copied in place, the KV truncated), as an engine reuses a sequence's state: the same arrays every
     pass, so on cuda the pass's CUDA graph (keyed by those arrays, fast/cuda_pass.py) is what is timed. Two untimed
-    passes per size first: the cache grows to its size, the graph is captured."""
+    passes per size first: the cache grows to its size, the graph is captured. tree W: the same T tokens as a draft
+    tree (bushy_tree(T - 1, W)), with a tree's ring (Model.new_ring(T, tree=True))."""
     state = model.new_state()
     model.forward(np.array(prompt), state)
     window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(sizes)))
-    rings = {T: model.new_ring(T) for T in sizes}
+    rings = {T: model.new_ring(T, tree=tree is not None) for T in sizes}
     scratch = {T: state.copy() for T in sizes}
+    trees = {T: [bushy_tree(T - 1, tree)] if tree else None for T in sizes}
 
     def one(T: int) -> float:
         reset_to(scratch[T], state)
         t0 = time.perf_counter()
-        model.forward(np.array(window[:T]), scratch[T], ring=rings[T])
+        model.forward_batch([np.array(window[:T])], [scratch[T]], [rings[T]], trees=trees[T])
         return time.perf_counter() - t0
 
     for T in sizes:
@@ -415,6 +425,10 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
     say(f"verify passes of {', '.join(map(str, sizes))} tokens (k = {', '.join(str(T - 1) for T in sizes)} drafts)")
     verify = verify_times(model, prompt, sizes, repeats)
     costs = {T: statistics.median(t) for T, t in verify.items()}
+    tree_verify = {}
+    if tree:
+        say(f"the same verify passes as trees of up to {tree} children a node")
+        tree_verify = verify_times(model, prompt, sizes, repeats, tree)
     if makers:
         say(f"speculative runs: plain, {', '.join(makers)} ({max_new} tokens, k = {draft_n})")
     adaptive_runs = ("mtp_adaptive", "mtp_adaptive_vocab", "mtp_synth_adaptive", "mtp_synth_adaptive_vocab")
@@ -459,6 +473,9 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
               "verify_ms": {k: 1e3 * v for k, v in costs.items()},
               "verify_ms_range": {T: [1e3 * v for v in spread(t)] for T, t in verify.items()},
               "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
+              "verify_tree_ms": {T: 1e3 * statistics.median(t) for T, t in tree_verify.items()},
+              "verify_tree_ms_range": {T: [1e3 * v for v in spread(t)] for T, t in tree_verify.items()},
+              "verify_tree_ratio": {T: statistics.median(t) / costs[T] for T, t in tree_verify.items()},
               "weight_gb_s": wb / t1 / 1e9, "copy_gb_s": copy, "weight_bw_fraction": wb / t1 / 1e9 / copy,
               "spec": {k: v for k, v in spec.items() if k != "plain"},
               "plain_tok_s": spec["plain"]["tok_s"] if spec else None,
@@ -491,6 +508,9 @@ def report_text(report: dict) -> str:
                f"({100 * report['weight_bw_fraction']:.0f}%)")
     out.append("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"
                                               for T, r in report["verify_cost_ratio"].items()) + " a one-token pass")
+    if report.get("verify_tree_ratio"):
+        out.append("as a tree       " + "  ".join(f"{T} tokens: {report['verify_tree_ms'][T]:.2f} ms, {r:.2f}x the chain"
+                                              for T, r in report["verify_tree_ratio"].items()))
     if "experts" in report:
         ex = report["experts"]
         out.append(f"experts         distinct experts a pass of T tokens reads per MoE layer ({ex['n_expert_used']} of "
