@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_models import write_tiny_qwen35
+from test_speculate import targets  # noqa: F401  (a fixture: random hybrid targets, dense and MoE)
 
 from tinyspec.backends import load_model, numba_available
 from tinyspec.drafting import Draft, KeepsNoKV, Proposing, no_passes
@@ -30,26 +30,6 @@ from tinyspec.tree import check_parents, path_to
 
 N_VOCAB = 272
 NEEDS_NUMBA = pytest.mark.skipif(not numba_available(), reason="needs numba")
-
-TARGETS = {
-    "gdn-attn-x2": dict(seed=11, n_trunk=4, interval=2),
-    "moe-e8-k2": dict(seed=31, n_trunk=4, interval=2, experts=(8, 2, 16, 24)),
-}
-
-
-@pytest.fixture(scope="module")
-def targets(tmp_path_factory):
-    built = {}
-
-    def get(name: str) -> Model:
-        if name not in built:
-            path = tmp_path_factory.mktemp("tree") / f"{name}.gguf"
-            write_tiny_qwen35(path, **TARGETS[name])
-            built[name] = Model.from_gguf(path)
-        return built[name]
-
-    return get
-
 
 def random_tree(rng, k: int) -> tuple[int, ...]:
     """k nodes, each under a random earlier row (biased to deep rows, so some paths are long)."""
@@ -133,8 +113,8 @@ def test_every_tree_row_is_a_one_token_decode_of_its_path(backend, paged):
     state.release()
 
 
-def test_a_tree_pass_needs_a_snapshot_ring_and_a_parent_per_token(targets):
-    model = targets("gdn-attn-x2")
+def test_a_tree_pass_needs_a_snapshot_ring_and_a_parent_per_token(request):
+    model = request.getfixturevalue("targets")("gdn-attn-x2")  # (test_speculate's random targets)
     state = fresh_state(model, [1, 2, 3])
     with pytest.raises(ValueError, match="one parent per token"):
         model.forward_batch([[1, 2, 3]], [state], [SnapshotRing(model.cfg, 4)], trees=[(0,)])
@@ -144,13 +124,13 @@ def test_a_tree_pass_needs_a_snapshot_ring_and_a_parent_per_token(targets):
         model.forward_batch([[1, 2, 3]], [state], [SnapshotRing(model.cfg, 4)], trees=[(0, 2)])
 
 
-@pytest.mark.parametrize("name", list(TARGETS))
+@pytest.mark.parametrize("name", ["gdn-attn-x2", "moe-e8-k2"])
 @pytest.mark.parametrize("rollback", ["snapshot", "replay"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), draft_n=st.integers(1, 8), n_prompt=st.integers(1, 12),
        max_new=st.integers(1, 24), hit=st.sampled_from([0.3, 0.7, 1.0]))
-def test_greedy_tree_speculation_equals_plain(targets, name, rollback, seed, draft_n, n_prompt, max_new, hit):
-    target = targets(name)
+def test_greedy_tree_speculation_equals_plain(request, name, rollback, seed, draft_n, n_prompt, max_new, hit):
+    target = request.getfixturevalue("targets")(name)
     target = target.with_placement(replace(target.placement, rollback=rollback))
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, N_VOCAB, n_prompt)]
     plain = generate(target, prompt, max_new).tokens
