@@ -341,3 +341,18 @@ def test_sampled_drafts_are_never_withdrawn(target):  # noqa: F811
     assert len(draft.tokens) == 3 and not draft.withdrawn
     draft = drafter.propose(8, 3, SamplingParams(), None)
     assert draft.tokens == [] and draft.withdrawn
+
+
+def test_a_tree_counts_its_kept_path_but_calibrates_no_confidence_bin():
+    """A tree's draft (Draft.parents) counts k = its nodes and n_accepted = its kept path's length for the a_j, but its
+    probabilities, per node in row order, not along the kept path, leave the confidence bins as they were."""
+    from tinyspec.drafting import Draft
+
+    policy = AdaptiveDraftLength(4)
+    tree = Draft([5, 6, 7, 8], [None] * 4, [0.9, 0.8, 0.3, 0.2], parents=(0, 1, 0, 0))
+    bins = list(policy.seen_bin)
+    policy.observe([tree], [2], 0.001, 0.002, 5)
+    assert list(policy.seen_bin) == bins and policy.seen[:3] == [1, 1, 1]
+    chain = Draft([5, 6, 7, 8], [None] * 4, [0.9, 0.8, 0.3, 0.2])
+    policy.observe([chain], [2], 0.001, 0.002, 5)
+    assert sum(policy.seen_bin) == sum(bins) + 3  # a chain's accepted two and its first rejection

@@ -296,10 +296,12 @@ class AdaptiveDraftLength:
         return [Plan(min(k, room), stop) for room in rooms]
 
     def observe(self, drafts: list[Draft], accepted: list[int], draft_s: float, verify_s: float, rows: int) -> None:
-        """A step costs its drafting and its verify pass (what the choice of k changes)."""
+        """A step costs its drafting and its verify pass (what the choice of k changes). A tree (Draft.parents) counts
+        as k = its nodes, n_accepted = the length of the path kept (what a row count returns); its probabilities are
+        per node in row order, not along the path kept, so they calibrate no confidence bin."""
         for draft, n_accepted in zip(drafts, accepted):
-            self.update(len(draft.tokens), n_accepted, draft_s + verify_s, draft.probs if draft.tokens else None,
-                        draft.withdrawn)
+            probs = draft.probs if draft.tokens and not draft.is_tree else None
+            self.update(len(draft.tokens), n_accepted, draft_s + verify_s, probs, draft.withdrawn)
 
     def summary(self) -> dict:
         return self.as_dict()
