@@ -277,8 +277,12 @@ def test_mixed_passes_the_protocol_through(target, prefilled):
     assert mixed.stops_by_confidence and mixed.kv_table is None
     other = mixed.another()
     assert other.mtp.head is mixed.mtp.head and other.tree == 2
-    window = mixed.mtp.window
-    assert mixed.release() == window
+    window, counts = mixed.mtp.window, mixed.calibration
+    head, calibration = mixed.release()  # the head's window and the tree scores' counts, for a resume
+    assert (head.start, head.fed) == (window.start, window.fed) and calibration is counts and counts.tried
+    again = MixedDrafter(MTPDrafter(target), LookupDrafter(), tree=2)
+    again.start(prompt + [pending], np.concatenate([hidden, hidden[-1:]]), 8, (head, calibration))
+    assert again.calibration is counts and again.mtp.window == window  # resumed as it stood
 
 
 # ----------------------------------------------------------------------------------------------- the registry

@@ -22,13 +22,14 @@ Example: h = [5 6 7 9 5 6 7 8 5 6], k = 3, n_max = 3
     n=3 suffix [8 5 6]: not seen before
     n=2 suffix [5 6]:   at i=4 (most recent) and i=0 -> draft = h[6:9] = [7 8 5]
 
-A tree of guesses (tree=W > 1): find_drafts keeps looking after the first match and returns up to W different
+A tree of guesses (tree=W > 1): find_matches keeps looking after the first match and returns up to W different
 continuations (the most recent occurrences of the longest suffix, then of shorter ones; those with a next token
-not seen yet first), merged into one draft tree (tree.TreeBuilder) of at most k nodes. Lookup has no
-probabilities, so a branch's nodes get fixed scores: the r-th continuation (r = 0, 1, ...) scores its token at
-depth d as CONFIDENCE ** d * 0.5 ** r (0.8 a token for the best match; each later one half as likely, so a
-second guess at the root outranks the best match's 5th token). They are guesses, not measurements: they only rank
-the nodes when the budget is cut, here and against the MTP head's probabilities (mixed.py).
+not seen yet first), each with the suffix length it matched, merged into one draft tree (tree.TreeBuilder) of at
+most k nodes. Lookup has no probabilities, so a node's score is counted (tree.Calibration: the share of such
+guesses the target kept once their parent was, per best match or not, suffix length and first token or not),
+starting from a prior: the r-th continuation (r = 0, 1, ...) at CONFIDENCE a token (its first token CONFIDENCE *
+0.5 ** r), SAMPLED_CONFIDENCE when the sequence samples. The scores only rank the nodes when the budget is cut,
+here and against the MTP head's guesses (mixed.py).
 
 Cost: O(L * n) per step for the linear scan, fine for a reference that runs a NumPy model per token.
 
@@ -54,6 +55,7 @@ from .drafting import Draft, Drafting, KeepsNoKV, Proposing, StopRule, no_passes
 from .tree import Calibration, Guess, TreeBuilder
 
 CONFIDENCE = 0.8  # a lookup branch's score per token (the best match's; the r-th match's branch is 0.5 ** r of it)
+SAMPLED_CONFIDENCE = 0.4  # the same for a sampled sequence (temperature 1: lookup alone kept 0.2-0.4 of its drafts)
 
 
 def find_draft(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1) -> list[int]:
@@ -115,17 +117,21 @@ def find_matches(history: Sequence[int], k: int, n_max: int = 4, n_min: int = 1,
     return (new + repeats)[:m]
 
 
-def lookup_branches(matches: list[tuple[list[int], int]], calibration: Calibration | None = None) -> list[list[Guess]]:
+def lookup_branches(matches: list[tuple[list[int], int]], calibration: Calibration | None = None,
+                    sampled: bool = False) -> list[list[Guess]]:
     """find_matches' continuations as tree branches: one-hot guesses scored by the product along the branch of
     each token's chance to be kept once the token before it was: CONFIDENCE (the r-th match's first token:
     CONFIDENCE * 0.5 ** r) as the prior, counted by `calibration` if given per (the best match or another, the
     suffix length it matched, first token or not): inside a span the text copies, a 4-token match is right
-    nearly every time, a 1-token match far less often."""
+    nearly every time, a 1-token match far less often. sampled: the sequence samples, and a one-hot guess is then kept
+    only with the target's probability of it (spec_sampling.py), not whenever it is the target's best: the prior is
+    SAMPLED_CONFIDENCE, and the counts are kept apart from a greedy sequence's."""
     out = []
     for r, (cont, n) in enumerate(matches):
         branch, score = [], 1.0
         for d, t in enumerate(cont, start=1):
-            key, prior = ("lookup", min(r, 1), n, d == 1), CONFIDENCE * (0.5 ** r if d == 1 else 1.0)
+            key = ("lookup", sampled, min(r, 1), n, d == 1)
+            prior = (SAMPLED_CONFIDENCE if sampled else CONFIDENCE) * (0.5 ** r if d == 1 else 1.0)
             score *= prior if calibration is None else calibration.rate(key, prior)
             branch.append(Guess(t, None, score, key=key))
         out.append(branch)
@@ -155,9 +161,16 @@ class LookupDrafter(Proposing, KeepsNoKV):
         self.history: list[int] = []
         self.calibration, self.grown = Calibration(), None  # a tree's scores, learned; the last tree proposed
 
-    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: None = None) -> None:
+    def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: Calibration | None = None) -> None:
+        """The history is the prompt (a resumed sequence's: prompt + its tokens but the pending one); resume: what
+        release() returned, the tree scores' counts so far."""
         self.history = [int(t) for t in prompt]
-        self.calibration, self.grown = Calibration(), None
+        self.calibration, self.grown = resume or Calibration(), None
+
+    def release(self) -> Calibration | None:
+        """No KV to give back; the history restarts it exactly. A tree drafter hands back its scores' counts
+        (tree.Calibration), which a resumed sequence drafts by as it would have (None: a chain drafter's nothing)."""
+        return self.calibration if self.tree > 1 else None
 
     def another(self, pool=None) -> "LookupDrafter":  # no KV: nothing in a pool
 
@@ -168,16 +181,18 @@ class LookupDrafter(Proposing, KeepsNoKV):
         # pending is chosen but not yet fed: it is the last token of the suffix we look up
         if self.tree > 1:
             builder = TreeBuilder()
-            for path in self.branches(pending, k, self.tree, self.calibration):
+            for path in self.branches(pending, k, self.tree, self.calibration, not params.greedy):
                 builder.add_path(path, "lookup")
             self.grown = builder.grow(k)
             return no_passes(self.grown.draft())
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
         return no_passes(Draft(drafts, [None] * len(drafts)))  # deterministic drafts: q_draft is one-hot (None)
 
-    def branches(self, pending: int, k: int, m: int, calibration: Calibration | None = None) -> list[list[Guess]]:
+    def branches(self, pending: int, k: int, m: int, calibration: Calibration | None = None,
+                 sampled: bool = False) -> list[list[Guess]]:
         """Up to m continuations of up to k tokens after the pending token, as scored tree branches."""
-        return lookup_branches(find_matches(self.history + [int(pending)], k, self.n_max, self.n_min, m), calibration)
+        return lookup_branches(find_matches(self.history + [int(pending)], k, self.n_max, self.n_min, m), calibration,
+                               sampled)
 
     def draft_pass(self, asks: list) -> list:  # never asked: drafting makes no pass
         return []

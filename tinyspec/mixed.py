@@ -4,12 +4,14 @@ The two drafters guess differently: the MTP head is good at the next few tokens 
 runs the text repeats (code being edited, quoted sources). A tree can hold both guesses at once, and the verify
 pass keeps whichever path the target agrees with (tree.py):
 
-    candidates  the MTP head's chain and its top-W siblings per depth (mtp.MTPDrafter.growing, its passes)
-                + up to W lookup continuations after the pending token (lookup.find_drafts, no pass)
-    merge       one trie (tree.TreeBuilder): a lookup token equal to a greedy MTP node under the same parent is
+    candidates  up to W lookup continuations after the pending token (lookup.find_matches, no pass), then the
+                MTP head's chain and its top-W siblings per depth (mtp.MTPDrafter.growing, its passes): the chain
+                stops once k candidates score at least its last guess (no deeper guess could be kept), and the head
+                is not run when lookup's nodes fill the k rows better than any head guess could
+    merge       one trie (tree.TreeBuilder): a greedy MTP guess equal to a lookup token under the same parent is
                 that node; sampled MTP nodes are draws from q and are never merged (lookup's are one-hot)
-    keep        the k most likely nodes (MTP: the head's path probabilities; lookup: fixed per-token scores,
-                lookup.CONFIDENCE), prefix-closed, in depth-first rows
+    keep        the k nodes of largest score (the product along the path of each guess's counted chance to be
+                kept once its parent was: tree.Calibration, one for both drafters), prefix-closed, depth-first rows
 
 When lookup finds nothing, the tree is the MTP tree. Everything else a drafter does goes to both: both see the
 prompt and every kept token; only the MTP head keeps KV (its table, its release), and only it runs passes.
@@ -49,9 +51,11 @@ class MixedDrafter(Proposing):
         return self.mtp.kv_table
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume=None) -> None:
-        self.mtp.start(prompt, hidden, k_max, resume)
+        """resume: what release() returned (the head's window and the scores' counts), or None."""
+        head, calibration = resume if resume is not None else (None, None)
+        self.mtp.start(prompt, hidden, k_max, head)
         self.lookup.start(prompt, hidden, k_max)
-        self.calibration, self.grown = Calibration(), None
+        self.calibration, self.grown = calibration or Calibration(), None
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         if self.grown is not None:
@@ -60,9 +64,11 @@ class MixedDrafter(Proposing):
         self.mtp.commit(fed, hidden)
         self.lookup.commit(fed, hidden)
 
-    def release(self):
+    def release(self) -> tuple:
+        """The head's blocks back; (its HeadWindow, the scores' counts) for a resume (lookup restarts from the
+        history alone)."""
         self.lookup.release()
-        return self.mtp.release()  # lookup restarts from the history alone
+        return self.mtp.release(), self.calibration
 
     def another(self, pool=None) -> "MixedDrafter":
         return MixedDrafter(self.mtp.another(pool), self.lookup.another(pool), self.tree)
@@ -72,11 +78,12 @@ class MixedDrafter(Proposing):
 
     def drafting(self, pending: int, k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: StopRule | None = None, on_device: bool = False) -> Drafting:
-        """The MTP head's candidates (its passes go through), then lookup's branches, cut to k nodes. Host ints,
+        """Lookup's branches, then the MTP head's candidates (its passes go through), cut to k nodes. Host ints,
         whatever on_device asks."""
         if not k:
             return Draft()
-        branches, builder, withdrawn = self.lookup.branches(pending, k, self.tree, self.calibration), TreeBuilder(), False
+        branches = self.lookup.branches(pending, k, self.tree, self.calibration, sampled=not params.greedy)
+        builder, withdrawn = TreeBuilder(), False
         for path in branches:  # lookup's first: the head's chain stops where its guesses could no longer be kept
             builder.add_path(path, "lookup")
         if not self._head_cannot_win(branches, k):  # (lookup's copy fills every row better than a head guess could)

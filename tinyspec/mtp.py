@@ -19,7 +19,7 @@ transformers drops mtp.* weights on load, so tests build a reference from its de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generator
 
 import numpy as np
@@ -161,9 +161,11 @@ class HeadPass:
 class HeadWindow:
     """Where an MTP head's cache stands in its sequence: its row 0 is the sequence's position `start` (0 until a
     restart from a window) and it has fed `fed` tokens from there; the sequence's tokens after those are queued.
-    What MTPDrafter.release() returns and start() rebuilds the same cache and queue from."""
+    What MTPDrafter.release() returns and start() rebuilds the same cache and queue from, with the tree scores'
+    counts (tree.Calibration) so far, which a resumed sequence drafts by as it would have."""
     start: int
     fed: int
+    calibration: Calibration | None = None
 
 
 # Before anything is counted, a head's first guess is taken to be kept at least this often: the adaptive policy's
@@ -294,7 +296,8 @@ class MTPDrafter(Proposing):
             raise ValueError(f"{window} does not lie in a history of {len(prompt)} tokens")
         self.fed_cache.truncate(0)  # (in a pool it holds no block here: release() came first)
         self.window_start, self.queue = begin, []
-        self.calibration, self.grown = Calibration(), None  # the sequence's own counts (tree.Calibration)
+        self.calibration = window.calibration or Calibration()  # the sequence's own counts (tree.Calibration)
+        self.grown = None
         rows = shift_hidden(hidden)  # [n, D]: row p is h_{p-1}, a zero row at p = 0
         if end > begin:
             self.head.forward(prompt[begin:end], rows[begin:end], self.fed_cache, logits=False)
@@ -304,8 +307,8 @@ class MTPDrafter(Proposing):
 
     def release(self) -> HeadWindow:
         """Give every pool block back (the sequence is preempted or done) and forget the tokens; returns the
-        HeadWindow that start() rebuilds this cache and queue from."""
-        window = self.window
+        HeadWindow that start() rebuilds this cache and queue (and the tree scores' counts) from."""
+        window = replace(self.window, calibration=self.calibration)
         self.fed_cache.truncate(0)
         self.queue = []
         return window
