@@ -159,13 +159,13 @@ class LookupDrafter(Proposing, KeepsNoKV):
             raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
         self.n_max, self.n_min, self.tree = n_max, n_min, tree
         self.history: list[int] = []
-        self.calibration, self.grown = Calibration(), None  # a tree's scores, learned; the last tree proposed
+        self.calibration = Calibration()  # a tree's scores, learned (and the last tree proposed)
 
     def start(self, prompt: list[int], hidden: np.ndarray, k_max: int = 0, resume: Calibration | None = None) -> None:
         """The history is the prompt (a resumed sequence's: prompt + its tokens but the pending one); resume: what
         release() returned, the tree scores' counts so far."""
         self.history = [int(t) for t in prompt]
-        self.calibration, self.grown = resume or Calibration(), None
+        self.calibration = resume or Calibration()
 
     def release(self) -> Calibration | None:
         """No KV to give back; the history restarts it exactly. A tree drafter hands back its scores' counts
@@ -183,8 +183,7 @@ class LookupDrafter(Proposing, KeepsNoKV):
             builder = TreeBuilder()
             for path in self.branches(pending, k, self.tree, self.calibration, not params.greedy):
                 builder.add_path(path, "lookup")
-            self.grown = builder.grow(k)
-            return no_passes(self.grown.draft())
+            return no_passes(self.calibration.propose(builder.grow(k)))
         drafts = find_draft(self.history + [int(pending)], k, self.n_max, self.n_min)
         return no_passes(Draft(drafts, [None] * len(drafts)))  # deterministic drafts: q_draft is one-hot (None)
 
@@ -199,6 +198,4 @@ class LookupDrafter(Proposing, KeepsNoKV):
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
         self.history.extend(int(t) for t in fed)
-        if self.grown is not None:  # what the target kept of the last tree: how good each kind of guess is
-            self.calibration.learn(self.grown, fed)
-            self.grown = None
+        self.calibration.learn(fed)  # what the target kept of the last tree: how good each kind of guess is

@@ -40,7 +40,7 @@ class MixedDrafter(Proposing):
         if tree < 1:
             raise ValueError(f"tree must be at least 1, got {tree}")
         self.mtp, self.lookup, self.tree = mtp, lookup, tree
-        self.calibration, self.grown = Calibration(), None  # both sources' scores, learned; the last tree proposed
+        self.calibration = Calibration()  # both sources' scores, learned (and the last tree proposed)
 
     @property
     def stops_by_confidence(self) -> bool:  # the stop rule shortens the MTP chain
@@ -55,12 +55,10 @@ class MixedDrafter(Proposing):
         head, calibration = resume if resume is not None else (None, None)
         self.mtp.start(prompt, hidden, k_max, head)
         self.lookup.start(prompt, hidden, k_max)
-        self.calibration, self.grown = calibration or Calibration(), None
+        self.calibration = calibration or Calibration()
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
-        if self.grown is not None:
-            self.calibration.learn(self.grown, fed)
-            self.grown = None
+        self.calibration.learn(fed)
         self.mtp.commit(fed, hidden)
         self.lookup.commit(fed, hidden)
 
@@ -88,8 +86,7 @@ class MixedDrafter(Proposing):
             builder.add_path(path, "lookup")
         if not self._head_cannot_win(branches, k):  # (lookup's copy fills every row better than a head guess could)
             _, withdrawn = yield from self.mtp.growing(pending, k, params, rng, stop, self.tree, self.calibration, builder)
-        self.grown = builder.grow(k)
-        return self.grown.draft(withdrawn)
+        return self.calibration.propose(builder.grow(k), withdrawn)
 
     def _head_cannot_win(self, branches: list, k: int) -> bool:
         """Whether lookup's branches hold k nodes that each score above the best any head guess could (its first

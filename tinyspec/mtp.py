@@ -244,7 +244,7 @@ class MTPDrafter(Proposing):
         if tree < 1:
             raise ValueError(f"tree must be at least 1 (1: a chain), got {tree}")
         self.tree = tree  # guesses per depth: > 1 drafts a tree (growing), 1 the chain
-        self.calibration, self.grown = Calibration(), None  # a tree's scores, learned; the last tree proposed
+        self.calibration = Calibration()  # a tree's scores, learned (and the last tree proposed)
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.p_min, self.p_floor = float(p_min), float(p_floor)
@@ -297,7 +297,6 @@ class MTPDrafter(Proposing):
         self.fed_cache.truncate(0)  # (in a pool it holds no block here: release() came first)
         self.window_start, self.queue = begin, []
         self.calibration = window.calibration or Calibration()  # the sequence's own counts (tree.Calibration)
-        self.grown = None
         rows = shift_hidden(hidden)  # [n, D]: row p is h_{p-1}, a zero row at p = 0
         if end > begin:
             self.head.forward(prompt[begin:end], rows[begin:end], self.fed_cache, logits=False)
@@ -368,8 +367,7 @@ class MTPDrafter(Proposing):
         argmax_ids = params.greedy and self.vocab is None  # drafts stay where the head computes until the end
         if self.tree > 1:  # a tree of guesses: host ints, whatever on_device asks
             builder, withdrawn = yield from self.growing(pending, k, params, rng, stop, self.tree, self.calibration)
-            self.grown = builder.grow(k)
-            return self.grown.draft(withdrawn)
+            return self.calibration.propose(builder.grow(k), withdrawn)
         cache = self.fed_cache
         drafts, q_rows, probs, withdrawn = [], [], [], False
         then = k - 1 if argmax_ids else 0  # the next passes feed device ids: their maps can ride this one's upload
@@ -469,9 +467,7 @@ class MTPDrafter(Proposing):
         return builder, withdrawn
 
     def commit(self, fed: list[int], hidden: np.ndarray) -> None:
-        if self.grown is not None:  # what the target kept of the last tree: how good each kind of guess is
-            self.calibration.learn(self.grown, fed)
-            self.grown = None
+        self.calibration.learn(fed)  # what the target kept of the last tree: how good each kind of guess is
         self.queue.append((list(fed), shift_hidden(hidden, self.h_last)))
         self.h_last = hidden[-1]
         queued = self._queued()

@@ -249,7 +249,7 @@ class Calibration:
 
         c(key) = (kept + weight * prior) / (tried + weight)
 
-    learn(grown, fed) counts one step: the path the target kept is read off the kept tokens (fed: the pending
+    propose(grown) remembers the tree a step verifies; learn(fed) counts that step: the path the target kept is read off the kept tokens (fed: the pending
     token, then the kept drafts; a child whose token is the next kept one is kept, the first in row order, as
     spec_tree's greedy rule takes it); every child of a kept row was tried. The children of the path's last row
     count as not kept, which is wrong only when a stop or max_new cut the step's run there.
@@ -262,13 +262,23 @@ class Calibration:
         self.weight = weight
         self.kept: dict[tuple, float] = {}
         self.tried: dict[tuple, float] = {}
+        self.proposed: Grown | None = None  # the tree its drafter proposed last, until the step's kept tokens come
 
     def rate(self, key: tuple, prior: float) -> float:
         """c(key): the share of such guesses kept once their parent was, the prior counting `weight` times."""
         return (self.kept.get(key, 0.0) + self.weight * prior) / (self.tried.get(key, 0.0) + self.weight)
 
-    def learn(self, grown: "Grown", fed: Sequence[int]) -> None:
-        """Count the step that verified `grown` and kept `fed` (the pending token, then the kept drafts)."""
+    def propose(self, grown: "Grown", withdrawn: bool = False) -> Draft:
+        """The drafter proposes `grown`: its Draft, and the tree remembered for learn()."""
+        self.proposed = grown
+        return grown.draft(withdrawn)
+
+    def learn(self, fed: Sequence[int]) -> None:
+        """Count the step that verified the tree last proposed and kept `fed` (the pending token, then the kept
+        drafts); nothing when the step drafted no tree."""
+        grown, self.proposed = self.proposed, None
+        if grown is None:
+            return
         kids = children(grown.parents)
         row = 0
         for depth in range(len(fed)):
