@@ -32,7 +32,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import asarray_like, join_rows, rope_angles, rope_rows, softmax
+from .ops import asarray_like, join_rows, rope_angles, rope_rows, rows_of, softmax
 from .paged import PagedKVCache
 from .state import KVCache
 from .tree import depths, path_to
@@ -195,8 +195,7 @@ def attend_own(q, k, v, caches: list, bounds: np.ndarray, cfg: ModelConfig, kern
         o = np.empty_like(q)
         chain = [b for b, t in enumerate(trees) if t is None]
         if chain:  # the chains as without trees, in one call
-            rows = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in chain])
-            sizes = np.cumsum([0] + [int(bounds[b + 1] - bounds[b]) for b in chain])
+            rows, sizes = rows_of(bounds, chain)
             o[rows] = attend_chains(q[rows], [caches[b] for b in chain], [n_pasts[b] for b in chain], sizes, kern,
                                     scale)
         for b, parents in enumerate(trees):

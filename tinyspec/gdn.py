@@ -48,7 +48,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import ModelConfig
-from .ops import asarray_like, join_rows
+from .ops import asarray_like, join_rows, rows_of
 from .state import GDNState, ReplayLog, SnapshotEntries
 from .tree import levels
 
@@ -287,8 +287,7 @@ def gdn_recurrent_mixed(mixed, log_decay, beta, bounds: np.ndarray, w: Mapping[s
     o = np.empty_like(mixed, shape=(mixed.shape[0], cfg.ssm_n_v_heads, cfg.ssm_head_v_dim))  # where mixed is
     chain = [b for b, t in enumerate(trees) if t is None]
     if chain:
-        rows = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in chain])
-        sizes = np.cumsum([0] + [int(bounds[b + 1] - bounds[b]) for b in chain])
+        rows, sizes = rows_of(bounds, chain)
         o[rows] = kern.gdn_recurrent(mixed[rows], log_decay[rows], beta[rows], sizes, w, [states[b] for b in chain],
                                      cfg, kern, [rings[b] for b in chain], False)
     for b, parents in enumerate(trees):

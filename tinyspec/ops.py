@@ -131,6 +131,13 @@ def asarray_like(a: np.ndarray, x):
 JOIN_AT_ONCE = 8  # arrays one concatenate joins at most (below)
 
 
+def rows_of(bounds, seqs: list[int]) -> tuple[np.ndarray, np.ndarray]:  # [B+1], some b -> rows [r], bounds
+    """The packed rows of some of a pass's sequences (sequence b: rows bounds[b] .. bounds[b+1]-1), in order, and
+    their own bounds within those rows: a layer runs the chains of a pass that also holds draft trees this way."""
+    rows = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in seqs])
+    return rows, np.cumsum([0] + [int(bounds[b + 1] - bounds[b]) for b in seqs])
+
+
 def join_rows(parts: list) -> np.ndarray:  # [T_b, ...] each -> [sum T_b, ...]
     """The parts stacked along the first axis, as np.concatenate, but one part is returned as it is (no copy):
     a layer's per-sequence results joined back into the packed rows, for one sequence or many.
