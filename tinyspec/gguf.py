@@ -234,6 +234,9 @@ def _parse_tensor_info(cur: _Cursor, index: int) -> tuple[str, GGMLType, tuple[i
     ne = [cur.u64(f"{what} ne[{d}]") for d in range(n_dims)]
     if any(n >= 2**63 for n in ne):
         raise GGUFError(f"{what}: dimension {ne} does not fit in int64 (negative as ggml reads it)")
+    if 0 in ne and int(np.prod([n for n in ne if n], dtype=object)) >= 2**63:  # no bytes (a zero dimension), but
+        raise GGUFError(f"{what}: dimensions {ne} multiply past int64")  # no array has that shape (otherwise the
+        # bytes it needs do not fit the data section: checked with the offsets below)
     type_at = cur.pos
     raw_type = cur.u32(f"{what} ggml type")
     try:
