@@ -463,14 +463,16 @@ def test_q8_0_rounding_is_the_oracle_bit_for_bit(rng):
     T, n = x.shape
     W = 64 * ((n // 32 + 1) // 2)
     qxu = np.full(T * W, 128, np.uint8)
-    dxb = np.zeros(T * W // 32, np.float32)
+    dxb = np.zeros(T * W // 32 * 8, np.float32)  # each scale 8 times
     numba_ops._quantize_q8_0(x, n, W, qxu, dxb)
     blocks = quantize(x, G.Q8_0).reshape(T, n // 32, 34)
     codes = (qxu.reshape(T, W)[:, :n].astype(np.int16) - 128).astype(np.int8)
     assert_array_equal(codes.reshape(T, n // 32, 32).view(np.uint8), blocks[:, :, 2:])
     d = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    assert_bits_equal(dxb.reshape(T, -1)[:, :n // 32], d)
-    assert np.all(qxu.reshape(T, W)[:, n:] == 128) and np.all(dxb.reshape(T, -1)[:, n // 32:] == 0)
+    lanes = dxb.reshape(T, -1, 8)
+    assert_bits_equal(lanes[:, :n // 32, 0], d)
+    assert_bits_equal(lanes, np.repeat(lanes[:, :, :1], 8, axis=2))
+    assert np.all(qxu.reshape(T, W)[:, n:] == 128) and np.all(lanes[:, n // 32:] == 0)
 
 
 def test_round_f16_is_numpy_float16(rng):
@@ -520,7 +522,7 @@ def test_q8_0_intrinsics_native_portable_and_exact(blocks, kind, qtype, rng):
     x = rng.standard_normal((3, 64)).astype(np.float32)
     x[2, ::2], x[2, 1::2] = -1.0, 1.0  # x' = 0 and 255 (codes -127 ... 127 after the +128 shift)
     W = 64
-    qxu, dxb = np.full(3 * W, 128, np.uint8), np.zeros(3 * 2, np.float32)
+    qxu, dxb = np.full(3 * W, 128, np.uint8), np.zeros(3 * 2 * 8, np.float32)
     numba_ops._quantize_q8_0(x[:, :n].copy(), n, W, qxu, dxb)
     size = qtype.type_size
     extremes = [np.where(np.arange(size - 2) % 2, 127, 128), np.full(size - 2, 0xF0)] if kind == "q8_0" else \
@@ -600,7 +602,7 @@ def test_q8_0_rows_are_the_pair_calls_of_each_input_row(nbk, kind, qtype, rng):
     n, npair = 32 * nbk, (nbk + 1) // 2
     W, nb2, T = 64 * npair, 2 * npair, 4
     x = rng.standard_normal((T, n)).astype(np.float32)
-    qxu, dxb = np.full(T * W, 128, np.uint8), np.zeros(T * nb2, np.float32)
+    qxu, dxb = np.full(T * W, 128, np.uint8), np.zeros(T * nb2 * 8, np.float32)
     numba_ops._quantize_q8_0(x, n, W, qxu, dxb)
     raw = np.ascontiguousarray(random_blocks(qtype, (2, n), rng).reshape(-1))  # two weight rows
     row_bytes = qtype.type_size * nbk

@@ -587,10 +587,11 @@ def _quantize_q8_k(x, n_in, qx, dx, bs):
 @njit(cache=True, error_model="numpy", boundscheck=False)
 def _quantize_q8_0(x, n_in, W, qxu, dxb):
     """x [T, n_in] -> Q8_0 blocks of 32 as the kernel reads them: x' = q + 128 in qxu [T, W] (uint8; a row
-    padded to W with 128, i.e. q = 0) and the fp16-rounded block scales in dxb [T, W / 32] (padding 0).
+    padded to W with 128, i.e. q = 0) and the fp16-rounded block scales in dxb (padding 0).
     Bit for bit tinyspec/quants/legacy.py quantize_q8_0 (ggml quantize_row_q8_0_ref): d = max|x| / 127,
     q = round(x * (1 / d)) with ties away from zero, d stored as fp16 (a NaN in the block makes d NaN, as
-    NumPy's max does)."""
+    NumPy's max does). dxb [T, W / 32, 8]: each scale written 8 times, the lanes of its block in the kernels'
+    16-lane sums of a pair (simd._q8_0_x loads them as they are)."""
     T = x.shape[0]
     nb2 = W // 32
     bits = x.view(np.int32)  # x's IEEE bits: |x| orders as its bits with the sign cleared, a NaN above inf
@@ -609,7 +610,9 @@ def _quantize_q8_0(x, n_in, W, qxu, dxb):
                 v = np.float64(row[j] * inv)
                 q = np.floor(abs(v) + 0.5)
                 qxu[t * W + j] = np.uint8(128 - q if v < 0 else 128 + q)
-            dxb[t * nb2 + b] = simd.round_f16(d)
+            d16 = simd.round_f16(d)
+            for lane in range(8):
+                dxb[8 * (t * nb2 + b) + lane] = d16
 
 
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
@@ -626,7 +629,7 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     W = 64 * npair  # a row of x' padded to whole pairs
     qxu = _aligned_zeros(T * W // 4).view(np.uint8)  # [T, W] x' = q + 128, rows on 64-byte lines
     qxu[:] = np.uint8(128)
-    dxb = np.zeros(T * 2 * npair, np.float32)  # [T, 2 npair] block scales
+    dxb = np.zeros(T * 16 * npair, np.float32)  # [T, 2 npair, 8] block scales
     _quantize_q8_0(x, n_in, W, qxu, dxb)
     for task in prange((n_out + ROWS - 1) // ROWS):
         acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
