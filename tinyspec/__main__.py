@@ -15,7 +15,7 @@
                                                     (--slots 1,2,4,8: also many sequences at once, plain vs MTP;
                                                     --serving: requests sharing a prefix arrive over time, with and
                                                     without the prefix cache and chunked prefill)
-    demo [--backend B] [--max-new N]                the demo: plain vs MTP vs lookup vs draft model on the shipped model
+    demo [--backend B] [--max-new N] [--json]       the demo: plain vs MTP vs lookup vs draft model on the shipped model
     (no command)                                    the same demo with its defaults
 
 Errors are one line on stderr and exit code 2.
@@ -415,7 +415,10 @@ def add_demo(sub) -> None:
                                    "and show one generation with its accepted drafts marked.")
     add_backend_arg(p)
     p.add_argument("--max-new", type=int, default=40, help="tokens per prompt (40)")
-    p.set_defaults(func=lambda args: demo_main(args.backend, args.max_new))
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the text: the table, whether every output equals plain "
+                        "decoding, lookup on the edit prompt, the step costs measured here")
+    p.set_defaults(func=lambda args: demo_main(args.backend, args.max_new, args.json))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -432,12 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def demo_main(backend: str | None = None, max_new: int = 40) -> int:
+def demo_main(backend: str | None = None, max_new: int = 40, as_json: bool = False) -> int:
     from .demo import demo
 
     if max_new < 1:
         raise ValueError(f"--max-new must be >= 1, got {max_new}")
-    return demo(max_new=max_new, backend=backend)
+    return demo(max_new=max_new, backend=backend, as_json=as_json)
 
 
 def error_text(e: Exception) -> str:

@@ -20,6 +20,7 @@ The first cpu run compiles the Numba kernels (cached on disk after); the demo sa
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from .assets import ASSETS, DRAFT, TARGET  # noqa: F401  (ASSETS: the notebooks read it from here)
@@ -55,28 +56,39 @@ EDITS = [
      "def copy_file(src, dst, length=16384):\n    with open(src, 'rb') as fsrc:\n"),
 ]
 EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
-SHOWN = EDITS[2][0] + "\n\n" + EDITS[2][1]  # the generation the demo prints with its drafts marked
-# "mtp auto" is what `generate --spec mtp` runs by default: k chosen per step, up to its k_max (fast/adaptive.py)
+# "X auto" is what `generate --spec X` runs by default: k chosen per step, up to its k_max (fast/adaptive.py), from
+# the step costs measured on this machine before the table (fast/step_costs.py); the others draft a fixed k
 METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", DRAFTERS["mtp"].k_max), ("lookup", DRAFTERS["lookup"].k_max),
-           ("draft", DRAFTERS["draft"].k_max)]
+           ("lookup auto", DRAFTERS["lookup"].k_max), ("draft auto", DRAFTERS["draft"].k_max)]
 
 
-def auto_policy(drafter, k_max: int):
-    """The wing's adaptive draft-length policy, what `generate --spec mtp` runs by default: the demo's "auto" row
-    and its shown generation (imported here: the rest of the demo, like the core, runs without tinyspec.fast)."""
+def measured_costs(target, draft, prompt: list[int]) -> dict:
+    """{kind: StepCosts} for every auto row's drafter, measured here now (the wing's; imported here: the rest of
+    the demo, like the core, runs without tinyspec.fast)."""
+    from .fast.step_costs import measure_step_costs
+
+    return {name.split()[0]: measure_step_costs(target, build_drafter(name.split()[0], target,
+                                                                      DraftOptions(draft_model=draft)), k, prompt)
+            for name, k in METHODS if name.endswith("auto")}
+
+
+def auto_policy(drafter, k_max: int, costs=None):
+    """The wing's adaptive draft-length policy, what `generate --spec X` runs by default, starting from the step
+    costs measured on this machine (costs: a StepCosts, or None for the prior guess)."""
     from .fast.adaptive import AdaptiveDraftLength
 
-    return AdaptiveDraftLength.for_drafter(drafter, k_max)
+    return AdaptiveDraftLength.for_drafter(drafter, k_max, costs=costs)
 
 
-def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_new: int, stop_ids) -> dict:
+def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_new: int, stop_ids,
+               costs: dict | None = None) -> dict:
     tokens = steps = drafted = accepted = 0
     outputs, seconds, phase_ms, decode_s = [], 0.0, {}, 0.0
     for prompt in prompts:
         kind = name.split()[0]  # a drafter of drafters.py, or "plain"
         t0 = time.perf_counter()
         drafter = build_drafter(kind, target, DraftOptions(draft_model=draft)) if kind != "plain" else None
-        policy = auto_policy(drafter, k) if name.endswith("auto") else None
+        policy = auto_policy(drafter, k, (costs or {}).get(kind)) if name.endswith("auto") else None
         res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter, draft_n=None if policy else k,
                        policy=policy)
         seconds += time.perf_counter() - t0
@@ -101,9 +113,11 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
 SLOTS = 3  # the batch section's slots
 
 
-def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
+def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout, as_json: bool = False) -> int:
+    """The demo; as_json: no text, one JSON object on `out` (the table, the checks, the costs) for scripts."""
     def say(line: str = "") -> None:
-        print(line, file=out, flush=True)
+        if not as_json:
+            print(line, file=out, flush=True)
 
     if not TARGET.is_file() or not DRAFT.is_file():
         raise OSError(f"the shipped models are missing from {ASSETS} (tiny-target.gguf, tiny-draft.gguf); "
@@ -111,11 +125,11 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
     backend = backend or default_backend()
     t0 = time.perf_counter()
     if first_run_compiles(backend):
-        say(f"(first run of the {backend} backend on this machine: compiling its kernels, about a minute; "
-            "cached on disk after)")
+        say(f"(first run of the {backend} backend on this machine: compiling its kernels, a line per group as "
+            "each is done; cached on disk after)")
         from .fast.warm import warm  # every kernel, one process per core (the wing's; the core runs without it)
 
-        warm()
+        warm(say=lambda line: say("  " + line))
     target, draft = load_model(TARGET, backend), load_model(DRAFT, backend)
     tok = Tokenizer.from_gguf(target.metadata)
     meta = target.metadata
@@ -132,60 +146,105 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout) -> int:
         run_method(name, k, target, draft, [longest], 2, stop_ids)  # pass takes kernels a plain step does not
     batch_generate(target, [p[:3] for p in prompts[:SLOTS]], 1,
                    options=EngineOptions(slots=SLOTS))  # and the batch path's
+    costs = measured_costs(target, draft, prompts[-1])  # what a step costs here, for the auto rows' policies
     say(f"  backend {backend}; loaded and warmed up in {time.perf_counter() - t0:.1f} s; "
         f"{len(prompts)} prompts x {max_new} new tokens, greedy")
     say()
-    results = {name: run_method(name, k, target, draft, prompts, max_new, stop_ids) for name, k in METHODS}
+    results = {name: run_method(name, k, target, draft, prompts, max_new, stop_ids, costs) for name, k in METHODS}
     base = results["plain"]["tok_s"]
-    say(f"  {'method':<8} {'k':>3} {'tok/s':>8} {'speedup':>8} {'acceptance':>11} {'tokens/step':>12}")
+    say(f"  {'method':<11} {'k':>3} {'tok/s':>8} {'speedup':>8} {'acceptance':>11} {'tokens/step':>12}")
     for name, k in METHODS:
         r = results[name]
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         mean = f"{r['mean_len']:.2f}" if r["mean_len"] is not None else "1.00"
         k_shown = f"<={k}" if name.endswith("auto") else k if k else "-"
-        say(f"  {name:<8} {k_shown:>3} {r['tok_s']:8.1f} {r['tok_s'] / base:7.2f}x {acc:>11} {mean:>12}")
+        say(f"  {name:<11} {k_shown:>3} {r['tok_s']:8.1f} {r['tok_s'] / base:7.2f}x {acc:>11} {mean:>12}")
     again = run_method("plain", 0, target, draft, prompts, max_new, stop_ids)["tok_s"]  # the table's noise
     drift = abs(again - base) / min(again, base)
     say(f"  noise: plain timed again after the table ran at {again:.1f} tok/s, {100 * drift:.0f}% from the first; "
         f"{'read a difference under that as noise' if drift < 0.25 else 'the machine is busy: treat the table as rough'}")
+    checks = []
     for name, k in METHODS:  # a speedup above the tokens a step emits cannot be right: say so, do not hide it
         r = results[name]
         if r["mean_len"] is not None and r["tok_s"] / base > 1.05 * r["mean_len"]:
-            say(f"  CHECK: {name}'s {r['tok_s'] / base:.2f}x exceeds its {r['mean_len']:.2f} tokens a step: a timing "
-                "was disturbed")
+            checks.append(f"{name}'s {r['tok_s'] / base:.2f}x exceeds its {r['mean_len']:.2f} tokens a step: a timing "
+                          "was disturbed")
+            say("  CHECK: " + checks[-1])
     plain = [o.tokens for o in results["plain"]["outputs"]]
     same = all([o.tokens for o in results[name]["outputs"]] == plain for name, _ in METHODS)
     say()
     say(f"  greedy outputs identical to plain decoding for every method and prompt: {'yes' if same else 'NO'}")
     lookup_edit = generate(target, prompts[-1], max_new, stop_ids=stop_ids, drafter=build_drafter("lookup", target), draft_n=8)
-    say(f"  lookup on the edit-this-code prompt alone: {lookup_edit.stats['mean_accepted_length']:.2f} tokens/step")
+    lookup_len = lookup_edit.stats["mean_accepted_length"]
+    say(f"  lookup on the edit-this-code prompt alone: {lookup_len:.2f} tokens/step")
     say()
     mtp, step = results["mtp"], results["plain"]["decode_ms"]
     verify, per_draft = mtp["verify_ms"] / step, mtp["draft_ms"] / step
-    say(f"  Why the speedup is not the tokens/step: here a verify pass of 4 tokens costs {verify:.2f} one-token steps")
-    say(f"  and each MTP draft {per_draft:.2f} of one, so a step of k = 3 costs {verify + 3 * per_draft:.2f} steps' time "
-        f"for its {mtp['mean_len']:.2f} tokens.")
-    say("  Speculation pays where a pass of k + 1 tokens costs about one: where reading the weights, not multiplying")
-    say("  them, is the work (a real model on a GPU or a large CPU model; `python -m tinyspec bench` on a `synth`")
-    say("  file times it). This model's weights fit in the CPU's cache, so each row of a pass is paid in arithmetic.")
+    curve = costs["mtp"].curve()
+    say(f"  What a step costs here (measured before the table; the auto rows' policies start from it): a verify pass")
+    say(f"  of 4 tokens {costs['mtp'].verify[3] / costs['mtp'].verify[0]:.2f} one-token passes, one MTP draft "
+        f"{costs['mtp'].draft / costs['mtp'].verify[0]:.2f}, one lookup draft "
+        f"{costs['lookup'].draft / costs['lookup'].verify[0]:.2f}; an MTP step of k = 3 {curve[3]:.2f}.")
+    mtp_speedup = mtp["tok_s"] / base
+    if mtp_speedup < 1.0:
+        say(f"  In the table's mtp k = 3 run a verify pass of 4 tokens cost {verify:.2f} one-token steps and each draft "
+            f"{per_draft:.2f} of one,")
+        say(f"  so a step cost {verify + 3 * per_draft:.2f} steps' time for its {mtp['mean_len']:.2f} tokens: "
+            "speculation loses where a pass of k + 1")
+        say("  tokens costs far more than one. Here the weights fit in the CPU's cache, so each extra row is paid in")
+        say("  arithmetic; where reading the weights is the work (a real model on a GPU or a large CPU model;")
+        say("  `python -m tinyspec bench` on a `synth` file times it) the same drafts pay. The auto rows decide this")
+        say("  per step from measured costs, and draft only when a step's tokens outweigh its cost.")
+    else:
+        say(f"  In the table's mtp k = 3 run a verify pass of 4 tokens cost {verify:.2f} one-token steps and each draft "
+            f"{per_draft:.2f} of one:")
+        say(f"  a step cost {verify + 3 * per_draft:.2f} steps' time and emitted {mtp['mean_len']:.2f} tokens, "
+            f"hence {mtp_speedup:.2f}x.")
     say()
     together = many_sequences(target, prompts, max_new, stop_ids, plain, base, say)
     say()
-    drafter = build_drafter("mtp", target)
-    shown = generate(target, tok.encode(SHOWN), 32, stop_ids=stop_ids, drafter=drafter,
-                     policy=auto_policy(drafter, 8))
+    shown_edit, shown, shown_len = showcase(target, tok, stop_ids, costs["mtp"])
     answer = text_ids(shown.tokens, stop_ids)  # the end-of-generation token's text left out, as `generate` does
     style = mark_style(out)
-    say("One generation with --spec mtp: the prompt asks for an edit of a function, so the answer can copy most of it.")
+    kept = shown.stats["accepted"] / max(1, len(shown.tokens))
+    say(f"One generation with --spec mtp, on the edit prompt of {len(EDITS)} where its drafts made the most tokens "
+        f"a step in this run ({shown_len:.2f}):")
+    say("  the prompt asks for an edit of a function, "
+        + (f"and the answer copies much of it: {100 * kept:.0f}% of its tokens are kept drafts." if kept >= 0.5 else
+           f"but this answer does not copy much of it: {100 * kept:.0f}% of its tokens are kept drafts."))
     say()
     say("  prompt:")
-    say(gutter(SHOWN))
+    say(gutter(shown_edit))
     say("  answer (plain text, as `generate` prints it):")
     say(gutter(tok.decode(answer)))
     say("  the same answer, marked by how each token was made:")
     say(gutter(render_marked(tok, answer, shown.marks, style)))
     say("  " + marks_legend(style))
+    if as_json:
+        table = [{"method": name, "k": k, "adaptive": name.endswith("auto"), "tok_s": results[name]["tok_s"],
+                  "speedup": results[name]["tok_s"] / base, "acceptance": results[name]["acceptance"],
+                  "tokens_per_step": results[name]["mean_len"] or 1.0} for name, k in METHODS]
+        print(json.dumps({"backend": backend, "max_new": max_new, "prompts": len(prompts), "table": table,
+                          "plain_again_tok_s": again, "noise": drift, "identical": same,
+                          "batch_identical": together, "lookup_edit_tokens_per_step": lookup_len,
+                          "step_costs": {kind: c.as_dict() for kind, c in costs.items()},
+                          "showcase_tokens_per_step": shown_len, "checks": checks}), file=out)
     return 0 if same and together else 1
+
+
+def showcase(target, tok, stop_ids, costs) -> tuple[str, object, float]:
+    """(prompt, its generation, its tokens per step): the edit prompt of EDITS on which MTP drafting, as `generate
+    --spec mtp` runs it, made the most tokens a step, each generated once here (32 tokens)."""
+    best = None
+    for original, start in EDITS:
+        text = original + "\n\n" + start
+        drafter = build_drafter("mtp", target)
+        res = generate(target, tok.encode(text), 32, stop_ids=stop_ids, drafter=drafter,
+                       policy=auto_policy(drafter, 8, costs))
+        length = res.stats.get("mean_accepted_length") or 1.0
+        if best is None or length > best[2]:
+            best = (text, res, length)
+    return best
 
 
 def gutter(text: str) -> str:

@@ -224,7 +224,9 @@ class DraftPolicy(Protocol):
     plan(rooms, prefill_rows) -> [Plan]        rooms[b]: the drafts sequence b's max_new leaves room for;
                                                prefill_rows: joining prompts' chunk rows in the same pass
     observe(drafts, accepted, draft_s, verify_s, rows)   what the step drafted and kept per sequence, and what
-                                               drafting and the verify pass of `rows` rows cost
+                                               it cost: verify_s the target's pass of `rows` rows, draft_s the
+                                               rest of the step (drafting, the drafter's commit of the kept
+                                               rows, acceptance, rollback: all that grows with k besides rows)
     summary() -> dict | None                   for the stats"""
 
     k_max: int

@@ -285,7 +285,7 @@ class Engine:
             return
         # Step 1: draft, as many as the policy plans for each sequence (never more than max_new leaves room for)
         p.drafts = self._draft(p)
-        draft_s = clock.lap("draft")
+        clock.lap("draft")
         # Step 2: verify: ONE target pass over every sequence's [pending, d_1..d_k] and every joining chunk; a
         # decoding sequence's ring receives the state after each of its rows
         p.own = [d.n + 1 for d in p.drafts]
@@ -330,7 +330,7 @@ class Engine:
         for j, b in enumerate(p.joining):
             self._prefilled(b, p, len(p.seqs) + j)
         clock.lap("prefill")
-        self._count(p, runs, draft_s, verify_s)
+        self._count(p, runs, verify_s)
 
     def _next_pass(self) -> Pass | None:
         """The scheduler's rows for this pass, as a Pass with its plans and where its numbers live."""
@@ -406,14 +406,17 @@ class Engine:
             return
         self._emit(b, s, [pick(p.logits[p.bounds[i + 1] - 1], s.seq.params, s.rng)], ["target"])
 
-    def _count(self, p: Pass, runs: list, draft_s: float, verify_s: float) -> None:
+    def _count(self, p: Pass, runs: list, verify_s: float) -> None:
         self.passes, self.prefill_rows = self.passes + 1, self.prefill_rows + sum(len(c) for c in p.chunks)
         if not p.seqs:
             return
         self.steps, self.rows = self.steps + 1, self.rows + int(p.bounds[len(p.seqs)])
+        step_s = self.clock.now() - self.clock.t_begin
         for s in p.seqs:  # a step: a pass with decoding rows
-            s.stats.step_s.append(self.clock.now() - self.clock.t_begin)
-        self.policy.observe([r[2] for r in runs], [r[0] for r in runs], draft_s, verify_s, int(p.bounds[-1]))
+            s.stats.step_s.append(step_s)
+        # the policy is charged the whole step: besides the pass, drafting and the drafter's commit (an MTP head
+        # pass over the kept rows), acceptance and rollback, all of which grow with k
+        self.policy.observe([r[2] for r in runs], [r[0] for r in runs], step_s - verify_s, verify_s, int(p.bounds[-1]))
 
     def _emit(self, b: int, s: Running, run: list[int], marks: list[str]) -> None:
         """Step 5: the run joins the output; its last token is the next pending one. A stop or max_new ends it."""

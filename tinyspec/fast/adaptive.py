@@ -5,7 +5,10 @@ A step with k drafts emits E(k) tokens on average and costs T(k) seconds; the po
     E(k) = 1 + sum_{i=1..k} prod_{j=1..i} a_j     a_j = P(draft j kept | drafts 1..j-1 kept)
     T(k) = drafting k tokens + a verify pass of k + 1 tokens + rollback + the drafter's bookkeeping
     k*   = argmax_{0 <= k <= k_max} E(k) / T(k)      k = 0 is a plain step: when drafts fail, or cost
-                                                     more than they return, speculation switches itself off
+                                                     more than they return, speculation switches itself off;
+                                                     a k >= 1 must beat E(0) / T(0) by `margin` (5%): a
+                                                     predicted tie is a loss once the estimates' noise and
+                                                     the step's untimed bookkeeping are paid
 
 Estimates, per generation, updated after every step (update):
     a_j   the mean of the kept (1) / rejected (0) outcomes at position j, the prior a0 counting as one
@@ -13,7 +16,8 @@ Estimates, per generation, updated after every step (update):
           later; after 1 / rate outcomes a moving average. A step sees no position past its first
           rejection or its k, so with a light prior one early rejection at position 2 would hold a good
           drafter at a short k for good (LESSONS 4).
-    T(k)  the prior curve C(k) plain steps (1 + cost_prior k), then averages per k (_estimate guesses unmeasured
+    T(k)  the prior curve C(k) plain steps (1 + cost_prior k, or the curve step_costs.py measured on this machine
+          before the generation: for_drafter(costs=...)), then averages per k (_estimate guesses unmeasured
           ones); once two drafting sizes are timed, a line c0 + c1 x(k) (k >= 1) fitted to every timed drafting
           step, older ones weighing less, with x(k) = (C(k) - C(0)) / (C(1) - C(0)) (= k for the default curve):
           a k-draft step repeats one unit of work k times on a fixed part, and one line fed by every step is far
@@ -74,6 +78,7 @@ class AdaptiveDraftLength:
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
     optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
     floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (StopRule.floor)
+    margin: float = 0.05  # a drafting k is chosen only if its E(k) / T(k) beats a plain step's by this fraction
     cost_curve: tuple[float, ...] | None = None  # prior T(k) in plain steps, k = 0..k_max (None: 1 + cost_prior k)
     accept: list[float] = field(init=False)  # a_j estimates, j = 1..k_max
     seen: list[int] = field(init=False)  # outcomes observed at each position
@@ -187,15 +192,22 @@ class AdaptiveDraftLength:
         expected, costs = self.tables()
         rates = [e / t for e, t in zip(expected, costs)]
         best = max(range(top + 1), key=lambda k: (rates[k], -k))
+        bar = rates[0] * (1.0 + self.margin)  # drafting must beat a plain step by the margin, not tie it
+        if best and rates[best] < bar:
+            best = 0
         if not best and top:  # whether to draft at all: a_1 at its upper confidence bound (hopeful_tokens);
             hope = self.hopeful_tokens()  # how far: the estimates themselves (or the drafter's confidence)
-            if max(hope[k] / costs[k] for k in range(1, top + 1)) > rates[0]:
+            if max(hope[k] / costs[k] for k in range(1, top + 1)) > bar:
                 best = max(range(1, top + 1), key=lambda k: (rates[k], -k))
         if best:
             self.gap = self.probe_every
         gap = self.gap or self.probe_every
-        if not best and self.probe_ok:  # the last probing draft was kept: probe again soon, so an unlucky
-            gap = min(gap, 2)  # start is undone in a few steps (drafts that keep failing keep the full gap)
+        # the last probing draft was kept: probe again soon, so an unlucky start is undone in a few steps (drafts
+        # that keep failing keep the full gap), unless even drafts that are always kept could not pay at these
+        # costs (E(k) = k + 1): then a kept probe teaches nothing that could change the choice
+        ceiling = max(((k + 1) / costs[k] for k in range(1, top + 1)), default=0.0)
+        if not best and self.probe_ok and ceiling > bar:
+            gap = min(gap, 2)
         probe = top > 0 and self.since_probe + 1 >= gap
         self.since_probe = 0 if probe else self.since_probe + 1
         self.probing = probe and best == 0
@@ -277,10 +289,16 @@ class AdaptiveDraftLength:
     # ------------------------------------------------------------------ the engine's view (drafting.DraftPolicy)
 
     @classmethod
-    def for_drafter(cls, drafter, k_max: int, model=None, **options) -> "AdaptiveDraftLength":
-        """The policy for this drafter: depth by confidence when the drafter can stop by it. model: the target,
-        whose verify cost shapes the prior T(k) (expert_union.step_cost_curve: a mixture of experts pays for the
-        experts each extra row reads; a dense model gets the default 1 + cost_prior k)."""
+    def for_drafter(cls, drafter, k_max: int, model=None, costs=None, **options) -> "AdaptiveDraftLength":
+        """The policy for this drafter: depth by confidence when the drafter can stop by it. costs: a StepCosts
+        measured on this machine (step_costs.measure_step_costs): its curve is the prior T(k). Else model: the
+        target, whose verify cost shapes the prior T(k) (expert_union.step_cost_curve: a mixture of experts pays for
+        the experts each extra row reads; a dense model gets the default 1 + cost_prior k)."""
+        if costs is not None and "cost_curve" not in options:
+            curve = costs.curve()
+            if len(curve) != k_max + 1:
+                raise ValueError(f"costs measured up to k = {len(curve) - 1}, the policy drafts up to {k_max}")
+            options["cost_curve"] = curve
         if model is not None and "cost_curve" not in options:
             from .expert_union import step_cost_curve
 

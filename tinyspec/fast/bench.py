@@ -60,11 +60,11 @@ import numpy as np
 
 from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
+from .step_costs import bushy_tree, reset_to, verify_times  # noqa: F401  (bench's timings; tests import them here)
 from .step_profile import step_profile, step_profile_text
 from ..generate import generate
 from ..drafters import DRAFTERS, DraftOptions, build_drafter
 from ..model import Model
-from ..state import GDNState
 from ..mtp import MTPDrafter
 from .synthetic import SyntheticDrafter, acceptance_for_mean_length, expected_mean_accepted_length
 
@@ -185,55 +185,6 @@ def decode_time(model: Model, prompt: list[int], n: int) -> float:
 def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
     """{T: median seconds of a verify pass of T tokens} (verify_times)."""
     return {T: statistics.median(t) for T, t in verify_times(model, prompt, sizes, repeats).items()}
-
-
-def bushy_tree(n: int, width: int) -> tuple[int, ...]:
-    """n nodes, each row up to `width` children, filled breadth first: a tree as wide as `width` allows, the shape
-    whose pass differs most from a chain's (every depth's rows in one ragged call, every row's own path)."""
-    return tuple((i - 1) // width for i in range(1, n + 1))
-
-
-def verify_times(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5,
-                 tree: int | None = None) -> dict[int, list[float]]:
-    """{T: seconds of each timed verify pass of T tokens (k = T - 1 drafts)} from the same post-prompt state, with
-    the model's ring (Model.new_ring: snapshots written, or the base kept for a replay; a rollback is not part of
-    the pass).
-
-    Each size has one scratch state, set back to the post-prompt state before every pass (reset_to: the GDN
-    arrays copied in place, the KV truncated), as an engine reuses a sequence's state: the same arrays every
-    pass, so on cuda the pass's CUDA graph (keyed by those arrays, fast/cuda_pass.py) is what is timed. Two untimed
-    passes per size first: the cache grows to its size, the graph is captured. tree W: the same T tokens as a draft
-    tree (bushy_tree(T - 1, W)), with a tree's ring (Model.new_ring(T, tree=True))."""
-    state = model.new_state()
-    model.forward(np.array(prompt), state)
-    window = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, max(sizes)))
-    rings = {T: model.new_ring(T, tree=tree is not None) for T in sizes}
-    scratch = {T: state.copy() for T in sizes}
-    trees = {T: [bushy_tree(T - 1, tree)] if tree else None for T in sizes}
-
-    def one(T: int) -> float:
-        reset_to(scratch[T], state)
-        t0 = time.perf_counter()
-        model.forward_batch([np.array(window[:T])], [scratch[T]], [rings[T]], trees=trees[T])
-        return time.perf_counter() - t0
-
-    for T in sizes:
-        one(T), one(T)
-    times: dict[int, list[float]] = {T: [] for T in sizes}
-    for _ in range(repeats):  # interleaved: a burst of load on a shared machine hits every size alike
-        for T in sizes:
-            times[T].append(one(T))
-    return times
-
-
-def reset_to(scratch, state) -> None:
-    """Set `scratch` (a copy of `state` that ran ahead) back to `state` in place: every GDN layer's window and memory
-    copied into the scratch's own arrays, its KV truncated to state.pos (positions below it were never rewritten)."""
-    for mine, theirs in zip(scratch.layers, state.layers):
-        if isinstance(mine, GDNState):
-            np.copyto(mine.conv, theirs.conv)
-            np.copyto(mine.ssm, theirs.ssm)
-    scratch.truncate_kv(state.pos)
 
 
 def warm_up(model: Model, prompt: list[int], sizes, draft_n: int, drafters: dict[str, Callable],

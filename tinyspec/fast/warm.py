@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -156,9 +156,11 @@ def warm(processes: int | None = None, say=None) -> float:
     t0 = time.perf_counter()
     # spawn, not fork: a fresh interpreter per worker, whatever threads this process has started
     with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
-        for (label, _), seconds in zip(todo, pool.map(_run, [job for _, job in todo])):
+        running = {pool.submit(_run, job): label for label, job in todo}
+        for done, future in enumerate(as_completed(running), 1):  # a line as each group is done, not in job order
+            seconds = future.result()
             if say:
-                say(f"  {label}: {seconds:.1f} s")
+                say(f"  [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] {running[future]}: {seconds:.1f} s")
     if (path := _stamp_path()) is not None:
         try:
             path.write_text(_stamp_text())
