@@ -278,6 +278,24 @@ def test_bench_json_reports_every_field(tiny_model, capsys):
     assert "graphs" in r and r["graphs"] is None  # the oracle captures no CUDA graphs (cuda: tests/test_cuda_syncs.py)
 
 
+def test_bench_on_the_shipped_model_times_the_demos_edit_prompt(capsys):
+    """No --model and no prompt: bench times the demo's edit prompt (real text, so its acceptance is the demo's),
+    not random ids."""
+    from tinyspec.assets import TARGET
+    from tinyspec.demo import EDIT_PROMPT
+    from tinyspec.tokenizer import Tokenizer
+    from tinyspec.gguf import read_gguf
+
+    if not TARGET.is_file():
+        pytest.skip("the shipped model is not built")
+    args = ["bench", "--backend", "cpu", "--decode-n", "2", "--repeats", "1", "--verify-sizes", "1,2",
+            "--drafters", "lookup", "--max-new", "8", "--spec-repeats", "1", "--profile-steps", "0", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["prompt_tokens"] == len(Tokenizer.from_gguf(read_gguf(TARGET).metadata).encode(EDIT_PROMPT))
+    assert r["spec"]["lookup"]["identical"]
+
+
 def test_bench_rollback_replay_on_the_oracle(tiny_model, capsys):
     """--rollback replay puts the cpu backend's ring under the oracle: the outputs stay identical."""
     args = ["bench", "--model", str(tiny_model), "--backend", "numpy", "--decode-n", "2", "--repeats", "1",

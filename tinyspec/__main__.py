@@ -324,8 +324,10 @@ def add_bench(sub) -> None:
                                    "with --synth-acceptance, for random-weight models made by `synth`). With "
                                    "--serving, a serving scenario instead: requests sharing a prefix arrive over "
                                    "time, with and without the prefix cache and chunked prefill (its flags below).")
-    add_prompt_args(p, required=False, prompt_help="prompt text (default: --prompt-len random token ids)")
-    p.add_argument("--prompt-len", type=int, default=32, help="random prompt length when no prompt is given (32)")
+    add_prompt_args(p, required=False, prompt_help="prompt text (default: the demo's edit prompt on the shipped "
+                                                   "model, real text; --prompt-len random ids on a --model file)")
+    p.add_argument("--prompt-len", type=int, default=32,
+                   help="random prompt length when no prompt is given to a --model file (32)")
     add_backend_arg(p)
     p.add_argument("--decode-n", type=int, default=16, help="one-token passes timed for decode (16)")
     p.add_argument("--profile-steps", type=int, default=None, metavar="N",
