@@ -1,20 +1,18 @@
-"""What a speculative step costs on the machine at hand: verify passes of T = 1..k_max + 1 tokens and one draft,
-timed before the generation, so the adaptive draft length starts from this machine's costs instead of a guess.
+"""What a speculative step costs on the machine at hand, timed before the generation, so the adaptive draft length
+starts from this machine's costs instead of a guess:
 
-A step with k drafts costs k drafts and one verify pass of k + 1 tokens (rollback and bookkeeping are small):
-
-    C(k) = S(k) / S(0)                    in plain steps; C(0) = 1
+    C(k) = S(k) / S(0)                    a step drafting k, in plain steps; C(0) = 1
     S(k) median seconds of a whole engine step drafting k (short generations at k = 0, 1 and 3; a line between)
 
-and, for the reader, its parts: V(T) a verify pass of T tokens alone (verify_times: the model's ring, the same
-post-prompt state), D one draft. S(k) is more than V(k + 1) + k D: the engine's step also accepts, rolls back and
-tells the drafter what was kept (on the shipped model a step of k = 1 measured 1.8 plain steps where V(2) + D made
-1.35), and a policy priced on the parts drafted where it lost.
+AdaptiveDraftLength(cost_curve=C) (adaptive.py) weighs E(k), the tokens a step emits, against it from the first
+step. Its parts are timed too, for the reader: V(T) a verify pass of T tokens alone (verify_times: the model's ring,
+the same post-prompt state) and D one draft. S(k) is more than V(k + 1) + k D: the engine's step also accepts, rolls
+back and tells the drafter what was kept (on the shipped model a step of k = 1 measured 1.8 plain steps where
+V(2) + D made 1.35), and a policy priced on the parts drafted where it lost.
 
-and AdaptiveDraftLength(cost_curve=C) (adaptive.py) weighs E(k), the tokens a step emits, against it from the
-first step. Why measure instead of assume: the prior 1 + 0.3 k holds where a pass of k + 1 tokens costs about one
-(weights streamed from memory, a GPU); the shipped model's weights sit in the CPU's cache, where each extra verify
-row costs about 0.2 of a step and each MTP draft about half of one (C(3) = 2.6-3.0 measured on a 2-vCPU VM, the
+Why measure instead of assume: the prior 1 + 0.3 k holds where a pass of k + 1 tokens costs about one (weights
+streamed from memory, a GPU); the shipped model's weights sit in the CPU's cache, where each extra verify row costs
+about 0.2 of a step and each MTP draft a third to a half of one (C(3) = 2.4-2.7 measured on a 2-vCPU VM, the
 prior's 1.9), so the policy trusted drafting that lost and learned otherwise only after many steps.
 
     verify_times(model, prompt, sizes, repeats, tree)   {T: [seconds of each pass]} (bench times these too)
