@@ -142,21 +142,69 @@ def test_the_recurrent_step_is_bitwise_the_composed_one_for_many_sequences(model
                                                             w, alone, cfg, kern), o[1:4])
 
 
-def test_a_pass_with_a_ring_takes_the_composed_recurrent_step(model, monkeypatch):
-    """A verify pass (a ring records what a rollback needs) is not fused: gdn_recurrent hands it to the oracle's
-    composition, which records it; a decode step without one is fused."""
-    composed, calls = gdn.gdn_recurrent, []
+@pytest.mark.parametrize("kind", ["replay", "snapshot"])
+def test_a_verify_pass_with_a_ring_is_fused_and_bitwise_the_composed_one(model, monkeypatch, kind):
+    """A verify pass (each sequence's ring keeps what a rollback needs) in one compiled call: for three sequences of
+    4, 1 and 2 rows, the output rows, every window and memory after the pass, every ring entry a snapshot ring
+    keeps and every input a replay ring records bitwise those of gdn.gdn_recurrent with the cpu backend's
+    separate calls; the compiled call is the one that ran (no fallback to the composed steps)."""
+    from tinyspec.state import ReplayRing, SnapshotRing
 
-    def spy(*args):
-        calls.append(args[8])  # the rings
-        return composed(*args)
+    cfg, kern, w = model.cfg, model.kernels, model.layers[0]
+    rng = np.random.default_rng(7)
+    C, HV = w["ssm_conv1d.weight"].shape[0], cfg.ssm_n_v_heads
+    bounds = np.array([0, 4, 5, 7])
+    mixed = rng.standard_normal((7, C)).astype(np.float32)
+    beta = rng.random((7, HV)).astype(np.float32)
+    log_decay = -rng.random((7, HV)).astype(np.float32)
+    make = (lambda: ReplayRing(cfg, 4, kern.causal_conv, kern.gdn_scan)) if kind == "replay" else \
+        (lambda: SnapshotRing(cfg, 4))
+    composed, runs = gdn.gdn_recurrent, []
+    for fused in (True, False):
+        states, rings = [], []
+        for n in (3, 5, 2):  # three sequences, each after a prompt of its own
+            s = model.new_state()
+            model.forward(list(range(1, n + 1)), s)
+            states.append(s)
+            rings.append(make())
+        layers = [s.layers[0] for s in states]
+        if fused:
+            monkeypatch.setattr(gdn, "gdn_recurrent", lambda *a: pytest.fail("fell back to the composed steps"))
+        step = numba_steps.gdn_recurrent if fused else composed
+        o = step(mixed, log_decay, beta, bounds, w, layers, cfg, kern, [r.layer(0) for r in rings])
+        monkeypatch.undo()
+        run = [o] + [a.copy() for g in layers for a in (g.conv, g.ssm)]
+        if kind == "snapshot":
+            run += [a.copy() for r in rings for a in (r.conv[0], r.ssm[0])]
+        else:  # the window and memory before the pass, and the conv's and the scan's inputs, for a replay
+            run += [a for r in rings for log in r.log[:1] for a in (log.conv, log.spare, *log.conv_inputs[:1],
+                                                                   *log.scan_inputs)]
+        runs.append(run)
+    assert len(runs[0]) == len(runs[1])
+    for got, want in zip(*runs, strict=True):
+        np.testing.assert_array_equal(got, want)
 
-    monkeypatch.setattr(gdn, "gdn_recurrent", spy)
-    state, ring = model.new_state(), model.new_ring(4)
-    model.forward([1, 2, 3], state)
-    assert calls == []  # a prefill without a ring: fused
-    model.forward([4, 5], state, ring=ring)
-    assert len(calls) == sum(model.cfg.recurrent) and all(r[0] is not None for r in calls)
+
+@pytest.mark.parametrize("kind", ["replay", "snapshot"])
+def test_a_rollback_after_a_fused_verify_pass_is_bitwise_the_unfused_one(model, kind):
+    """The whole model with each ring: a 5-token verify pass, a rollback to each of its rows, and the next pass's
+    logits bitwise those of the model with the composed recurrent step."""
+    placement = dataclasses.replace(model.placement, rollback=kind)
+    fused = model.with_placement(placement)
+    unfused = fused.with_kernels(dataclasses.replace(model.kernels, gdn_recurrent=gdn.gdn_recurrent))
+    outs = []
+    for m in (fused, unfused):
+        run = []
+        for entry in range(4):
+            state, ring = m.new_state(), m.new_ring(5)
+            m.forward([1, 2, 3, 4, 5, 6], state)
+            logits, _ = m.forward([7, 8, 9, 10, 11], state, ring=ring)
+            ring.restore(state, entry)
+            after, _ = m.forward([12, 13], state)
+            run += [logits, after] + [a for g in state.layers if hasattr(g, "ssm") for a in (g.conv, g.ssm)]
+        outs.append(run)
+    for got, want in zip(*outs, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_the_tree_recurrent_step_is_bitwise_the_composed_one(model, monkeypatch):

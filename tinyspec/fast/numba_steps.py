@@ -13,9 +13,10 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
                                                               (up x)))
     gdn_project(x, w, kern)               gdn.gdn_project     the qkv, gate, beta and alpha projections; beta's
                                                               sigmoid, ssm_a * softplus(alpha + dt_bias)
-    gdn_recurrent(mixed, log_decay, beta, gdn.gdn_recurrent  the conv and its SiLU, q/k norms, the memory's scan,
-                  bounds, w, states, cfg,                    each sequence's window and memory updated in place
-                  kern, rings, chunked)                      (a pass without a ring: a decode step, a prefill)
+    gdn_recurrent(mixed, log_decay, beta, gdn.gdn_recurrent  the conv and its SiLU, q/k norms, the memory's scan:
+                  bounds, w, states, cfg,                    each window and memory in place (a decode step, a
+                  kern, rings, chunked)                      prefill), or where a verify pass's rings say, each
+                                                              ring recording what its rollback needs
     gdn_output(o, z, w, cfg, kern)        gdn.gdn_output      rms_norm(o, ssm_norm) * silu(z), then ssm_out
     attention_project(x, w, cfg, kern)    attention.project   q (with its gate), k and v projections
     norm_rope(q, k, positions, w, cfg,    attention.norm_rope each head's RMSNorm, then rope at its row's position
@@ -23,7 +24,7 @@ operations, in the same order: so each is bitwise the step composed of the cpu b
     attention_output(o, gate, w, kern)    attention.output    o * sigmoid(gate), then attn_output
 
 Only a step whose matmuls are all small (numba_ops.Bound.serial: one thread) is fused, and gdn_recurrent only
-where numba_gdn would scan on the calling thread and no ring records the pass. A larger matrix is split across
+where numba_gdn would scan on the calling thread (not a chunked prefill). A larger matrix is split across
 threads by its own kernel, where a parallel region per matmul pays for itself, and its step takes the separate
 calls: the oracle's step with the cpu backend's kernels. So does a step whose weights are not all numba_ops-bound
 (a float32 tensor) or whose input is not float32. The threads a call uses are chosen from its size.
@@ -40,9 +41,15 @@ from .. import attention, ffn, gdn, ops
 from ..backends import PackedWeight
 from . import numba_gdn, numba_ops
 from .numba_gdn import (
-    _NO_CONV_STATES,
+    _CONV_FIELDS,
+    _KEEP,
+    _NO_CONV_STATES_AT,
     _NO_SNAPS_AT,
+    _OUT,
     _SCAN_FIELDS,
+    _WINDOW,
+    _WINDOW_ROWS,
+    _WINDOWS,
     _address,
     _causal_conv,
     _f32_at,
@@ -127,21 +134,25 @@ def _gated_attention_out(o, gate, out_w, y):  # o, gate [T, H*d] -> y [T, D]
 
 
 @njit(cache=True, error_model="numpy", boundscheck=False)
-def _gdn_recurrent(mixed, bounds, windows, windows_out, conv_w, no_states, decay, beta, seqs, n_k, eps, scale, o):
-    # mixed [R, C] -> o [R, HV, V]; sequence b: rows bounds[b] .. bounds[b+1]-1, its window [C, w-1] read at
-    # windows[b] and written at windows_out[b] (the same address: in place), its memory [HV, K, V] by its scan
-    # record seqs[b] (numba_gdn's: read and written where it says). Sequences run in order, the conv of each
+def _gdn_recurrent(mixed, bounds, convs, conv_w, decay, beta, seqs, n_k, eps, scale, q, k, vv, o):
+    # mixed [R, C] -> q, k [R, HV, K], vv, o [R, HV, V]; sequence b: rows bounds[b] .. bounds[b+1]-1, its conv by
+    # its record convs[b] (numba_gdn.causal_conv_ragged's: the window read, the per-token windows kept or not, the
+    # new window's address, which may be the window's own: in place), its memory [HV, K, V] by its scan record
+    # seqs[b] (numba_gdn's: read, written and snapshotted where it says). Sequences run in order, the conv of each
     # before the next, the scan of each before the next (a tree's row reads its parent's, gdn_recurrent_tree)
     R, C = mixed.shape
     w = conv_w.shape[1]
     B, HV, V = bounds.shape[0] - 1, o.shape[1], o.shape[2]
-    K = (C - HV * V) // (2 * n_k)
+    K = q.shape[2]
     c = np.empty((R, C), np.float32)
     new = np.empty((C, w - 1), np.float32)
-    for b in range(B):  # 2. the conv of each sequence from its window (numba_gdn.causal_conv_ragged's), in place
-        window = carray(_f32_at(windows[b]), (C, w - 1))
-        _causal_conv(mixed[bounds[b]:bounds[b + 1]], window, conv_w, c[bounds[b]:bounds[b + 1]], new, no_states, False)
-        carray(_f32_at(windows_out[b]), (C, w - 1))[:, :] = new
+    per_conv = convs.reshape((B, _CONV_FIELDS))
+    for b in range(B):  # 2. the conv of each sequence from its window (numba_gdn.causal_conv_ragged's)
+        window = carray(_f32_at(per_conv[b, _WINDOW]), (C, w - 1))
+        kept = carray(_f32_at(per_conv[b, _WINDOWS]), (per_conv[b, _WINDOW_ROWS], C, w - 1))
+        _causal_conv(mixed[bounds[b]:bounds[b + 1]], window, conv_w, c[bounds[b]:bounds[b + 1]], new, kept,
+                     per_conv[b, _KEEP] != 0)
+        carray(_f32_at(per_conv[b, _OUT]), (C, w - 1))[:, :] = new
     for r in range(R):  # its SiLU (numba_rows.silu's operations)
         for j in range(C):
             v = c[r, j]
@@ -152,7 +163,6 @@ def _gdn_recurrent(mixed, bounds, windows, windows_out, conv_w, no_states, decay
             qk[r, j // K, j % K] = c[r, j]
     flat = qk.reshape(R * 2 * n_k, K)
     _norm_rows(flat, _NO_W, flat, eps, False, False)  # in place: a row is read whole before it is written
-    q, k, vv = np.empty((R, HV, K), np.float32), np.empty((R, HV, K), np.float32), np.empty((R, HV, V), np.float32)
     for r in range(R):
         for h in range(HV):  # value head h takes key head h % n_k (gdn.gdn_qkv)
             for j in range(K):
@@ -259,35 +269,63 @@ def attention_output(o, gate, w, kern):  # [T, H*d] x2 -> [T, D]
 
 
 def gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings=None, chunked=False):
-    """gdn.gdn_recurrent in one call for a pass without a ring (a decode step, a prefill), every window and memory
-    updated in place; a verify pass (a ring records what a rollback needs), a chunked prefill or a scan numba_gdn
-    would thread take the composed steps."""
+    """gdn.gdn_recurrent in one call: a decode step or a prefill (no ring: every window and memory updated in
+    place) and a verify pass (each sequence's ring says where its per-token states, its new window and its new
+    memory go, and records what a rollback needs, as gdn.gdn_conv and gdn.gdn_memory let it); a chunked prefill or
+    a scan numba_gdn would thread takes the composed steps."""
     HV, K, V, n_k = cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim, cfg.ssm_n_k_heads
     R = mixed.shape[0]
     conv_w = w["ssm_conv1d.weight"]
-    if chunked or (rings is not None and any(r is not None for r in rings)) \
-            or R * HV * K * V >= numba_gdn.SERIAL_BELOW or not _f32(mixed, log_decay, beta, conv_w) \
+    rings = rings or [None] * len(states)
+    composed = (mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
+    if chunked or R * HV * K * V >= numba_gdn.SERIAL_BELOW or not _f32(mixed, log_decay, beta, conv_w) \
             or mixed.shape[1] != 2 * n_k * K + HV * V or conv_w.shape[0] != mixed.shape[1]:
-        return gdn.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
-    windows, seqs = [], []
-    for s in states:  # each sequence's window and memory by address, in place (numba_gdn's records)
-        if not _f32(s.conv, s.ssm) or s.conv.shape != (conv_w.shape[0], conv_w.shape[1] - 1) \
-                or s.ssm.shape != (HV, K, V):
-            return gdn.gdn_recurrent(mixed, log_decay, beta, bounds, w, states, cfg, kern, rings, chunked)
-        windows.append(_address(s.conv))
+        return gdn.gdn_recurrent(*composed)
+    window, memory = (conv_w.shape[0], conv_w.shape[1] - 1), (HV, K, V)
+    cuts = [int(b) for b in bounds]
+    convs, seqs, outs = [], [], []
+    for b, (s, ring) in enumerate(zip(states, rings)):  # each sequence's records, by address (numba_gdn's)
+        T = cuts[b + 1] - cuts[b]
+        conv_out = s.conv if ring is None else ring.conv_out(s)  # None: a fresh array (a replay keeps the old one)
+        conv_out = np.empty(window, np.float32) if conv_out is None else conv_out
+        memory_out = s.ssm if ring is None else ring.memory_out(s)
+        conv_kept, ssm_kept = (None, None) if ring is None else (ring.conv_states, ring.ssm_states)
+        if not (_f32(s.conv, s.ssm, conv_out, memory_out) and s.conv.shape == conv_out.shape == window
+                and s.ssm.shape == memory_out.shape == memory and _kept(conv_kept, T, window)
+                and _kept(ssm_kept, T, memory)):
+            return gdn.gdn_recurrent(*composed)
+        convs += (_address(s.conv), _NO_CONV_STATES_AT, 0, 0) if conv_kept is None else \
+            (_address(s.conv), _address(conv_kept), conv_kept.shape[0], 1)
+        convs.append(_address(conv_out))
         at = _address(s.ssm)
-        seqs += (at, at, _NO_SNAPS_AT, 0, 0)
-    windows = np.array(windows, np.int64)
-    return _recurrent_call(mixed, log_decay, beta, np.asarray(bounds, dtype=np.int64), windows, windows, conv_w, seqs, cfg)
-
-
-def _recurrent_call(mixed, log_decay, beta, bounds, windows, windows_out, conv_w, seqs: list, cfg):
-    HV, K, V = cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
-    o = np.empty((mixed.shape[0], HV, V), np.float32)
-    _gdn_recurrent(mixed, bounds, windows, windows_out, conv_w, _NO_CONV_STATES, np.exp(log_decay), beta,
-                   np.array(seqs, np.int64), cfg.ssm_n_k_heads, np.float32(cfg.rms_eps),
-                   np.float32(1.0 / math.sqrt(K)), o)  # gdn_qkv's scale, np.float32(1 / np.sqrt(K)): the same bits
+        seqs += (at, at if memory_out is s.ssm else _address(memory_out))
+        if ssm_kept is None:
+            seqs += (_NO_SNAPS_AT, 0, 0)
+        else:  # streaming stores where every head's slot starts on a 64-byte line (numba_gdn.gdn_scan_ragged's rule)
+            snaps = _address(ssm_kept)
+            seqs += (snaps, ssm_kept.shape[0], 2 if snaps % 64 == 0 and (K * V) % 16 == 0 else 1)
+        outs.append((conv_out, memory_out))
+    q, k, v, o = _recurrent_call(mixed, log_decay, beta, np.array(cuts, np.int64), convs, conv_w, seqs, cfg)
+    for lo, hi, s, ring, (conv_out, memory_out) in zip(cuts[:-1], cuts[1:], states, rings, outs):
+        if ring is not None:  # as gdn.gdn_memory: s still holds the pre-pass window and memory unless written in place
+            ring.record(s, (mixed[lo:hi], conv_w), (q[lo:hi], k[lo:hi], v[lo:hi], log_decay[lo:hi], beta[lo:hi]))
+        s.conv, s.ssm = conv_out, memory_out
     return o
+
+
+def _kept(a, T: int, shape: tuple) -> bool:  # a ring's per-token states, or None: room for T rows, what kernels read
+    return a is None or (a.ndim == len(shape) + 1 and a.shape[0] >= T and a.shape[1:] == shape and _f32(a))
+
+
+def _recurrent_call(mixed, log_decay, beta, bounds, convs: list, conv_w, seqs: list, cfg):
+    # -> q, k [R, HV, K] (q scaled), v, o [R, HV, V]: q, k, v as gdn.gdn_qkv makes them, what a replay ring records
+    R, HV, K, V = mixed.shape[0], cfg.ssm_n_v_heads, cfg.ssm_head_k_dim, cfg.ssm_head_v_dim
+    q, k = np.empty((R, HV, K), np.float32), np.empty((R, HV, K), np.float32)
+    v, o = np.empty((R, HV, V), np.float32), np.empty((R, HV, V), np.float32)
+    _gdn_recurrent(mixed, bounds, np.array(convs, np.int64), conv_w, np.exp(log_decay), beta, np.array(seqs, np.int64),
+                   cfg.ssm_n_k_heads, np.float32(cfg.rms_eps), np.float32(1.0 / math.sqrt(K)),
+                   q, k, v, o)  # gdn_qkv's scale, np.float32(1 / np.sqrt(K)): the same bits
+    return q, k, v, o
 
 
 def gdn_recurrent_tree(mixed, log_decay, beta, parents, w, state, cfg, kern, ring):
@@ -304,13 +342,12 @@ def gdn_recurrent_tree(mixed, log_decay, beta, parents, w, state, cfg, kern, rin
     conv_at, ssm_at = _address(conv_states), _address(ssm_states)
     conv_row, ssm_row = conv_states[0].nbytes, ssm_states[0].nbytes
     before = [-1] + [int(p) for p in parents]  # each row's parent (-1: the sequence's state)
-    windows = [_address(state.conv) if p < 0 else conv_at + p * conv_row for p in before]
-    seqs = []
-    for t, p in enumerate(before):
+    convs, seqs = [], []
+    for t, p in enumerate(before):  # row t: its parent's window and memory in, its own ring entry out
+        convs += (_address(state.conv) if p < 0 else conv_at + p * conv_row, _NO_CONV_STATES_AT, 0, 0,
+                  conv_at + t * conv_row)
         seqs += (_address(state.ssm) if p < 0 else ssm_at + p * ssm_row, ssm_at + t * ssm_row, _NO_SNAPS_AT, 0, 0)
-    outs = np.arange(T, dtype=np.int64) * conv_row + conv_at
-    return _recurrent_call(mixed, log_decay, beta, np.arange(T + 1, dtype=np.int64), np.array(windows, np.int64),
-                           outs, conv_w, seqs, cfg)
+    return _recurrent_call(mixed, log_decay, beta, np.arange(T + 1, dtype=np.int64), convs, conv_w, seqs, cfg)[3]
 
 
 def norm_rope(q, k, positions, w, cfg, kern):  # q [T, H, d], k [T, H_kv, d] -> q, k

@@ -94,7 +94,7 @@ def _rows_and_steps() -> None:
     state = model.new_state()
     model.forward(list(range(1, 40)), state)  # 39 rows: the threaded scan and attention
     model.forward([5], state)  # one row: every fused step, the calling thread's scan and attention
-    model.forward([6, 7], state, ring=model.new_ring(2))  # a verify pass: the composed recurrent step
+    model.forward([6, 7], state, ring=model.new_ring(2))  # a verify pass: the recurrent step with a ring
 
 
 def jobs() -> list[tuple[str, tuple]]:
