@@ -1,5 +1,7 @@
 """The README's two set-up commands are the ones users and CI run: keep them true."""
 
+import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,3 +60,43 @@ def test_the_notebooks_extra_installs_the_jupyter_the_readme_names():
     assert 'pip install -e ".[nb]"`, then `jupyter lab notebooks/`' in readme
     nb = re.search(r"^nb = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)  # (tomllib: Python 3.11+)
     assert nb and re.search(r'"jupyterlab\b', nb[1]), "the nb extra lists no jupyterlab"
+
+
+def readme_example_prompts() -> list[str]:
+    """The prompts of the README's examples on the shipped model: `generate --prompt` lines with no --model (bash's
+    $'...' quoting read as bash reads it) and the curl bodies' "prompt"."""
+    text = (ROOT / "README.md").read_text()
+    prompts = []
+    for line in text.splitlines():
+        if "tinyspec generate" in line and "--model" not in line and (m := re.search(r"--prompt \$'([^']*)'", line)):
+            prompts.append(m.group(1).encode().decode("unicode_escape"))
+        elif "tinyspec generate" in line and "--model" not in line and (m := re.search(r'--prompt "([^"]*)"', line)):
+            prompts.append(m.group(1))
+    prompts += [json.loads(body)["prompt"] for body in re.findall(r"-d '(\{\"prompt\".*?\})'", text)]
+    return prompts
+
+
+def test_the_readme_examples_repeat_no_line_more_than_twice():
+    """issue 58's bar for what a newcomer is shown first: the shipped model's greedy answer to each README example
+    prompt (48 tokens, the default backend, as the README's commands run) repeats no non-blank line more than twice
+    and loops inside no line (no word 3-gram more than twice in one line: "the underlying underlying underlying
+    underlying ..." is one line)."""
+    from tinyspec.assets import TARGET
+    from tinyspec.backends import load_model
+    from tinyspec.generate import generate
+    from tinyspec.textstream import text_ids
+    from tinyspec.tokenizer import Tokenizer
+
+    prompts = readme_example_prompts()
+    assert len(prompts) >= 3 and all(p.endswith("\n") for p in prompts)
+    model = load_model(TARGET)
+    tok = Tokenizer.from_gguf(model.metadata)
+    for prompt in sorted(set(prompts)):
+        answer = tok.decode(text_ids(generate(model, tok.encode(prompt), 48, stop_ids=tok.eog_ids).tokens,
+                                     tok.eog_ids))
+        lines = [line for line in answer.splitlines() if line.strip()]
+        assert max(map(lines.count, lines), default=0) <= 2, (prompt, answer)
+        for line in lines:
+            words = re.findall(r"\S+", line)
+            grams = list(zip(words, words[1:], words[2:]))
+            assert max(map(grams.count, grams), default=0) <= 2, (prompt, line)

@@ -122,7 +122,7 @@ CANDIDATES = ["def fib(n):", "def is_prime(n):", "def read_lines(path):", "def f
               'if __name__ == "__main__":\n',
               "try:\n    import json\nexcept ImportError:\n",
               "    def __repr__(self):\n        return ",
-              "def add(a, b):\n    return "]
+              "def add(a, b):\n    return ", "def read_config(path):\n", "def load(path):\n"]
 
 
 def continuation(model, tok: Tokenizer, prompt: str, n: int = 64) -> dict:
