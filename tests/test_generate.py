@@ -116,3 +116,24 @@ def test_a_tiny_temperature_generates_the_greedy_tokens_on_the_shipped_model(bac
         tiny = generate(model, prompt, 24, SamplingParams(1e-308), np.random.default_rng(0), stop_ids=tok.eog_ids,
                         drafter=drafter, draft_n=3 if drafter else None).tokens
         assert tiny == greedy and tok.eos_id not in tiny
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lookup"])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_warm_up_leaves_the_model_and_the_drafter_as_they_were(kind, pooled):
+    """generate.warm_up runs a throwaway generation (a fresh drafter from drafter.another(), fresh state): a
+    generation after it, with the caller's drafter, gives the tokens and the stats it gives without one."""
+    from tinyspec.assets import TARGET
+    from tinyspec.backends import load_model
+    from tinyspec.drafters import build_drafter
+    from tinyspec.generate import warm_up
+
+    model = load_model(TARGET)
+    runs = []
+    for warm in (False, True):
+        drafter = build_drafter(kind, model)
+        if warm:
+            assert warm_up(model, drafter, pooled=pooled) > 0
+        res = generate(model, [5, 6, 7, 5, 6, 7, 8], 12, drafter=drafter, draft_n=3)
+        runs.append((res.tokens, res.marks, {k: res.stats[k] for k in ("steps", "drafted", "accepted")}))
+    assert runs[0] == runs[1]

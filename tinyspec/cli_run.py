@@ -123,7 +123,7 @@ def run_logits(args) -> int:
 def run_generate(args) -> int:
     """generate: one prompt, plain or speculative; the text (streamed on a terminal), then a summary on stderr."""
     from .drafting import check_draft_length
-    from .generate import generate
+    from .generate import generate, warm_up
     from .report import mark_style, marks_legend, render_marked, run_summary
     from .textstream import StreamPrinter, text_ids
 
@@ -148,13 +148,14 @@ def run_generate(args) -> int:
         from .fast.adaptive import AdaptiveDraftLength
 
         policy = AdaptiveDraftLength.for_drafter(drafter, draft_n, model)
+    warmup_s = warm_up(model, drafter)  # kernels loaded before the run, so its prefill and tok/s are the run's own
     result = generate(model, tokens, args.max_new, params, np.random.default_rng(args.seed), stop_ids=tokenizer.eog_ids,
                       drafter=drafter, draft_n=None if adaptive else draft_n, policy=policy, on_emit=printer)
     shown = text_ids(result.tokens, tokenizer.eog_ids)  # the end-of-generation token's text left out
     text = tokenizer.decode(shown)
     if args.json:
         print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": text,
-                          "stats": result.stats}))
+                          "stats": result.stats | {"warmup_ms": 1000 * warmup_s}}))
         return 0
     if printer is not None:
         printer.close()
@@ -180,6 +181,7 @@ def batch_policy(args, k: int | None):
 def run_batch(args) -> int:
     """batch: many prompts in --slots slots; each sequence's text as it ends (in input order), then a summary."""
     from .batch import batch_generate
+    from .generate import warm_up
     from .report import batch_summary
     from .scheduler import EngineOptions, blocks_per_run, check_prompt
     from .textstream import text_ids
@@ -226,6 +228,7 @@ def run_batch(args) -> int:
             shown[0] += 1
 
     policy = batch_policy(args, k)
+    warmup_s = warm_up(model, drafter, pooled=True)  # kernels loaded before the clock starts (the headline's tok/s)
     result = batch_generate(model, [[] if error else p for p, error in zip(prompts, errors)], args.max_new,
                             drafter=drafter,
                             draft_n=None if policy else k, policy=policy,
@@ -239,7 +242,8 @@ def run_batch(args) -> int:
         sequences.append({"index": seq.index, "prompt_tokens": seq.prompt_tokens, "tokens": seq.tokens,
                           "text": text(seq), "stats": seq.stats, "error": error})
     stats = result.stats | {"sequences": len(sequences), "failed": sum(bool(s["error"]) for s in sequences),
-                            "spec": args.spec, "draft_n": result.stats["k_max"], "adaptive": policy is not None}
+                            "spec": args.spec, "draft_n": result.stats["k_max"], "adaptive": policy is not None,
+                            "warmup_ms": 1000 * warmup_s}
     if args.json:
         print(json.dumps({"sequences": sequences, "stats": stats}))
         return 0
@@ -272,6 +276,7 @@ def run_serve(args) -> int:
     from pathlib import Path
 
     from .drafting import FixedDraftLength
+    from .generate import warm_up
     from .scheduler import EngineOptions
 
     try:
@@ -296,8 +301,10 @@ def run_serve(args) -> int:
         policy = FixedDraftLength(k)
     ctx = min(model.cfg.n_ctx, SERVE_CTX) if args.ctx is None else args.ctx
     log = (lambda line: print(f"[serve] {line}", file=sys.stderr, flush=True)) if args.verbose else None
+    drafter = drafter_from_flags(args, model, tokenizer)
+    warm_up(model, drafter, pooled=True)  # kernels loaded before the port opens: the first request waits for none
     try:
-        server = Server(model, tokenizer, Path(args.model).stem, options, drafter_from_flags(args, model, tokenizer),
+        server = Server(model, tokenizer, Path(args.model).stem, options, drafter,
                         policy, args.spec, ctx, args.host, args.port, log, limits)
     except OSError as e:  # the port is taken, the address is not this machine's
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None

@@ -2,6 +2,7 @@
 
     generate(model, prompt, max_new)                         plain decoding: prefill, then one token a pass
     generate(model, prompt, max_new, drafter=MTPDrafter(m))  speculative: k drafts verified a pass
+    warm_up(model, drafter)                                  a throwaway run first, so no timed pass pays for loading
 
 Plain decoding is the engine with no drafter: every step feeds the pending token alone and takes the target's
 own next token, the baseline speculative decoding must reproduce exactly (greedy) or in law (sampled). Written
@@ -10,6 +11,7 @@ once, in the engine's step, so a plain run and a speculative one differ only by 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -69,3 +71,28 @@ def generate(model: Model, prompt_tokens, max_new: int, params: SamplingParams =
     spec = speculative_generate(model, drafter, prompt, max_new, draft_n, params, rng, stop_ids, policy, on_emit,
                                 chunked_prefill)
     return SeqResult(0, prompt, spec.tokens, spec.marks, spec.stats.as_dict() | {"prompt_tokens": len(prompt)})
+
+
+WARM_PROMPT = (1, 2, 3, 1, 2, 3)  # repeats itself, so prompt lookup drafts too
+
+
+def warm_up(model: Model, drafter: Drafter | None = None, k: int = 2, pooled: bool = False) -> float:
+    """Run what a generation runs once, on throwaway state, and return its seconds: a process's first pass of each
+    kind pays for loading its kernels (the cpu backend: ~0.4 s of Numba reading its disk cache for the shipped model,
+    or the compile itself on a cold cache; cuda: compiles and graph captures), and a run timed after this reports
+    its prefill and its tokens/s without that. A prefill, a decode step, a verify pass with the model's ring and a
+    rollback from it, then a 4-token generation of the engine with a fresh drafter (drafter.another(): the
+    caller's is untouched) drafting k a step; pooled: two sequences in one pool of KV blocks, as batch and serve run."""
+    t0 = time.perf_counter()
+    state, ring = model.new_state(), model.new_ring(2)
+    model.forward(list(WARM_PROMPT[:2]), state)
+    model.forward(list(WARM_PROMPT[2:4]), state, ring=ring)
+    ring.restore(state, 0)
+    options = EngineOptions(slots=2, run_length=len(WARM_PROMPT) + 4 + k + 2) if pooled else EngineOptions()
+    engine = Engine(model, drafter.another() if drafter is not None else None, policy_for(k if drafter else 0, None),
+                    options)
+    for i in range(options.slots):
+        engine.add(SeqResult(i, list(WARM_PROMPT)), 4, np.random.default_rng(i))
+    while not engine.done():
+        engine.step()
+    return time.perf_counter() - t0

@@ -97,20 +97,32 @@ def _rows_and_steps() -> None:
     model.forward([6, 7], state, ring=model.new_ring(2))  # a verify pass: the recurrent step with a ring
 
 
-def jobs() -> list[tuple[str, tuple]]:
-    """(label, (function, *args)) for every kernel, biggest first, but the MoE kernel last: it calls the three
-    one-thread matmuls, and links their cached code when they have compiled before it starts."""
-    return [("row functions and fused layer steps", (_rows_and_steps,)),  # the longest (22 s on 2 vCPUs): first
-            ("quant_linear_q8 (integer, threaded)", (_matmul, "integer", "Q4_K")),
-            ("quant_linear_q8 (integer, one thread)", (_matmul, "integer, one thread", "Q4_K")),
-            ("quant_linear (float, every type)", (_matmul, "float", "Q4_K")),
-            ("quant_linear (float, one thread)", (_matmul, "float, one thread", "Q4_K")),
-            ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0")),
-            ("quant_linear_q8_0 (threaded)", (_matmul, "q8_0", "Q8_0")),
-            ("GDN scan and conv", (_gdn,)),
-            ("get_rows (embeddings)", (_get_rows,)),
-            ("attention", (_attend,)),
-            ("experts_linear (MoE)", (_experts,))]
+def jobs() -> list[tuple[str, tuple, float]]:
+    """(label, (function, *args), seconds) for every kernel, biggest first, but the MoE kernel last: it calls the three
+    one-thread matmuls, and links their cached code when they have compiled before it starts. seconds: what it took
+    on the 2-vCPU AMD EPYC VM (Zen 4), quiet, two processes: the weights of warm's estimate of the time left, which
+    scales them by what the finished jobs took here."""
+    return [("row functions and fused layer steps", (_rows_and_steps,), 59.0),  # the longest: first
+            ("quant_linear_q8 (integer, threaded)", (_matmul, "integer", "Q4_K"), 6.5),
+            ("quant_linear_q8 (integer, one thread)", (_matmul, "integer, one thread", "Q4_K"), 3.0),
+            ("quant_linear (float, every type)", (_matmul, "float", "Q4_K"), 19.0),
+            ("quant_linear (float, one thread)", (_matmul, "float, one thread", "Q4_K"), 0.5),
+            ("quant_linear_q8_0 (one thread)", (_matmul, "q8_0, one thread", "Q8_0"), 0.5),
+            ("quant_linear_q8_0 (threaded)", (_matmul, "q8_0", "Q8_0"), 5.5),
+            ("GDN scan and conv", (_gdn,), 10.0),
+            ("get_rows (embeddings)", (_get_rows,), 0.5),
+            ("attention", (_attend,), 4.5),
+            ("experts_linear (MoE)", (_experts,), 10.5)]
+
+
+def time_left(done: list[tuple[float, float]], refs: list[float], processes: int, elapsed: float) -> float | None:
+    """Seconds the compile should still take here: the whole compile's reference time (every job's jobs() seconds,
+    shared by the processes, never less than the longest) scaled by how this machine ran the finished jobs, (seconds
+    here, reference seconds) each, less the time already spent; None before any finished job took measurable time."""
+    here, ref = sum(d[0] for d in done), sum(d[1] for d in done)
+    if ref <= 0 or here <= 0:
+        return None
+    return max(0.0, here / ref * max(max(refs), sum(refs) / processes) - elapsed)
 
 
 def _run(job: tuple) -> float:
@@ -156,11 +168,16 @@ def warm(processes: int | None = None, say=None) -> float:
     t0 = time.perf_counter()
     # spawn, not fork: a fresh interpreter per worker, whatever threads this process has started
     with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
-        running = {pool.submit(_run, job): label for label, job in todo}
+        running = {pool.submit(_run, job): (label, ref) for label, job, ref in todo}
+        finished, refs = [], [ref for _, _, ref in todo]
         for done, future in enumerate(as_completed(running), 1):  # a line as each group is done, not in job order
-            seconds = future.result()
+            seconds, (label, ref) = future.result(), running[future]
+            finished.append((seconds, ref))
+            elapsed = time.perf_counter() - t0
+            eta = time_left(finished, refs, n, elapsed) if done < len(todo) else None
             if say:
-                say(f"  [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] {running[future]}: {seconds:.1f} s")
+                say(f"  [{done}/{len(todo)}, {elapsed:.0f} s] {label}: {seconds:.1f} s"
+                    + ("" if eta is None else f"; about {eta:.0f} s left at this machine's pace"))
     if (path := _stamp_path()) is not None:
         try:
             path.write_text(_stamp_text())
