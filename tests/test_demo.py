@@ -19,7 +19,7 @@ def test_demo_runs_and_says_outputs_are_identical():
     run = subprocess.run([sys.executable, "-m", "tinyspec"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     out = run.stdout
-    for method in ("plain", "mtp", "lookup", "draft"):
+    for method in ("plain", "mtp", "lookup", "draft", "mtp tree", "mtp+lookup"):
         assert f"\n  {method} " in out
     assert "identical to plain decoding for every method and prompt: yes" in out
     assert "every sequence identical to its plain decoding alone: yes" in out  # the many-sequences section
@@ -41,6 +41,9 @@ def test_demo_json_is_one_object_with_the_table_checks_and_costs():
     assert report["identical"] is True and report["batch_identical"] is True
     methods = [row["method"] for row in report["table"]]
     assert methods[0] == "plain" and {"mtp", "mtp auto", "lookup auto", "draft auto"} <= set(methods)
+    trees = {row["method"]: row for row in report["table"] if row["tree"] > 1}
+    assert set(trees) == {"mtp tree", "mtp+lookup"}  # trees beside the chains, timed as they are
+    assert all(row["acceptance"] is not None for row in trees.values())
     assert all(row["tok_s"] > 0 and row["tokens_per_step"] >= 1.0 for row in report["table"])
     assert report["table"][0]["speedup"] == 1.0
     assert set(report["step_costs"]) == {"mtp", "lookup", "draft"}

@@ -1,4 +1,5 @@
-"""The demo `python -m tinyspec` runs: plain decoding vs three drafters on the model tinyspec ships.
+"""The demo `python -m tinyspec` runs: plain decoding vs three drafters, as chains and as trees, on the model
+tinyspec ships.
 
 The shipped target (tinyspec/assets/tiny-target.gguf) is a real qwen35 model, trained by tools/train_tiny.py
 (on a GPU, `--preset gpu`) on the Python standard library and the sources of torch and transformers: Gated
@@ -61,7 +62,18 @@ EDIT_PROMPT = EDITS[0][0] + "\n\n" + EDITS[0][1]  # the one the demo shows
 # "X auto" is what `generate --spec X` runs by default: k chosen per step, up to its k_max (fast/adaptive.py), from
 # the step costs measured on this machine before the table (fast/step_costs.py); the others draft a fixed k
 METHODS = [("plain", 0), ("mtp", 3), ("mtp auto", DRAFTERS["mtp"].k_max), ("lookup", DRAFTERS["lookup"].k_max),
-           ("lookup auto", DRAFTERS["lookup"].k_max), ("draft auto", DRAFTERS["draft"].k_max)]
+           ("lookup auto", DRAFTERS["lookup"].k_max), ("draft auto", DRAFTERS["draft"].k_max),
+           ("mtp tree", 4), ("mtp+lookup", 4)]
+# The rows that draft trees (tree.py), W guesses a node and k nodes in one pass: `generate --spec mtp --tree 2
+# --draft-n 4` and `--spec mtp+lookup --draft-n 4` (the MTP head's tree with prompt-lookup branches)
+TREES = {"mtp tree": 2, "mtp+lookup": 2}
+
+
+def method_drafter(name: str, target, draft):
+    """The drafter a row of METHODS runs (None for plain): its kind is the name's first word."""
+    kind = name.split()[0]
+    return None if kind == "plain" else build_drafter(kind, target, DraftOptions(draft_model=draft,
+                                                                                   tree=TREES.get(name, 1)))
 
 
 def measured_costs(target, draft, prompt: list[int]) -> dict:
@@ -69,8 +81,7 @@ def measured_costs(target, draft, prompt: list[int]) -> dict:
     the demo, like the core, runs without tinyspec.fast)."""
     from .fast.step_costs import measure_step_costs
 
-    return {name.split()[0]: measure_step_costs(target, build_drafter(name.split()[0], target,
-                                                                      DraftOptions(draft_model=draft)), k, prompt)
+    return {name.split()[0]: measure_step_costs(target, method_drafter(name, target, draft), k, prompt)
             for name, k in METHODS if name.endswith("auto")}
 
 
@@ -87,10 +98,9 @@ def run_method(name: str, k: int, target, draft, prompts: list[list[int]], max_n
     tokens = steps = drafted = accepted = 0
     outputs, seconds, phase_ms, decode_s = [], 0.0, {}, 0.0
     for prompt in prompts:
-        kind = name.split()[0]  # a drafter of drafters.py, or "plain"
         t0 = time.perf_counter()
-        drafter = build_drafter(kind, target, DraftOptions(draft_model=draft)) if kind != "plain" else None
-        policy = auto_policy(drafter, k, (costs or {}).get(kind)) if name.endswith("auto") else None
+        drafter = method_drafter(name, target, draft)
+        policy = auto_policy(drafter, k, (costs or {}).get(name.split()[0])) if name.endswith("auto") else None
         res = generate(target, prompt, max_new, stop_ids=stop_ids, drafter=drafter, draft_n=None if policy else k,
                        policy=policy)
         seconds += time.perf_counter() - t0
@@ -170,6 +180,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout, as_json:
         mean = f"{r['mean_len']:.2f}" if r["mean_len"] is not None else "1.00"
         k_shown = f"<={k}" if name.endswith("auto") else k if k else "-"
         say(f"  {name:<11} {k_shown:>3} {r['tok_s']:8.1f} {r['speedup']:7.2f}x {acc:>11} {mean:>12}")
+    say(f"  {' and '.join(TREES)}: draft trees of k nodes, up to {max(TREES.values())} guesses a node, verified in one "
+        "pass, each row a decode of its own path (tree.py)")
     plains = [r["plain"]["tok_s"] for r in rounds]  # the table's noise: plain's spread over the rounds
     drift = (max(plains) - min(plains)) / min(plains)
     say(f"  noise: medians of {ROUNDS} rounds, the methods in turned order; plain ran at {min(plains):.1f}-"
@@ -230,7 +242,8 @@ def demo(max_new: int = 40, backend: str | None = None, out=sys.stdout, as_json:
     say(gutter(render_marked(tok, answer, shown.marks, style)))
     say("  " + marks_legend(style))
     if as_json:
-        table = [{"method": name, "k": k, "adaptive": name.endswith("auto"), "tok_s": results[name]["tok_s"],
+        table = [{"method": name, "k": k, "adaptive": name.endswith("auto"), "tree": TREES.get(name, 1),
+                  "tok_s": results[name]["tok_s"],
                   "speedup": results[name]["speedup"], "acceptance": results[name]["acceptance"],
                   "tokens_per_step": results[name]["mean_len"] or 1.0} for name, k in METHODS]
         print(json.dumps({"backend": backend, "max_new": max_new, "prompts": len(prompts), "table": table,
