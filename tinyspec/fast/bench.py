@@ -61,7 +61,7 @@ import numpy as np
 from .adaptive import AdaptiveDraftLength
 from .draft_vocab import DraftVocab
 from .step_costs import bushy_tree, reset_to, verify_times  # noqa: F401  (bench's timings; tests import them here)
-from .step_profile import step_profile, step_profile_text
+from .step_profile import step_profile, step_profile_text, verify_profile, verify_profile_text
 from ..generate import generate
 from ..drafters import DRAFTERS, DraftOptions, build_drafter
 from ..model import Model
@@ -180,6 +180,9 @@ def decode_times(model: Model, prompt: list[int], n: int) -> list[float]:
 def decode_time(model: Model, prompt: list[int], n: int) -> float:
     """Median seconds of a one-token forward pass, over n greedy decode steps after the prompt."""
     return statistics.median(decode_times(model, prompt, n))
+
+
+VERIFY_PROFILE_SIZES = (1, 4, 9)  # the verify passes the step profile also profiles: where a pass's extra rows go
 
 
 def verify_costs(model: Model, prompt: list[int], sizes=(1, 2, 4, 8), repeats: int = 5) -> dict[int, float]:
@@ -410,17 +413,19 @@ def bench(model: Model, prompt: list[int], *, decode_n: int = 16, sizes=None, re
                    "uniform_union": {T: uniform_union(E, k_e, T) for T in sizes},
                    "note": "random (synth) routers spread tokens over the experts nearly uniformly; a trained router "
                            "sends neighbouring tokens to shared experts, so a real pass reads fewer"}
-    profile, profile_steps = None, decode_n if profile_steps is None else profile_steps
+    profile, verify_prof, profile_steps = None, None, decode_n if profile_steps is None else profile_steps
     if profile_steps and model.backend != "cuda":  # after the timed runs, so it disturbs none of them
         say(f"step profile: {profile_steps} rounds of a plain, a profiled and a hooked one-token pass")
         profile = step_profile(model, profile_steps, prompt)
+        say(f"verify profile: the same for verify passes of T = {', '.join(map(str, VERIFY_PROFILE_SIZES))} tokens")
+        verify_prof = verify_profile(model, VERIFY_PROFILE_SIZES, profile_steps, prompt)
     wb = weight_bytes(model)
     report = {"model": str(model.path or ""), "backend": model.backend,
               "rollback": model.placement.rollback,
               "n_vocab": model.cfg.n_vocab, "n_embd": model.cfg.n_embd, "n_layer": model.cfg.n_trunk,
               "weight_bytes": wb, "prompt_tokens": len(prompt),
               "decode_tok_s": 1.0 / t1, "decode_ms": 1e3 * t1, "decode_ms_range": [1e3 * v for v in spread(decode)],
-              "step_profile": profile,
+              "step_profile": profile, "verify_profile": verify_prof,
               "verify_ms": {k: 1e3 * v for k, v in costs.items()},
               "verify_ms_range": {T: [1e3 * v for v in spread(t)] for T, t in verify.items()},
               "verify_cost_ratio": {T: v / costs[sizes[0]] for T, v in costs.items()},
@@ -455,6 +460,8 @@ def report_text(report: dict) -> str:
                f"{lo:.1f}-{hi:.1f} ms over the timed passes)")
     if report.get("step_profile"):
         out += step_profile_text(report["step_profile"])
+    if report.get("verify_profile"):
+        out += verify_profile_text(report["verify_profile"])
     out.append(f"bandwidth       {report['weight_gb_s']:8.2f} GB/s of weights, {report['copy_gb_s']:.2f} GB/s memory copy "
                f"({100 * report['weight_bw_fraction']:.0f}%)")
     out.append("verify cost     " + "  ".join(f"{T} tokens (k={T - 1}): {r:.2f}x"

@@ -110,7 +110,6 @@ from . import kernel_cache, simd
 LANES = 256  # float32 partial sums per (row, t): value j of a row goes to lane j % LANES; also the span
 ROWS = 8  # output rows per parallel task (the task's buffers are allocated once)
 SERIAL_BELOW = 1 << 20  # out * in below this: one thread (a parallel region costs more than the work)
-ROWS_IN_REGISTERS = 8  # input rows up to which a Q8_0-family matmul keeps every (row, input) sum in a register
 AHEAD = 16384  # bytes of weights prefetched ahead of the block being decoded (simd.prefetch; LESSONS 18)
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
@@ -618,13 +617,15 @@ def _quantize_q8_0(x, n_in, W, qxu, dxb):
 @njit(cache=True, parallel=True, error_model="numpy", boundscheck=False)
 def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     """y[:, r] for Q8_0, Q4_0, Q5_0 or IQ4_NL rows times x rounded to Q8_0 (llama.cpp's vec_dot_q8_0_q8_0,
-    vec_dot_q4_0_q8_0, vec_dot_q5_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks one simd.*_pair call (signed codes, scales and
-    the -128 sum w base unpacked once, then one vpdpbusd and one fma per input row), a lone last block
-    through simd.*_single; the fixed 16-lane tree. Up to ROWS_IN_REGISTERS input rows (a decode step, a verify
-    pass): simd.*_rows, the same operations for whole weight rows with every sum's lanes in a register."""
+    vec_dot_q4_0_q8_0, vec_dot_q5_0_q8_0, vec_dot_iq4_nl_q8_0): per pair of blocks the signed codes, scales and the
+    -128 sum w base unpacked once, then one vpdpbusd and one fma per input row; the fixed 16-lane tree. simd.*_rows
+    does it for whole weight rows with every sum's lanes in a register: two weight rows against one input row (a
+    decode step), or one weight row against the input rows 4, 2 and 1 at a time (a verify pass, a prefill: the row
+    read from memory once, then from the L1 cache). The same bits as the block-pair loop with the lanes in memory
+    (simd.*_pair, simd.*_single: tests/test_numba_ops.py's reference), which ran a 9-row product 1.2x and a 128-row
+    one 2.6x slower."""
     T, n_out = y.shape
     nbk = n_in // 32
-    bb = row_bytes // max(nbk, 1)  # bytes a block: 34 (Q8_0), 22 (Q5_0) or 18
     npair = (nbk + 1) // 2
     W = 64 * npair  # a row of x' padded to whole pairs
     qxu = _aligned_zeros(T * W // 4).view(np.uint8)  # [T, W] x' = q + 128, rows on 64-byte lines
@@ -632,94 +633,66 @@ def _quant_linear_q8_0_parallel(x, raw, row_bytes, kind, n_in, y):
     dxb = np.zeros(T * 16 * npair, np.float32)  # [T, 2 npair, 8] block scales
     _quantize_q8_0(x, n_in, W, qxu, dxb)
     for task in prange((n_out + ROWS - 1) // ROWS):
-        acc = _aligned_zeros(16 * T)  # [T, 16] float lanes of the row being summed
         for r in range(task * ROWS, min(n_out, (task + 1) * ROWS)):
-            if T <= ROWS_IN_REGISTERS:  # few input rows: every (row, input) sum in a register (the same bits)
-                # Each kind's intrinsic is called right here, spelled out: reached through a helper function (inline
-                # or not) Numba compiled the same calls 4x slower, the lanes back in memory (LESSONS 30).
-                o, nb2 = r * row_bytes, 2 * npair
-                if T == 1:  # two weight rows a call, the input loaded once for both (row r + 1 taken with r)
-                    if (r - task * ROWS) % 2 == 1:
-                        continue
-                    k0, j0, i = 0, 0, r
-                    if r + 1 < min(n_out, (task + 1) * ROWS):
-                        if kind == _Q8_0:
-                            simd.q8_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q4_0:
-                            simd.q4_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q5_0:
-                            simd.q5_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        else:
-                            simd.iq4_nl_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                    else:
-                        if kind == _Q8_0:
-                            simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q4_0:
-                            simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q5_0:
-                            simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        else:
-                            simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+            # Each kind's intrinsic is called right here, spelled out: reached through a helper function (inline
+            # or not) Numba compiled the same calls 4x slower, the lanes back in memory (LESSONS 30).
+            o, nb2 = r * row_bytes, 2 * npair
+            if T == 1:  # two weight rows a call, the input loaded once for both (row r + 1 taken with r)
+                if (r - task * ROWS) % 2 == 1:
                     continue
-                t = 0
-                while t < T:  # the input rows four, two, one at a time
-                    k0, j0, i = t * W, t * nb2, t * n_out + r
-                    if T - t >= 4:
-                        if kind == _Q8_0:
-                            simd.q8_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q4_0:
-                            simd.q4_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q5_0:
-                            simd.q5_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        else:
-                            simd.iq4_nl_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        t += 4
-                    elif T - t >= 2:
-                        if kind == _Q8_0:
-                            simd.q8_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q4_0:
-                            simd.q4_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q5_0:
-                            simd.q5_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        else:
-                            simd.iq4_nl_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        t += 2
+                k0, j0, i = 0, 0, r
+                if r + 1 < min(n_out, (task + 1) * ROWS):
+                    if kind == _Q8_0:
+                        simd.q8_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q4_0:
+                        simd.q4_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q5_0:
+                        simd.q5_0_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
                     else:
-                        if kind == _Q8_0:
-                            simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q4_0:
-                            simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        elif kind == _Q5_0:
-                            simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        else:
-                            simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
-                        t += 1
+                        simd.iq4_nl_rows2x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                else:
+                    if kind == _Q8_0:
+                        simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q4_0:
+                        simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q5_0:
+                        simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    else:
+                        simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
                 continue
-            acc[:] = np.float32(0)
-            for p in range(nbk // 2):
-                o = r * row_bytes + 2 * bb * p
-                simd.prefetch(raw, o + AHEAD)
-                if kind == _Q8_0:
-                    simd.q8_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-                elif kind == _Q4_0:
-                    simd.q4_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-                elif kind == _Q5_0:
-                    simd.q5_0_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
+            t = 0
+            while t < T:  # the input rows four, two, one at a time
+                k0, j0, i = t * W, t * nb2, t * n_out + r
+                if T - t >= 4:
+                    if kind == _Q8_0:
+                        simd.q8_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q4_0:
+                        simd.q4_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q5_0:
+                        simd.q5_0_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    else:
+                        simd.iq4_nl_rows1x4(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    t += 4
+                elif T - t >= 2:
+                    if kind == _Q8_0:
+                        simd.q8_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q4_0:
+                        simd.q4_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q5_0:
+                        simd.q5_0_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    else:
+                        simd.iq4_nl_rows1x2(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    t += 2
                 else:
-                    simd.iq4_nl_pair(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-            if nbk % 2:
-                p = nbk // 2
-                o = r * row_bytes + 2 * bb * p
-                if kind == _Q8_0:
-                    simd.q8_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-                elif kind == _Q4_0:
-                    simd.q4_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-                elif kind == _Q5_0:
-                    simd.q5_0_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-                else:
-                    simd.iq4_nl_single(raw, o, qxu, 64 * p, W, dxb, 2 * p, 2 * npair, acc, T)
-            for t in range(T):
-                y[t, r] = simd.lane_sum16(acc, 16 * t)
+                    if kind == _Q8_0:
+                        simd.q8_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q4_0:
+                        simd.q4_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    elif kind == _Q5_0:
+                        simd.q5_0_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    else:
+                        simd.iq4_nl_rows1x1(raw, o, row_bytes, nbk, qxu, k0, W, dxb, j0, nb2, AHEAD, y, i, n_out)
+                    t += 1
 
 
 _quant_linear_q8_0_one_thread = njit(error_model="numpy", boundscheck=False)(_quant_linear_q8_0_parallel.py_func)

@@ -1138,7 +1138,7 @@ q8_0_pair, q8_0_single = _q8_0_pair(NATIVE_VNNI, 2), _q8_0_pair(NATIVE_VNNI, 1)
 q4_0_pair, q4_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q4_0"), _q8_0_pair(NATIVE_VNNI, 1, "q4_0")
 iq4_nl_pair, iq4_nl_single = _q8_0_pair(NATIVE_VNNI, 2, "iq4_nl"), _q8_0_pair(NATIVE_VNNI, 1, "iq4_nl")
 q5_0_pair, q5_0_single = _q8_0_pair(NATIVE_VNNI, 2, "q5_0"), _q8_0_pair(NATIVE_VNNI, 1, "q5_0")
-# few input rows (a decode step, a verify pass): weight rows x input rows held in registers (numba_ops.ROWS_IN_REGISTERS)
+# the kernels (numba_ops._quant_linear_q8_0_parallel): weight rows x input rows held in registers, any number of inputs
 q8_0_rows2x1, q8_0_rows1x1, q8_0_rows1x2, q8_0_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "q8_0", r, t)
                                                           for r, t in ((2, 1), (1, 1), (1, 2), (1, 4)))
 q4_0_rows2x1, q4_0_rows1x1, q4_0_rows1x2, q4_0_rows1x4 = (_q8_0_rows(NATIVE_VNNI, "q4_0", r, t)

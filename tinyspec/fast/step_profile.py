@@ -7,6 +7,7 @@ them for the step bench's decode figure times (one `model.forward` of one token 
 `np.array` included, the argmax after it not), so a change that adds calls or regions shows in the numbers:
 
     step_profile(model, n_steps=16, prompt=None) -> dict     the decode step bench times
+    verify_profile(model, sizes, n_steps, prompt) -> dict      {T: the same figures for a verify pass of T tokens}
     profile_steps(step, n_steps=16, after=None) -> dict       any step (a callable), e.g. one matmul
 
 Each runs `n_steps` rounds of three calls of the step, interleaved (a burst of load on a shared machine hits all
@@ -154,6 +155,30 @@ def step_profile(model, n_steps: int = 16, prompt: list[int] | None = None) -> d
     return profile_steps(step, n_steps, after)
 
 
+def verify_profile(model, sizes=(1, 4, 9), n_steps: int = 16, prompt: list[int] | None = None) -> dict:
+    """{T: profile_steps' figures for a verify pass of T tokens}: one model.forward_batch with the model's ring from
+    the same post-prompt state each time (step_costs.reset_to, outside the timing and the profilers), so a pass of
+    T = 4 or 9 reads beside a one-token pass with a ring where its extra rows go: kernel by kernel, and in calls.
+    Its "per token" figures are per pass."""
+    from .step_costs import reset_to
+
+    if prompt is None:
+        prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, 8)]
+    prompt = list(prompt)[-(model.cfg.n_ctx - max(sizes)):]
+    base = model.new_state()
+    model.forward(np.array(prompt), base)
+    window = [int(t) for t in np.random.default_rng(1).integers(0, model.cfg.n_vocab, max(sizes))]
+    out = {}
+    for T in sizes:
+        scratch, ring, tokens = base.copy(), model.new_ring(T), np.array(window[:T])
+
+        def step() -> None:
+            model.forward_batch([tokens], [scratch], [ring])
+
+        out[T] = profile_steps(step, n_steps, lambda: reset_to(scratch, base))
+    return out
+
+
 def profile_steps(step: Callable[[], object], n_steps: int = 16,
                   after: Callable[[], object] | None = None) -> dict:
     """The figures of the module docstring for any step: step() run in n_steps interleaved rounds of a plain, a
@@ -237,6 +262,19 @@ def profile_steps(step: Callable[[], object], n_steps: int = 16,
             "outside_kernels_share": min(1.0, max(0.0, 1.0 - kern_s / step_s)),
             "outside_kernels_share_profiled": min(1.0, max(0.0, 1.0 - kern_s / prof_s)),
             "by_kernel": by_kernel}
+
+
+def verify_profile_text(by_T: dict, top: int = 3) -> list[str]:
+    """A line per verify size: its step, its calls, and where the time went (the kernels with the most ms)."""
+    lines, one = [], by_T.get(min(by_T)) if by_T else None
+    for T, p in sorted(by_T.items()):
+        kernels = sorted(p["by_kernel"].items(), key=lambda kv: -kv[1]["ms_per_token"])[:top]
+        ratio = f" ({p['step_ms'] / one['step_ms']:.2f}x T = {min(by_T)})" if one and T != min(by_T) else ""
+        lines.append(f"  verify T={T:<3} {p['step_ms']:.2f} ms{ratio}, {p['kernel_calls_per_token']:.0f} kernel calls, "
+                     f"{p['python_calls_per_token']:.0f} Python calls, {100 * p['outside_kernels_share']:.0f}% outside "
+                     "the kernels; most: " + ", ".join(f"{name.split('.')[-1]} {k['ms_per_token']:.2f} ms"
+                                                       for name, k in kernels))
+    return lines
 
 
 def step_profile_text(p: dict) -> list[str]:
