@@ -11,7 +11,7 @@ import pytest
 from tinyspec.__main__ import main
 from tinyspec.assets import TARGET
 from tinyspec.backends import load_model
-from tinyspec.fast.step_profile import profile_steps, step_profile
+from tinyspec.fast.step_profile import profile_steps, step_profile, verify_profile
 
 FIELDS = {"kernel_calls_per_token", "parallel_regions_per_token", "one_thread_parallel_calls_per_token",
           "python_calls_per_token", "builtin_calls_per_token", "outside_kernels_share",
@@ -116,13 +116,27 @@ def test_bench_reports_the_step_profile(cpu_model, capsys):
     assert main(base + ["--profile-steps", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert set(r["step_profile"]) == FIELDS and r["step_profile"]["kernel_calls_per_token"] > 0
+    assert set(r["verify_profile"]) == {"1", "4", "9"} and all(set(p) == FIELDS for p in r["verify_profile"].values())
     assert main(base + ["--profile-steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "kernel calls" in out and "parallel regions" in out and "outside the kernels" in out
+    assert "verify T=4" in out and "verify T=9" in out
     assert main(base + ["--profile-steps", "0", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["step_profile"] is None
+    report = json.loads(capsys.readouterr().out)
+    assert report["step_profile"] is None and report["verify_profile"] is None
     assert main(base + ["--profile-steps", "-1"]) == 2
     assert "--profile-steps must be >= 0" in capsys.readouterr().err
+
+
+def test_a_verify_pass_makes_the_calls_a_one_token_pass_makes(cpu_model):
+    """verify_profile (bench's profile by T): a pass of 4 or 9 tokens with the model's ring makes as many kernel calls
+    as a one-token pass with one (the extra rows are paid inside the kernels, not in calls), and every pass is timed
+    and profiled."""
+    by_T = verify_profile(cpu_model, (1, 4, 9), n_steps=2)
+    assert set(by_T) == {1, 4, 9}
+    calls = {T: p["kernel_calls_per_token"] for T, p in by_T.items()}
+    assert calls[1] > 0 and calls[4] == calls[1] and calls[9] == calls[1], calls
+    assert all(p["step_ms"] > 0 and p["by_kernel"] for p in by_T.values())
 
 
 def test_another_profiler_is_not_replaced():
