@@ -53,14 +53,37 @@ def test_for_drafter_takes_the_measured_curve_and_checks_its_length(targets):  #
 
 def test_policy_on_costs_that_cannot_pay_takes_plain_steps_but_probes():
     """Each draft costs a whole plain step (C(k) = 1 + k): even drafts that are always kept only tie a plain
-    step (E(k) <= 1 + k), and a tie is not chosen (the margin). Only the probes draft: 1 step in probe_every."""
+    step (E(k) <= 1 + k), and a tie is not chosen (the margin). Only the probes draft, and since no acceptance
+    could make a draft pay at these costs, 1 step in hopeless_gap (a probe only re-times the costs), not in
+    probe_every."""
     policy = AdaptiveDraftLength(4, cost_curve=tuple(1.0 + k for k in range(5)), a0=0.95)
     chosen = []
     for _ in range(64):
         k = policy.choose()
         chosen.append(k)
         policy.update(k, k, 1e-3 * (1 + k))  # every draft kept, each a step's time
-    assert sum(k > 0 for k in chosen) <= 64 // policy.probe_every + 1, chosen
+    assert policy.hopeless_gap > policy.probe_every
+    assert sum(k > 0 for k in chosen) <= 64 // policy.hopeless_gap + 1, chosen
+
+
+def test_a_policy_that_could_pay_with_kept_drafts_probes_every_probe_every_steps():
+    """Costs where drafts always kept would pay (C(k) = 1 + 0.3 k) but these drafts always fail: the policy takes
+    plain steps and probes at the usual gap, not the hopeless one (a better drafter's start there would pay)."""
+    policy = AdaptiveDraftLength(4, cost_curve=tuple(1.0 + 0.3 * k for k in range(5)))
+    chosen = []
+    for _ in range(64):
+        k = policy.choose()
+        chosen.append(k)
+        policy.update(k, 0, 1e-3 * (1 + 0.3 * k))  # every draft rejected
+    probes = sum(k > 0 for k in chosen[16:])
+    assert 64 // policy.hopeless_gap < probes <= 48 // policy.probe_every + 2, chosen
+
+
+def test_curve_is_no_shallower_than_a_draft_and_a_verify_row():
+    """Two whole steps timed close together (noise on a busy machine) would make deeper drafts look free: the
+    slope is at least one draft plus one verify row, as timed alone (medians of repeated passes)."""
+    costs = StepCosts(verify=(1.0, 1.2, 1.4, 1.6, 1.8), draft=0.5, steps={0: 1.0, 1: 2.0, 3: 2.0})
+    assert costs.curve() == pytest.approx((1.0, 2.0, 2.7, 3.4, 4.1))  # slope 0.5 + (1.8 - 1.2) / 3 = 0.7
 
 
 def test_generate_is_lossless_with_a_measured_policy(targets):  # noqa: F811

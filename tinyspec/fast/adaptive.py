@@ -32,7 +32,10 @@ Exploration: an unchosen k is never re-timed and a plain step learns no a_j, so 
 probe (plain while drafting, one draft while not). After a kept probing draft the next probe comes within 2
 steps, so a prompt whose first drafts fail resumes drafting soon, while drafts that keep failing keep the full
 gap. Backing off a failing drafter's probes (probe_max) is off: good drafters fail probes too, and the backoff
-locked them into plain steps (docs/performance-log.md old 18, 32). Whether to draft is a bandit's choice (a
+locked them into plain steps (docs/performance-log.md old 18, 32). What does wait is a probe that cannot pay
+whatever it accepts: while (k + 1) / T(k), the rate of drafts always kept, is below plain's for every k (a step
+costs more than its most tokens: the shipped model on a CPU), probes come every hopeless_gap steps, to re-time the
+costs, not every probe_every (a probe there costs 2-3 plain steps, so one in 16 steps cost ~10%). Whether to draft is a bandit's choice (a
 plain step earns a known rate and learns nothing), so choose() makes it with a_1 at its upper confidence bound
 (hopeful_tokens): an unlucky start is undone within a few steps, while drafts that always fail, as the bound
 shrinks, cost one long step and a few short ones before plain steps (LESSONS 4).
@@ -76,6 +79,7 @@ class AdaptiveDraftLength:
     rate: float = 0.15  # weight of the newest observation in every moving average
     probe_every: int = 16  # every probe_every-th step re-measures the alternative (plain vs drafting)
     probe_max: int = 16  # the longest gap between probing drafts while drafts keep failing (16: no backoff)
+    hopeless_gap: int = 64  # the gap between probes while even drafts always kept could not pay at these costs
     optimism: float = 1.0  # whether to draft is decided with a_1 at its mean + this many standard errors
     floor: float = 0.01  # greedy: a draft its drafter gives less than this is withdrawn, not verified (StopRule.floor)
     margin: float = 0.05  # a drafting k is chosen only if its E(k) / T(k) beats a plain step's by this fraction
@@ -208,6 +212,8 @@ class AdaptiveDraftLength:
         ceiling = max(((k + 1) / costs[k] for k in range(1, top + 1)), default=0.0)
         if not best and self.probe_ok and ceiling > bar:
             gap = min(gap, 2)
+        if not best and ceiling <= bar:  # no acceptance could make drafting pay here: a probe only re-times the costs
+            gap = max(gap, self.hopeless_gap)
         probe = top > 0 and self.since_probe + 1 >= gap
         self.since_probe = 0 if probe else self.since_probe + 1
         self.probing = probe and best == 0

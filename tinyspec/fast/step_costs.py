@@ -97,12 +97,17 @@ class StepCosts:
         return len(self.verify) - 1
 
     def curve(self) -> tuple[float, ...]:
-        """C(k), k = 0..k_max: a whole step's cost in plain steps, the line through the measured steps of k = 1
-        and the deeper k (a step repeats one draft and one verify row per k on a fixed part), never falling and
-        above a plain step (a noisy timing is lifted, not believed)."""
+        """C(k), k = 0..k_max: a whole step's cost in plain steps, the line through the measured step of k = 1 with
+        the slope of the measured steps (k = 1 to the deeper k: a step repeats one draft and one verify row per k
+        on a fixed part), but never below what one more draft and one more verify row cost when timed alone
+        (D + (V(k_max + 1) - V(2)) / (k_max - 1), medians of repeated passes: two whole steps' difference is the
+        noisier figure, and on a busy VM it came out at half the parts'), never falling and above a plain step
+        (a noisy timing is lifted, not believed)."""
         plain, ks = self.steps[0], sorted(k for k in self.steps if k)
         lo, hi = ks[0], ks[-1]
         slope = max((self.steps[hi] - self.steps[lo]) / (hi - lo), 0.0) if hi > lo else 0.0
+        if self.k_max > 1:
+            slope = max(slope, self.draft + (self.verify[-1] - self.verify[1]) / (self.k_max - 1))
         out, top = [1.0], 1.0 + 1e-3
         for k in range(1, self.k_max + 1):
             top = max(top, (self.steps[lo] + slope * (k - lo)) / plain)
